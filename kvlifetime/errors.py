@@ -1,0 +1,217 @@
+"""The one exception hierarchy of kvlifetime.
+
+Every error says whose fault it is (the caller's code, the evidence a peer sent, or kvlifetime
+itself) and what state it leaves. All of them leave the ledger exactly as it was before the call:
+a refused call changes nothing and loses nothing.
+
+```
+KVLifetimeError
+├── UsageError                   the caller's code broke the contract
+│   ├── IllegalTransition        a named transition the tables do not allow from this state
+│   ├── InsufficientEvidence     release asked for before every grant is closed
+│   ├── UnknownRequest / DuplicateRequest
+│   ├── UnknownGrant
+│   ├── BlockError
+│   │   ├── OutOfBlocks          fewer free blocks than asked for
+│   │   ├── BlockOutOfRange      an id outside [0, num_blocks) or a malformed id batch
+│   │   ├── BlockUnavailable     acquire/grant of a block whose state forbids it
+│   │   └── DoubleRelease        a block or request let go of twice
+│   └── InvalidField             a value object built with an invalid field
+├── EvidenceError                the evidence (a peer, a transfer engine, the wire) is at fault
+│   ├── StaleEvidence            about a grant that is over and forgotten
+│   ├── MismatchedEvidence       about another ledger, incarnation, request or peer
+│   ├── ContradictoryEvidence    disagrees with what was already proven
+│   └── MalformedEvidence        could not be built into evidence at all
+└── SpecDisagreement             kvlifetime's own bug: tables and specification disagree
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+class KVLifetimeError(Exception):
+    """Base of every error kvlifetime raises.
+
+    ``kind`` is a stable snake_case name used in log events and in ``stats()`` counters.
+    """
+
+    kind = "error"
+
+
+# --------------------------------------------------------------------------- the caller's fault
+
+
+class UsageError(KVLifetimeError):
+    """The caller's code asked for something the contract forbids. Nothing changed."""
+
+    kind = "usage"
+
+
+class IllegalTransition(UsageError):
+    """A named transition the transition table does not allow from the current state.
+
+    Whose fault: the caller (e.g. ``release`` of a request the owner never ended).
+    State left: unchanged.
+    """
+
+    kind = "illegal_transition"
+
+    def __init__(self, machine: str, subject: object, state: str, event: str) -> None:
+        self.machine = machine
+        self.subject = subject
+        self.state = state
+        self.event = event
+        super().__init__(f"{machine} {subject!r}: no transition {event!r} from state {state!r}")
+
+
+class InsufficientEvidence(UsageError):
+    """``release`` was asked for while some grant of the request is still open.
+
+    ``unproven`` maps each open grant (as text) to the claims still missing for it, so the
+    caller can see exactly which peer owes which acknowledgement.
+    Whose fault: the caller (released too early). State left: unchanged.
+    """
+
+    kind = "insufficient_evidence"
+
+    def __init__(self, request: object, unproven: Mapping[str, Sequence[str]]) -> None:
+        self.request = request
+        self.unproven = {k: tuple(v) for k, v in unproven.items()}
+        detail = "; ".join(f"{g}: {', '.join(c)}" for g, c in self.unproven.items())
+        super().__init__(f"request {request!r} cannot be released; still unproven: {detail}")
+
+
+class UnknownRequest(UsageError):
+    """A request key the ledger does not know (never admitted, or already released).
+
+    Whose fault: the caller. State left: unchanged.
+    """
+
+    kind = "unknown_request"
+
+    def __init__(self, request: object) -> None:
+        self.request = request
+        super().__init__(f"unknown request {request!r}")
+
+
+class DuplicateRequest(UsageError):
+    """A request key that is already live was admitted again (keys are exact, never reused while
+    live). Whose fault: the caller. State left: unchanged."""
+
+    kind = "duplicate_request"
+
+    def __init__(self, request: object) -> None:
+        self.request = request
+        super().__init__(f"request {request!r} is already live")
+
+
+class UnknownGrant(UsageError):
+    """A grant id the caller passed that this ledger never issued.
+
+    Whose fault: the caller. State left: unchanged.
+    """
+
+    kind = "unknown_grant"
+
+
+class BlockError(UsageError):
+    """Base of errors about block ids. State left: unchanged."""
+
+    kind = "block"
+
+
+class OutOfBlocks(BlockError):
+    """``allocate`` asked for more blocks than are free. Whose fault: the caller (admission
+    should have checked). State left: unchanged, nothing was taken."""
+
+    kind = "out_of_blocks"
+
+    def __init__(self, requested: int, free: int) -> None:
+        self.requested = requested
+        self.free = free
+        super().__init__(f"asked for {requested} blocks, {free} free")
+
+
+class BlockOutOfRange(BlockError):
+    """A block id outside ``[0, num_blocks)``, a duplicate id in one batch, or a batch that is
+    not a 1-d integer array. Whose fault: the caller. State left: unchanged."""
+
+    kind = "block_out_of_range"
+
+
+class BlockUnavailable(BlockError):
+    """The block exists but its state forbids the operation: acquiring a held, draining or
+    quarantined block, sharing a block under an open write grant, a write grant on a shared
+    block, or a grant over blocks the request does not hold.
+    Whose fault: the caller. State left: unchanged."""
+
+    kind = "block_unavailable"
+
+
+class DoubleRelease(BlockError):
+    """A request or block let go of a second time. Whose fault: the caller. State left:
+    unchanged."""
+
+    kind = "double_release"
+
+
+class InvalidField(UsageError, ValueError):
+    """A value object (evidence, grant id) was built with an invalid field: a negative sequence
+    number, an empty id. Whose fault: whoever built it. Nothing was created."""
+
+    kind = "invalid_field"
+
+
+# --------------------------------------------------------------------------- the evidence's fault
+
+
+class EvidenceError(KVLifetimeError):
+    """The evidence itself is at fault (a peer, a transfer engine, the wire). The ledger refused
+    it, logged it, counted it under ``kind``, and changed nothing: the engine keeps running."""
+
+    kind = "evidence"
+
+    def __init__(self, message: str, *, evidence: Any = None) -> None:
+        self.evidence = evidence
+        super().__init__(message)
+
+
+class StaleEvidence(EvidenceError):
+    """About a grant this ledger issued but has since forgotten (its request was released),
+    i.e. about an older generation of the blocks. It must not act on the new owner."""
+
+    kind = "stale_evidence"
+
+
+class MismatchedEvidence(EvidenceError):
+    """About a grant of another ledger or incarnation, or naming another request or peer than
+    the grant it cites (forged, misrouted, or a reused slot id)."""
+
+    kind = "mismatched_evidence"
+
+
+class ContradictoryEvidence(EvidenceError):
+    """Disagrees with what was already proven for the grant: two different ``last_seq``."""
+
+    kind = "contradictory_evidence"
+
+
+class MalformedEvidence(EvidenceError, ValueError):
+    """A message that could not be turned into evidence at all (bad type, missing field,
+    unknown schema version)."""
+
+    kind = "malformed_evidence"
+
+
+# --------------------------------------------------------------------------- kvlifetime's fault
+
+
+class SpecDisagreement(KVLifetimeError, AssertionError):
+    """The compiled tables and the python-statemachine specification disagreed
+    (``BlockLedger(checked=True)``). This is a kvlifetime bug: please report it with the
+    message. The ledger state is the table's result; the specification's is in the message."""
+
+    kind = "spec_disagreement"

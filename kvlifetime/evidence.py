@@ -1,0 +1,336 @@
+"""Claims and the acknowledgement classes (DESIGN §3).
+
+Evidence is data: an immutable object that states exactly what it proves, about which grant,
+and nothing more. It never mutates anything by itself; ``BlockLedger.apply`` (through
+``proof.GrantProof``) decides what the accumulated evidence of a grant adds up to.
+
+Each class declares the claims it proves in ``PROVES`` (data, read by the claims matrix, the
+ledger and the verifier) and says in its docstring what it does *not* prove.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import attrs
+
+from kvlifetime.errors import InvalidField, MalformedEvidence
+from kvlifetime.grant import Grant, GrantId, PeerId, RequestKey, check_peer, check_request_key
+
+
+class Claim(enum.Enum):
+    """One fact a piece of evidence can prove about a grant."""
+
+    CANCEL_RECEIVED = "cancel_received"
+    """The peer received the cancel for the grant."""
+    SCHEDULING_STOPPED = "scheduling_stopped"
+    """The peer will post no transfer for the grant after a stated sequence number."""
+    TRANSFERS_ENDED = "transfers_ended"
+    """Every transfer of the grant up to a stated sequence number ended; none will touch memory."""
+    ACCESS_REVOKED = "access_revoked"
+    """The peer can no longer reach the memory at all."""
+    DEADLINE_PASSED = "deadline_passed"
+    """Only that time passed. Says nothing about memory access."""
+    HEARTBEAT_FAILED = "heartbeat_failed"
+    """Only that a heartbeat failed. Says nothing about memory access."""
+
+
+MEMORY_CLAIMS = frozenset(
+    {Claim.CANCEL_RECEIVED, Claim.SCHEDULING_STOPPED, Claim.TRANSFERS_ENDED, Claim.ACCESS_REVOKED}
+)
+"""Claims that say something about the memory. The others only raise suspicion."""
+
+
+def _check_seq(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidField(f"{attr.name} must be an int >= 0, got {value!r}")
+
+
+def _check_grant_id(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, GrantId):
+        raise InvalidField(f"{attr.name} must be a GrantId, got {value!r}")
+
+
+@attrs.frozen(slots=True)
+class Evidence:
+    """Base of every acknowledgement. Subclasses set ``PROVES`` and document what they do not."""
+
+    PROVES: ClassVar[frozenset[Claim]] = frozenset()
+    SCOPE: ClassVar[str] = "grant"  # "grant": about one grant; "peer": about every grant to a peer
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__
+
+
+@attrs.frozen(slots=True)
+class GrantEvidence(Evidence):
+    """Evidence about one grant. It names the grant, and the request and peer it believes the
+    grant belongs to; the ledger refuses it when they do not match (MismatchedEvidence)."""
+
+    grant_id: GrantId = attrs.field(validator=_check_grant_id)
+    request: RequestKey = attrs.field(validator=check_request_key)
+    peer: PeerId = attrs.field(validator=check_peer)
+
+
+@attrs.frozen(slots=True)
+class CancelReceived(GrantEvidence):
+    """The peer acknowledged receipt of the cancel for this grant.
+
+    Proves:
+        The peer received the cancel message for this grant.
+
+    Does not prove:
+        That the peer stopped scheduling transfers, nor that any transfer already posted has
+        ended. A "message received" acknowledgement read as "transfer stopped" is exactly the
+        bug kvlifetime exists to prevent.
+    """
+
+    PROVES: ClassVar[frozenset[Claim]] = frozenset({Claim.CANCEL_RECEIVED})
+
+    @classmethod
+    def of(cls, grant: Grant) -> CancelReceived:
+        return cls(grant.id, grant.request, grant.peer)
+
+
+@attrs.frozen(slots=True)
+class SchedulingStopped(GrantEvidence):
+    """The peer will post no transfer for this grant after sequence ``last_seq``.
+
+    Proves:
+        No transfer with a sequence number above ``last_seq`` will ever be posted for this
+        grant (``last_seq=0``: nothing was ever posted). Implies the cancel was received.
+
+    Does not prove:
+        That transfers already posted (sequence 1..``last_seq``) have finished: they may still
+        be writing into the blocks.
+    """
+
+    PROVES: ClassVar[frozenset[Claim]] = frozenset(
+        {Claim.CANCEL_RECEIVED, Claim.SCHEDULING_STOPPED}
+    )
+    last_seq: int = attrs.field(default=0, validator=_check_seq)  # >= 0
+
+    @classmethod
+    def of(cls, grant: Grant, last_seq: int) -> SchedulingStopped:
+        return cls(grant.id, grant.request, grant.peer, last_seq)
+
+
+@attrs.frozen(slots=True)
+class TransferQuiesced(GrantEvidence):
+    """Every transfer of this grant numbered ``<= through_seq`` has ended.
+
+    Proves:
+        Each transfer of this grant with sequence number at most ``through_seq`` has ended and
+        will touch the blocks no more (for Mooncake TCP: every slice reported COMPLETED on
+        protocol v2, see notes/mooncake-tcp-semantics.md).
+
+    Does not prove:
+        Anything about transfers numbered above ``through_seq``, nor that the peer will not post
+        more: on its own it never closes a grant.
+    """
+
+    PROVES: ClassVar[frozenset[Claim]] = frozenset({Claim.TRANSFERS_ENDED})
+    through_seq: int = attrs.field(default=0, validator=_check_seq)  # >= 0
+
+    @classmethod
+    def of(cls, grant: Grant, through_seq: int) -> TransferQuiesced:
+        return cls(grant.id, grant.request, grant.peer, through_seq)
+
+
+@attrs.frozen(slots=True)
+class TransferCompleted(GrantEvidence):
+    """The normal end: all transfers of the grant were posted and all of them ended.
+
+    Proves:
+        The peer posted exactly ``last_seq`` transfers for this grant, will post no more, and
+        every one of them has ended (SchedulingStopped and TransferQuiesced together).
+
+    Does not prove:
+        Nothing is left unproven about this grant: it closes it.
+    """
+
+    PROVES: ClassVar[frozenset[Claim]] = frozenset(
+        {Claim.CANCEL_RECEIVED, Claim.SCHEDULING_STOPPED, Claim.TRANSFERS_ENDED}
+    )
+    last_seq: int = attrs.field(default=0, validator=_check_seq)  # >= 0
+
+    @classmethod
+    def of(cls, grant: Grant, last_seq: int) -> TransferCompleted:
+        return cls(grant.id, grant.request, grant.peer, last_seq)
+
+
+@attrs.frozen(slots=True)
+class AccessRevoked(Evidence):
+    """The peer can no longer reach the memory at all.
+
+    With ``grant_id`` set it is about that grant; with ``grant_id=None`` about every grant to
+    ``peer`` (a connection fenced, an RDMA memory region deregistered).
+
+    Proves:
+        No access by the peer, in flight or future, can touch the blocks any more. It closes the
+        grant(s) whatever else is unproven.
+
+    Does not prove:
+        Nothing is left unproven, which is why only real fencing may produce it. Deregistering
+        memory on Mooncake's TCP transport is *not* revocation: writes already past the header
+        check keep landing (notes/mooncake-tcp-semantics.md).
+    """
+
+    PROVES: ClassVar[frozenset[Claim]] = frozenset({Claim.ACCESS_REVOKED})
+    SCOPE: ClassVar[str] = "grant or peer"
+    peer: PeerId = attrs.field(validator=check_peer)
+    grant_id: GrantId | None = attrs.field(default=None)
+    request: RequestKey | None = attrs.field(default=None)
+
+    @grant_id.validator
+    def _check_gid(self, a: attrs.Attribute[GrantId | None], v: object) -> None:
+        if v is not None:
+            _check_grant_id(self, a, v)
+
+    @request.validator
+    def _check_req(self, a: attrs.Attribute[RequestKey | None], v: object) -> None:
+        if v is not None:
+            check_request_key(self, a, v)
+        if (v is None) != (self.grant_id is None):
+            raise InvalidField("AccessRevoked names both grant_id and request, or neither")
+
+    @classmethod
+    def of(cls, grant: Grant) -> AccessRevoked:
+        return cls(grant.peer, grant.id, grant.request)
+
+
+@attrs.frozen(slots=True)
+class LeaseExpired(GrantEvidence):
+    """The grant's lease ran out.
+
+    Proves:
+        Only that time passed.
+
+    Does not prove:
+        Anything about memory access: the peer may still be writing. It leads to quarantine of
+        the blocks, never to their release (vLLM's NIXL lease reaper freeing here is the bug).
+    """
+
+    PROVES: ClassVar[frozenset[Claim]] = frozenset({Claim.DEADLINE_PASSED})
+
+    @classmethod
+    def of(cls, grant: Grant) -> LeaseExpired:
+        return cls(grant.id, grant.request, grant.peer)
+
+
+@attrs.frozen(slots=True)
+class PeerLost(Evidence):
+    """A heartbeat to ``peer`` failed.
+
+    Proves:
+        Only that a heartbeat failed.
+
+    Does not prove:
+        That the peer is dead, nor that its transfers stopped: a hung initiator's data may still
+        be applied by the target, a partitioned peer may still write. Every grant to the peer is
+        quarantined, never released.
+    """
+
+    PROVES: ClassVar[frozenset[Claim]] = frozenset({Claim.HEARTBEAT_FAILED})
+    SCOPE: ClassVar[str] = "peer"
+    peer: PeerId = attrs.field(validator=check_peer)
+
+
+EVIDENCE_CLASSES: tuple[type[Evidence], ...] = (
+    CancelReceived,
+    SchedulingStopped,
+    TransferQuiesced,
+    TransferCompleted,
+    AccessRevoked,
+    LeaseExpired,
+    PeerLost,
+)
+BY_NAME: Mapping[str, type[Evidence]] = {c.__name__: c for c in EVIDENCE_CLASSES}
+
+
+def not_proven(cls: type[Evidence]) -> str:
+    """The "Does not prove:" paragraph of an evidence class, as one line."""
+    return _paragraph(cls, "Does not prove:")
+
+
+def proves_text(cls: type[Evidence]) -> str:
+    """The "Proves:" paragraph of an evidence class, as one line."""
+    return _paragraph(cls, "Proves:")
+
+
+def _paragraph(cls: type[Evidence], heading: str) -> str:
+    doc = cls.__doc__ or ""
+    lines = [ln.strip() for ln in doc.splitlines()]
+    try:
+        start = lines.index(heading) + 1
+    except ValueError:
+        return ""
+    out: list[str] = []
+    for ln in lines[start:]:
+        if not ln:
+            break
+        out.append(ln)
+    return " ".join(out)
+
+
+def claims_matrix() -> list[dict[str, object]]:
+    """Evidence x claim, as rows of plain data (``kvlifetime evidence``)."""
+    rows: list[dict[str, object]] = []
+    for cls in EVIDENCE_CLASSES:
+        rows.append(
+            {
+                "evidence": cls.__name__,
+                "claims": {c.value: (c in cls.PROVES) for c in Claim},
+                "proves": proves_text(cls),
+                "does_not_prove": not_proven(cls),
+            }
+        )
+    return rows
+
+
+# --------------------------------------------------------------------------- plain data (wire, logs)
+
+
+def to_dict(ev: Evidence) -> dict[str, Any]:
+    """Evidence as plain data (msgpack / JSON friendly)."""
+    out: dict[str, Any] = {"type": type(ev).__name__}
+    for f in attrs.fields(type(ev)):
+        v = getattr(ev, f.name)
+        if isinstance(v, GrantId):
+            v = [v.incarnation, v.serial]
+        out[f.name] = v
+    return out
+
+
+def from_dict(data: object) -> Evidence:
+    """Build evidence from plain data; anything wrong raises ``MalformedEvidence``."""
+    if not isinstance(data, Mapping):
+        raise MalformedEvidence(f"evidence must be a mapping, got {type(data).__name__}")
+    kind = data.get("type")
+    cls = BY_NAME.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise MalformedEvidence(f"unknown evidence type {kind!r}")
+    names = {f.name for f in attrs.fields(cls)}
+    extra = set(data) - names - {"type"}
+    if extra:
+        raise MalformedEvidence(f"{cls.__name__}: unexpected fields {sorted(extra)}")
+    kwargs: dict[str, Any] = {}
+    for name in names:
+        if name not in data:
+            continue
+        v = data[name]
+        if name == "grant_id" and v is not None:
+            if not (isinstance(v, list | tuple) and len(v) == 2):
+                raise MalformedEvidence(f"grant_id must be [incarnation, serial], got {v!r}")
+            try:
+                v = GrantId(v[0], v[1])
+            except InvalidField as e:
+                raise MalformedEvidence(str(e)) from e
+        kwargs[name] = v
+    try:
+        return cls(**kwargs)
+    except (InvalidField, TypeError) as e:
+        raise MalformedEvidence(f"{cls.__name__}: {e}") from e

@@ -1,0 +1,107 @@
+"""Grants: the fact that a peer *may* access some blocks.
+
+A grant exists from the moment a block address leaves the process (or a transfer reading it was
+posted). From then on only evidence can end it (see ``proof.py``).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from kvlifetime.errors import InvalidField
+
+RequestKey = str | int
+"""A request is identified by an exact key: compared with ``==``, never by prefix."""
+
+PeerId = str
+"""A peer: a remote worker, a transfer engine, a DMA stream. Any non-empty string."""
+
+BlockIds = npt.NDArray[np.int64]
+
+
+class Access(enum.Enum):
+    """What a grant lets the peer do to the blocks."""
+
+    READ = "read"
+    WRITE = "write"
+
+
+def check_request_key(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    # bool is an int subclass; a request keyed True is a bug, not an id.
+    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+        raise InvalidField(f"{attr.name} must be a non-empty str or an int, got {value!r}")
+
+
+def check_peer(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidField(f"{attr.name} must be a non-empty str, got {value!r}")
+
+
+@attrs.frozen(slots=True)
+class GrantId:
+    """Names one grant, unique across ledgers and process restarts.
+
+    ``incarnation`` is random per ledger instance, so a grant id from a previous process (or from
+    another ledger) can never be mistaken for one of ours; ``serial`` counts grants within the
+    incarnation and is never reused.
+    """
+
+    incarnation: str = attrs.field()  # non-empty; random per BlockLedger instance
+    serial: int = attrs.field()  # >= 1, strictly increasing within the incarnation
+
+    @incarnation.validator
+    def _check_incarnation(self, _a: attrs.Attribute[str], v: object) -> None:
+        if not isinstance(v, str) or not v:
+            raise InvalidField(f"incarnation must be a non-empty str, got {v!r}")
+
+    @serial.validator
+    def _check_serial(self, _a: attrs.Attribute[int], v: object) -> None:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise InvalidField(f"serial must be an int >= 1, got {v!r}")
+
+    def __str__(self) -> str:
+        return f"{self.incarnation}#{self.serial}"
+
+
+def _readonly_ids(value: object) -> BlockIds:
+    arr = np.array(value, dtype=np.int64, copy=True).reshape(-1)
+    arr.flags.writeable = False
+    return arr
+
+
+@attrs.frozen(slots=True, eq=False)
+class Grant:
+    """A peer may access ``blocks`` (at ``generations``) of ``request``, for ``access``.
+
+    Issued by ``BlockLedger.grant``; immutable. Two grants are equal when their ids are: the id
+    is unique, and everything else was fixed when it was issued.
+    """
+
+    id: GrantId
+    request: RequestKey  # the request that holds every one of ``blocks``
+    peer: PeerId  # who may touch the memory
+    blocks: BlockIds = attrs.field(converter=_readonly_ids)  # read-only copy, 1-d int64
+    generations: BlockIds = attrs.field(converter=_readonly_ids)  # same length as blocks
+    access: Access
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Grant) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def describe(self) -> dict[str, object]:
+        """Plain data for logs and the wire."""
+        return {
+            "grant": str(self.id),
+            "request": self.request,
+            "peer": self.peer,
+            "access": self.access.value,
+            "blocks": self.blocks.tolist(),
+            "generations": self.generations.tolist(),
+        }
