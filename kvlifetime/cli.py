@@ -1,0 +1,263 @@
+"""``kvlifetime``: the command line.
+
+Subcommands are data: ``COMMANDS`` lists ``Command(name, help, add_arguments, run)`` entries, and
+``build_parser`` turns them into argparse subparsers. To add one (``verify``, ``replay``,
+``simulate``), write an ``add_arguments(parser)`` and a ``run(args) -> int`` and append a
+``Command`` to ``COMMANDS``; import heavy modules *inside* ``run`` so that ``kvlifetime table``
+never pays for numpy-heavy or network code it does not use.
+
+Exit status: 0 success; 2 a typed kvlifetime error (one line on stderr) or a usage error from
+argparse; 1 an operating-system error (e.g. an output file that cannot be written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TextIO
+
+import attrs
+import structlog
+
+from kvlifetime.diagrams import (
+    DIAGRAM_FORMATS,
+    MACHINES,
+    docs_files,
+    evidence_markdown,
+    graphviz_available,
+    render,
+)
+from kvlifetime.errors import KVLifetimeError
+from kvlifetime.evidence import claims_matrix
+from kvlifetime.table import table_for
+
+log = structlog.get_logger("kvlifetime")
+
+TABLE_FORMATS: tuple[str, ...] = ("md", "csv", "json")
+EVIDENCE_FORMATS: tuple[str, ...] = ("md", "json")
+DEMO_BACKENDS: tuple[str, ...] = ("inproc", "mooncake")
+
+
+@attrs.frozen(slots=True)
+class Command:
+    """One subcommand: how to declare its arguments, and what runs it."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]  # returns the exit status
+
+
+# --------------------------------------------------------------------------- output helpers
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` as UTF-8 with ``\\n`` line endings on every platform (byte-stable docs)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8", newline="\n") as f:
+        f.write(text)
+    log.info("file_written", path=str(path), bytes=len(text.encode("utf-8")))
+
+
+def _emit(text: str, output: str | None) -> None:
+    if output is None or output == "-":
+        sys.stdout.write(text)
+    else:
+        write_text(Path(output), text)
+
+
+# --------------------------------------------------------------------------- table
+
+
+def _add_table(p: argparse.ArgumentParser) -> None:
+    p.add_argument("machine", choices=MACHINES)
+    p.add_argument("--format", choices=TABLE_FORMATS, default="md")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+
+
+def _run_table(args: argparse.Namespace) -> int:
+    _emit(table_for(args.machine).render(args.format), args.output)
+    return 0
+
+
+# --------------------------------------------------------------------------- diagram
+
+
+def _add_diagram(p: argparse.ArgumentParser) -> None:
+    p.add_argument("machine", choices=MACHINES)
+    p.add_argument("--format", choices=DIAGRAM_FORMATS, default="mermaid")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+
+
+def _run_diagram(args: argparse.Namespace) -> int:
+    _emit(render(args.machine, args.format), args.output)
+    return 0
+
+
+# --------------------------------------------------------------------------- evidence
+
+
+def _add_evidence(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=EVIDENCE_FORMATS, default="md")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+
+
+def evidence_json() -> str:
+    return json.dumps(claims_matrix(), indent=2) + "\n"
+
+
+def _run_evidence(args: argparse.Namespace) -> int:
+    text = evidence_markdown() if args.format == "md" else evidence_json()
+    _emit(text, args.output)
+    return 0
+
+
+# --------------------------------------------------------------------------- docs
+
+
+def _add_docs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, type=Path, metavar="DIR")
+
+
+def write_docs(out: Path) -> list[Path]:
+    """Write every generated document into ``out``; SVGs only where Graphviz is installed.
+
+    Only the generated files are written: anything else in ``out`` (hand-written pages such as
+    ``ledger-api.md``) is left alone.
+    """
+    with_svg = graphviz_available()
+    if not with_svg:
+        print(
+            "kvlifetime: note: Graphviz `dot` not found, skipping .svg (apt-get install graphviz)",
+            file=sys.stderr,
+        )
+    written = []
+    for name, text in docs_files(include_svg=with_svg).items():
+        path = out / name
+        write_text(path, text)
+        written.append(path)
+    return written
+
+
+def _run_docs(args: argparse.Namespace) -> int:
+    for path in write_docs(args.out):
+        print(path)
+    return 0
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def _add_demo(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=Path("out"), metavar="DIR")
+    p.add_argument("--backend", choices=DEMO_BACKENDS, default="inproc")
+
+
+def _section(title: str, body: str, stream: TextIO) -> None:
+    stream.write(f"\n==== {title} ====\n\n{body}")
+
+
+def run_demo(out: Path, backend: str, stream: TextIO | None = None) -> int:
+    """The demo: the contract as tables and pictures, then (later) a run of the harness.
+
+    Step 1 prints what the specification allows and what each piece of evidence proves, and
+    writes the diagrams to ``out``. The harness adds its simulation on ``backend`` as a further
+    step below; the steps share nothing but ``out`` and ``stream``.
+    """
+    stream = sys.stdout if stream is None else stream
+    if backend not in DEMO_BACKENDS:
+        raise ValueError(f"unknown backend {backend!r} ({', '.join(DEMO_BACKENDS)})")
+    stream.write(f"kvlifetime demo (backend: {backend}), writing to {out}\n")
+    _section("request lifecycle", table_for("request").to_markdown(), stream)
+    _section("block lifecycle", table_for("block").to_markdown(), stream)
+    _section("evidence and claims", evidence_markdown(), stream)
+    written = []
+    for m in MACHINES:
+        for suffix, fmt in (("mmd", "mermaid"), ("md", "md")):
+            path = out / f"{m}.{suffix}"
+            write_text(path, render(m, fmt))
+            written.append(path)
+    stream.write("\n" + "".join(f"wrote {p}\n" for p in written))
+    return 0
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    return run_demo(args.out, args.backend)
+
+
+# --------------------------------------------------------------------------- registry
+
+COMMANDS: list[Command] = [
+    Command("table", "print a transition table (md, csv, json)", _add_table, _run_table),
+    Command(
+        "diagram",
+        "draw a lifecycle (mermaid, dot, svg, md)",
+        _add_diagram,
+        _run_diagram,
+    ),
+    Command("evidence", "print the evidence x claim matrix", _add_evidence, _run_evidence),
+    Command("docs", "write the generated documents into a folder", _add_docs, _run_docs),
+    Command("demo", "show the contract: tables, claims, diagrams", _add_demo, _run_demo),
+]
+"""Every subcommand, in help order. Append new ones here (see the module docstring)."""
+
+
+def build_parser(commands: Sequence[Command] | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvlifetime",
+        description="Evidence-guarded lifetimes for KV-cache blocks.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every step to stderr")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for cmd in COMMANDS if commands is None else commands:
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        cmd.add_arguments(p)
+        p.set_defaults(run=cmd.run)
+    return parser
+
+
+def _configure_logging(verbose: bool) -> Callable[[], None]:
+    """Send structlog output to stderr (stdout carries the tables), unless the host application
+    configured structlog itself. Returns how to undo it, so ``main`` leaves no global trace."""
+    if structlog.is_configured():
+        return lambda: None
+    structlog.configure(
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.DEBUG if verbose else logging.WARNING
+        ),
+    )
+    return structlog.reset_defaults
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, or a usage error already printed by argparse
+        return e.code if isinstance(e.code, int) else 2
+    undo = _configure_logging(args.verbose)
+    try:
+        status: int = args.run(args)
+        return status
+    except KVLifetimeError as e:
+        log.info("command_failed", command=args.command, error=e.kind, message=_one_line(e))
+        print(f"kvlifetime: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"kvlifetime: error: {_one_line(e)}", file=sys.stderr)
+        return 1
+    finally:
+        undo()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

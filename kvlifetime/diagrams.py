@@ -1,0 +1,264 @@
+"""Diagrams and generated documents, drawn from the compiled transition tables.
+
+Nothing here is drawn by hand: every edge comes from a ``Row`` of ``table.request_table()`` /
+``table.block_table()``, which are compiled from the python-statemachine specification in
+``machines.py``. A review picture therefore cannot drift from the code, and ``tests`` pin the
+generated ``docs/`` byte for byte.
+
+Formats:
+
+- ``mermaid``: ``stateDiagram-v2`` text (renders on GitHub); edges labelled ``event [guard]``,
+  unsafe edges labelled with ``⚠`` and explained in a note, final states lead to ``[*]``;
+- ``dot``: Graphviz source; unsafe edges dashed and red;
+- ``svg``: ``dot -Tsvg`` run on the ``dot`` source (needs the Graphviz binary);
+- ``md``: a markdown page with the mermaid block and the transition table.
+
+Every output is deterministic: rows are in specification order, nothing iterates over a set or a
+hash-ordered mapping, and line endings are always ``\\n``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping
+from typing import cast
+
+from kvlifetime.errors import KVLifetimeError
+from kvlifetime.evidence import BY_NAME, Claim, claims_matrix
+from kvlifetime.table import Row, TransitionTable, table_for
+
+MACHINES: tuple[str, ...] = ("request", "block")
+DIAGRAM_FORMATS: tuple[str, ...] = ("mermaid", "dot", "svg", "md")
+UNSAFE_MARK = "⚠"
+
+GRAPHVIZ_HINT = (
+    "install the Debian package `graphviz` (apt-get install graphviz), "
+    "or use --format mermaid / dot, which need nothing"
+)
+
+
+class DiagramError(KVLifetimeError):
+    """A diagram could not be produced. Whose fault: the environment (a missing or failing
+    Graphviz), never the specification. Nothing was written."""
+
+    kind = "diagram"
+
+
+class GraphvizNotFound(DiagramError):
+    """The Graphviz ``dot`` binary is not on ``PATH``; SVG output needs it."""
+
+    kind = "graphviz_not_found"
+
+    def __init__(self) -> None:
+        super().__init__(f"Graphviz `dot` was not found on PATH: {GRAPHVIZ_HINT}")
+
+
+class GraphvizFailed(DiagramError):
+    """``dot`` ran but failed (a broken install, or a bug in the generated source)."""
+
+    kind = "graphviz_failed"
+
+
+# --------------------------------------------------------------------------- labels
+
+
+def edge_label(row: Row) -> str:
+    """``event [guard]``; unsafe transitions carry a warning sign and the word."""
+    text = row.event + (f" [{row.guard}]" if row.guard else "")
+    return f"{UNSAFE_MARK} {text} UNSAFE" if row.unsafe else text
+
+
+def _header(machine: str, fmt: str) -> str:
+    return (
+        f"Generated from kvlifetime.machines by `kvlifetime diagram {machine} --format {fmt}`. "
+        "Do not edit."
+    )
+
+
+def _unsafe_note(table: TransitionTable) -> tuple[str, str] | None:
+    """Where to pin the legend for unsafe edges, and what it says (``None``: no unsafe edge)."""
+    unsafe = [r for r in table.rows if r.unsafe]
+    if not unsafe:
+        return None
+    events = sorted({r.event for r in unsafe})  # sorted: a set has no stable order
+    text = (
+        f"{UNSAFE_MARK} {', '.join(events)}: unsafe, explicit, logged and counted. "
+        "Releases while a grant may still be open; never the normal path."
+    )
+    return unsafe[0].target, text
+
+
+# --------------------------------------------------------------------------- mermaid
+
+
+def mermaid(table: TransitionTable) -> str:
+    """The lifecycle as a mermaid ``stateDiagram-v2``."""
+    lines = [
+        f"%% {table.machine} lifecycle. {_header(table.machine, 'mermaid')}",
+        "stateDiagram-v2",
+        f"    [*] --> {table.initial}",
+    ]
+    for r in table.rows:
+        # mermaid ends a label at the first ':'; our names never contain one.
+        lines.append(f"    {r.source} --> {r.target} : {edge_label(r)}")
+    lines.extend(f"    {s} --> [*]" for s in table.finals)
+    note = _unsafe_note(table)
+    if note is not None:
+        state, text = note
+        lines += [f"    note right of {state}", f"        {text}", "    end note"]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- graphviz
+
+
+def _q(text: str) -> str:
+    """A Graphviz double-quoted string."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def dot(table: TransitionTable) -> str:
+    """The lifecycle as Graphviz source; unsafe edges are dashed and red."""
+    name = table.machine
+    lines = [
+        f"// {name} lifecycle. {_header(name, 'dot')}",
+        f"digraph {_q(name)} {{",
+        "    rankdir=LR;",
+        f"    label={_q(f'{name} lifecycle')};",
+        "    labelloc=t;",
+        '    node [shape=box, style=rounded, fontname="Helvetica"];',
+        '    edge [fontname="Helvetica", fontsize=10];',
+        '    "__start__" [shape=point, label=""];',
+    ]
+    for s in table.states:
+        extra = ", peripheries=2" if s in table.finals else ""
+        lines.append(f"    {_q(s)} [label={_q(s)}{extra}];")
+    lines.append(f'    "__start__" -> {_q(table.initial)};')
+    for r in table.rows:
+        attrs_ = [f"label={_q(edge_label(r))}"]
+        if r.unsafe:
+            attrs_ += ["style=dashed", "color=red", "fontcolor=red"]
+        lines.append(f"    {_q(r.source)} -> {_q(r.target)} [{', '.join(attrs_)}];")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def svg(table: TransitionTable) -> str:
+    """The ``dot`` diagram rendered by Graphviz. Raises ``GraphvizNotFound`` without ``dot``."""
+    exe = shutil.which("dot")
+    if exe is None:
+        raise GraphvizNotFound()
+    try:
+        done = subprocess.run(
+            [exe, "-Tsvg"],
+            input=dot(table).encode("utf-8"),
+            capture_output=True,
+            check=False,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        raise GraphvizFailed(f"running {exe} -Tsvg failed: {e}") from e
+    if done.returncode != 0:
+        err = " ".join(done.stderr.decode("utf-8", "replace").split())
+        raise GraphvizFailed(f"{exe} -Tsvg exited with {done.returncode}: {err}")
+    return done.stdout.decode("utf-8")
+
+
+def graphviz_available() -> bool:
+    return shutil.which("dot") is not None
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _demote(markdown: str) -> str:
+    """Push every heading one level down, to nest a generated page inside another."""
+    return "\n".join("#" + ln if ln.startswith("#") else ln for ln in markdown.split("\n"))
+
+
+def markdown(table: TransitionTable) -> str:
+    """A page: the mermaid diagram, then the whole transition table."""
+    name = table.machine
+    parts = [
+        f"# {name} lifecycle",
+        "",
+        _header(name, "md"),
+        "",
+        "```mermaid",
+        mermaid(table).rstrip("\n"),
+        "```",
+        "",
+    ]
+    note = _unsafe_note(table)
+    if note is not None:
+        parts += [note[1], ""]
+    parts.append(_demote(table.to_markdown()).rstrip("\n"))
+    return "\n".join(parts) + "\n"
+
+
+RENDERERS: Mapping[str, Callable[[TransitionTable], str]] = {
+    "mermaid": mermaid,
+    "dot": dot,
+    "svg": svg,
+    "md": markdown,
+}
+
+
+def render(machine: str, fmt: str) -> str:
+    """``machine`` (request, block) drawn in ``fmt`` (mermaid, dot, svg, md)."""
+    renderer = RENDERERS.get(fmt)
+    if renderer is None:
+        raise ValueError(f"unknown diagram format {fmt!r} ({', '.join(DIAGRAM_FORMATS)})")
+    return renderer(table_for(machine))
+
+
+# --------------------------------------------------------------------------- evidence
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def evidence_markdown() -> str:
+    """The claims matrix (``evidence.claims_matrix()``) as a markdown page."""
+    claims = [c.value for c in Claim]
+    lines = [
+        "# Evidence and what it proves",
+        "",
+        "Generated from `kvlifetime.evidence` by `kvlifetime evidence --format md`. Do not edit.",
+        "",
+        "Each acknowledgement proves exactly the claims ticked, about the grant (or peer) it "
+        "names, and nothing more. A grant is closed only by `access_revoked`, or by "
+        "`scheduling_stopped` at `last_seq = N` together with `transfers_ended` through `N`.",
+        "",
+        "| evidence | about | " + " | ".join(claims) + " | proves | does not prove |",
+        "| --- | --- |" + " :---: |" * len(claims) + " --- | --- |",
+    ]
+    for row in claims_matrix():
+        name = str(row["evidence"])
+        ticks = cast(Mapping[str, bool], row["claims"])
+        cells = ["✓" if ticks[c] else "" for c in claims]
+        lines.append(
+            f"| `{name}` | {BY_NAME[name].SCOPE} | "
+            + " | ".join(cells)
+            + f" | {_cell(str(row['proves']))} | {_cell(str(row['does_not_prove']))} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- docs/
+
+
+def docs_files(*, include_svg: bool) -> dict[str, str]:
+    """Every generated document, by file name, in a fixed order (``kvlifetime docs``)."""
+    files: dict[str, str] = {}
+    for m in MACHINES:
+        files[f"{m}.mmd"] = render(m, "mermaid")
+        files[f"{m}.md"] = render(m, "md")
+        files[f"{m}.dot"] = render(m, "dot")
+    files["evidence.md"] = evidence_markdown()
+    if include_svg:
+        for m in MACHINES:
+            files[f"{m}.svg"] = render(m, "svg")
+    return files
