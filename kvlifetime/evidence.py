@@ -291,7 +291,7 @@ def claims_matrix() -> list[dict[str, object]]:
     return rows
 
 
-# --------------------------------------------------------------------------- plain data (wire, logs)
+# ------------------------------------------------------------------ plain data (wire, logs)
 
 
 def to_dict(ev: Evidence) -> dict[str, Any]:

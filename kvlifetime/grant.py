@@ -105,3 +105,26 @@ class Grant:
             "blocks": self.blocks.tolist(),
             "generations": self.generations.tolist(),
         }
+
+
+def make_grant(
+    gid: GrantId,
+    request: RequestKey,
+    peer: PeerId,
+    blocks: BlockIds,
+    generations: BlockIds,
+    access: Access,
+) -> Grant:
+    """Build a ``Grant`` from values the ledger already validated, without copying arrays.
+
+    ``blocks`` and ``generations`` must already be read-only int64 arrays. This is the
+    ledger's hot path; everyone else uses the ``Grant(...)`` constructor.
+    """
+    g = object.__new__(Grant)
+    object.__setattr__(g, "id", gid)
+    object.__setattr__(g, "request", request)
+    object.__setattr__(g, "peer", peer)
+    object.__setattr__(g, "blocks", blocks)
+    object.__setattr__(g, "generations", generations)
+    object.__setattr__(g, "access", access)
+    return g

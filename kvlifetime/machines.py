@@ -174,9 +174,9 @@ class RequestLifecycle(StateMachine):
         id="force_released",
     )
 
-    def __init__(self, facts: RequestFacts) -> None:
+    def __init__(self, facts: RequestFacts, start_value: str | None = None) -> None:
         self.facts = facts
-        super().__init__()
+        super().__init__(start_value=start_value)
 
     @property
     def state(self) -> RequestState:
@@ -299,46 +299,46 @@ class BlockLifecycle(StateMachine):
     ev_acquired = Event(free.to(owned), id="acquired")
     # A prefix-cache hit: another request takes the block read-only.
     ev_shared = Event(
-        owned.to.itself(cond="no_open_write_grant", internal=True)
-        | exposed.to.itself(cond="no_open_write_grant", internal=True),
+        owned.to(owned, cond="no_open_write_grant", internal=True)
+        | exposed.to(exposed, cond="no_open_write_grant", internal=True),
         id="shared",
     )
     ev_exposed = Event(
         owned.to(exposed, cond="write_needs_single_holder")
-        | exposed.to.itself(cond="write_needs_single_holder", internal=True),
+        | exposed.to(exposed, cond="write_needs_single_holder", internal=True),
         id="exposed",
     )
     ev_grant_closed = Event(
         exposed.to(owned, cond="no_open_grant")
-        | exposed.to.itself(cond="has_open_grant", internal=True)
+        | exposed.to(exposed, cond="has_open_grant", internal=True)
         | draining.to(quiesced, cond="no_open_grant")
-        | draining.to.itself(cond="has_open_grant", internal=True)
+        | draining.to(draining, cond="has_open_grant", internal=True)
         | quarantined.to(quiesced, cond="no_open_grant")
-        | quarantined.to.itself(cond="has_open_grant", internal=True),
+        | quarantined.to(quarantined, cond="has_open_grant", internal=True),
         id="grant_closed",
     )
     ev_holder_ended = Event(
         owned.to(quiesced, cond="no_live_holder")
-        | owned.to.itself(cond="has_live_holder", internal=True)
+        | owned.to(owned, cond="has_live_holder", internal=True)
         | exposed.to(draining, cond="no_live_holder")
-        | exposed.to.itself(cond="has_live_holder", internal=True),
+        | exposed.to(exposed, cond="has_live_holder", internal=True),
         id="holder_ended",
     )
     # A holder let go of the block. It returns to the pool (generation + 1) with the last one.
     ev_holder_released = Event(
         quiesced.to(free, cond="no_holder")
-        | quiesced.to.itself(cond="has_holder", internal=True)
-        | owned.to.itself(cond="has_live_holder", internal=True)
-        | exposed.to.itself(cond="has_live_holder", internal=True),
+        | quiesced.to(quiesced, cond="has_holder", internal=True)
+        | owned.to(owned, cond="has_live_holder", internal=True)
+        | exposed.to(exposed, cond="has_live_holder", internal=True),
         id="holder_released",
     )
     ev_quarantined = Event(draining.to(quarantined), id="quarantined")
     # UNSAFE: the holder forced its release while a grant was open.
     ev_force_released = Event(
         draining.to(free, cond="no_holder")
-        | draining.to.itself(cond="has_holder", internal=True)
+        | draining.to(draining, cond="has_holder", internal=True)
         | quarantined.to(free, cond="no_holder")
-        | quarantined.to.itself(cond="has_holder", internal=True),
+        | quarantined.to(quarantined, cond="has_holder", internal=True),
         id="force_released",
     )
 

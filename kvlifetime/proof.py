@@ -78,13 +78,16 @@ class GrantProof:
 
     def check(self, ev: Evidence) -> None:
         """Raise ``ContradictoryEvidence`` if ``ev`` contradicts what is proven. Mutates nothing."""
-        if isinstance(ev, SchedulingStopped | TransferCompleted):
-            if self.last_seq is not None and ev.last_seq != self.last_seq:
-                raise ContradictoryEvidence(
-                    f"{ev.kind} says last_seq={ev.last_seq}, "
-                    f"but last_seq={self.last_seq} was already proven",
-                    evidence=ev,
-                )
+        if (
+            isinstance(ev, SchedulingStopped | TransferCompleted)
+            and self.last_seq is not None
+            and ev.last_seq != self.last_seq
+        ):
+            raise ContradictoryEvidence(
+                f"{ev.kind} says last_seq={ev.last_seq}, "
+                f"but last_seq={self.last_seq} was already proven",
+                evidence=ev,
+            )
 
     def record(self, ev: Evidence) -> bool:
         """Add ``ev`` (already checked). Returns whether anything new was proven."""

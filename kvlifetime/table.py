@@ -11,9 +11,9 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import attrs
 from statemachine import StateMachine
@@ -153,7 +153,7 @@ def compile_table(
     states = tuple(s.id for s in spec.states)
     initial = next(s.id for s in spec.states if s.initial)
     finals = tuple(s.id for s in spec.states if s.final)
-    events = tuple(e.id for e in spec.events)
+    events = tuple(e.id for e in cast(Iterable[Any], spec.events))
     rows: list[Row] = []
     for s in spec.states:
         for t in s.transitions:

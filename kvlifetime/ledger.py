@@ -1,0 +1,1032 @@
+"""BlockLedger: the fast path a serving engine's allocator embeds.
+
+Per-block state lives in numpy arrays; per-request work is O(1) dict work; request transitions
+run the tables compiled from the specification (``table.request_table()``), never a
+python-statemachine instance (``checked=True`` adds one per request, for tests and debugging).
+
+What is stored per block, and why only that (10 bytes a block, 14 once ``allocate`` is used):
+
+- ``_owner`` (int32): the slot of the request that acquired the block exclusively, ``FREE`` (-1)
+  when it is in the pool, ``ORPHANED`` (-2) when its exclusive holder released it while shared
+  holders remain. ``FREE`` is the only state in which a block may be handed out fresh.
+- ``_sharers`` (uint16): how many requests hold it shared (prefix-cache hits).
+- ``_generation`` (uint32): bumped by one each time the block returns to the pool, so a grant
+  (which records generations) can never be mistaken for one about the block's next owner.
+- ``_free_stack`` (int32, lazily, only once ``allocate`` is called): the ledger's own free list.
+
+Everything else about a block (owned / exposed / draining / quiesced / quarantined) follows from
+its holders' request states and open grants, so it is derived when asked (``block_state``,
+``stats``) instead of being written on every transition: the hot path touches per-block arrays
+only where the contract needs it — to refuse a block that is not free, to record generations in a
+grant, and to put blocks back in the pool.
+
+Thread safety: every public method holds one lock; evidence may arrive on transfer-engine
+threads while the scheduler allocates.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import structlog
+
+from kvlifetime import errors
+from kvlifetime.errors import (
+    BlockOutOfRange,
+    BlockUnavailable,
+    DoubleRelease,
+    DuplicateRequest,
+    EvidenceError,
+    IllegalTransition,
+    InsufficientEvidence,
+    MismatchedEvidence,
+    OutOfBlocks,
+    SpecDisagreement,
+    StaleEvidence,
+    UnknownRequest,
+)
+from kvlifetime.evidence import (
+    AccessRevoked,
+    Evidence,
+    GrantEvidence,
+    PeerLost,
+    to_dict,
+)
+from kvlifetime.grant import Access, BlockIds, Grant, GrantId, PeerId, RequestKey, make_grant
+from kvlifetime.machines import (
+    ENDED_STATES,
+    PROOF_CHAIN,
+    BlockState,
+    RequestLifecycle,
+    RequestState,
+)
+from kvlifetime.proof import GrantProof
+from kvlifetime.table import request_table
+
+FREE = -1
+ORPHANED = -2
+
+_log = structlog.get_logger("kvlifetime")
+
+_ADMITTED = RequestState.ADMITTED.value
+_TRANSFER_QUIESCED = RequestState.TRANSFER_QUIESCED.value
+_QUARANTINED = RequestState.QUARANTINED.value
+_RELEASED = RequestState.RELEASED.value
+_ENDED = frozenset(s.value for s in ENDED_STATES)
+
+_TABLE = request_table()
+# For each state, the evidence-driven transitions that may fire from it, in PROOF_CHAIN order:
+# (event, guard function, target). Precomputed so a step is a dict lookup and a guard call.
+_CHAIN: dict[str, tuple[tuple[str, Any, str], ...]] = {}
+for _state in _TABLE.states:
+    _CHAIN[_state] = tuple(
+        (row.event, _TABLE.guards[row.guard] if row.guard else (lambda _f: True), row.target)
+        for ev in PROOF_CHAIN
+        for row in _TABLE.rows_for(_state, ev.value)
+    )
+
+# How many released request keys are remembered to tell a double release from an unknown key.
+_RECENTLY_RELEASED = 4096
+
+
+def _enabled() -> bool:
+    # A library never configures structlog; it stays silent (and cheap) until the application
+    # (or structlog.testing.capture_logs) has.
+    return structlog.is_configured()
+
+
+@attrs.frozen(slots=True)
+class Transition:
+    """One named request transition that fired."""
+
+    request: RequestKey
+    event: str  # the named transition: rejected, cancel_received, ..., force_released
+    source: str  # RequestState value before
+    target: str  # RequestState value after
+    cause: str  # the evidence class name, or the call: reject, finish, release, expire, ...
+    grant: str | None = None  # the grant the evidence was about, as "incarnation#serial"
+    peer: PeerId | None = None
+    unsafe: bool = False  # force_released: never the normal path
+
+
+@attrs.frozen(slots=True)
+class QuarantineInfo:
+    request: RequestKey
+    blocks: int  # blocks the request still holds
+    reason: str  # deadline / lease_expired / peer_lost
+    since: float | None  # caller's clock when quarantined (None: evidence-driven, no clock seen)
+    age: float | None  # now - since, when stats() was given ``now``
+
+
+@attrs.frozen(slots=True)
+class LedgerStats:
+    num_blocks: int
+    blocks_by_state: dict[str, int]  # BlockState label -> count; sums to num_blocks
+    requests_by_state: dict[str, int]  # RequestState value -> live requests
+    quarantined: tuple[QuarantineInfo, ...]
+    unsafe_releases: int  # force_release calls that released a request with an open grant
+    refused_evidence: dict[str, int]  # error kind -> count
+    open_grants: int
+
+
+class _GrantRecord:
+    __slots__ = ("deadline", "grant", "proof", "req")
+
+    def __init__(self, grant: Grant, req: _Request, deadline: float | None) -> None:
+        self.grant = grant
+        self.req = req
+        self.proof = GrantProof()
+        self.deadline = deadline  # caller's clock; None: only the request's deadline applies
+
+
+class _Request:
+    """Per-request record. Implements ``machines.RequestFacts`` for the guards."""
+
+    __slots__ = (
+        "deadline",
+        "excl",
+        "grants",
+        "key",
+        "machine",
+        "open",
+        "quarantine_reason",
+        "quarantined_at",
+        "shared",
+        "slot",
+        "state",
+    )
+
+    def __init__(self, key: RequestKey, slot: int, deadline: float | None) -> None:
+        self.key = key
+        self.slot = slot  # int32 id written in _owner; never reused within 2**31 requests
+        self.state = _ADMITTED
+        self.excl: list[BlockIds] = []  # read-only arrays acquired exclusively
+        self.shared: list[BlockIds] = []  # read-only arrays acquired shared
+        self.grants: dict[int, _GrantRecord] = {}  # serial -> record, open and closed
+        self.open: dict[int, _GrantRecord] = {}  # serial -> record, open only
+        self.deadline = deadline
+        self.quarantine_reason: str | None = None
+        self.quarantined_at: float | None = None
+        self.machine: RequestLifecycle | None = None
+
+    def open_proofs(self) -> Iterator[GrantProof]:
+        return (r.proof for r in self.open.values())
+
+    def nblocks(self) -> int:
+        return sum(len(a) for a in self.excl) + sum(len(a) for a in self.shared)
+
+    def all_blocks(self) -> BlockIds:
+        arrs = self.excl + self.shared
+        if not arrs:
+            return np.empty(0, dtype=np.int64)
+        return arrs[0] if len(arrs) == 1 else np.concatenate(arrs)
+
+
+def _empty() -> BlockIds:
+    return np.empty(0, dtype=np.int64)
+
+
+class BlockLedger:
+    """The lifetime of every block of one KV pool, guarded by evidence. See DESIGN §3-§4."""
+
+    def __init__(
+        self, num_blocks: int, *, checked: bool = False, incarnation: str | None = None
+    ) -> None:
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+            raise errors.InvalidField(f"num_blocks must be an int >= 1, got {num_blocks!r}")
+        if num_blocks >= 2**31:
+            raise errors.InvalidField("num_blocks must be < 2**31")
+        self.num_blocks = num_blocks
+        self.checked = checked
+        # Random per instance: a grant id from another ledger or an earlier process never matches.
+        self.incarnation = incarnation or uuid.uuid4().hex[:12]
+        self._lock = threading.Lock()
+        self._owner = np.full(num_blocks, FREE, dtype=np.int32)
+        self._sharers = np.zeros(num_blocks, dtype=np.uint16)
+        self._generation = np.zeros(num_blocks, dtype=np.uint32)
+        self._free_stack: npt.NDArray[np.int32] | None = None
+        self._free_top = 0
+        self._requests: dict[RequestKey, _Request] = {}
+        self._by_slot: dict[int, _Request] = {}
+        self._next_slot = 0
+        self._next_serial = 1
+        self._grants: dict[int, _GrantRecord] = {}  # serial -> record, for live requests
+        self._by_peer: dict[PeerId, dict[int, _GrantRecord]] = {}  # open grants per peer
+        self._releasable: dict[RequestKey, None] = {}  # requests in transfer_quiesced (ordered)
+        self._timed: dict[RequestKey, None] = {}  # requests with a deadline somewhere
+        self._shared_holds = 0  # live shared acquisitions; 0 lets release skip _sharers
+        self._free_patterns: dict[int, bytes] = {}
+        self._recently_released: collections.OrderedDict[RequestKey, None] = (
+            collections.OrderedDict()
+        )
+        self._unsafe_releases = 0
+        self._refused: collections.Counter[str] = collections.Counter()
+        self._clock: float | None = None  # last ``now`` passed to expire()
+
+    # =================================================================== admission and blocks
+
+    def admit(self, request: RequestKey, *, deadline: float | None = None) -> None:
+        """Admit a request that holds no block yet (allocate / acquire admit implicitly)."""
+        with self._lock:
+            self._admit(request, deadline)
+
+    def allocate(self, request: RequestKey, n: int, *, deadline: float | None = None) -> BlockIds:
+        """Take ``n`` free blocks from the ledger's own free list for ``request``.
+
+        From the first call on, the ledger owns the free list: fresh blocks come from
+        ``allocate``; ``acquire`` is then only for sharing held blocks.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise errors.InvalidField(f"n must be an int >= 0, got {n!r}")
+        with self._lock:
+            stack = self._free_stack
+            if stack is None:
+                stack = self._build_free_stack()
+            if n > self._free_top:
+                raise OutOfBlocks(n, self._free_top)
+            req = self._requests.get(request)
+            if req is not None and req.state != _ADMITTED:
+                raise IllegalTransition("request", request, req.state, "allocate")
+            if req is None:
+                req = self._admit(request, deadline)
+            top = self._free_top - n
+            ids = stack[top : self._free_top].astype(np.int64)
+            self._free_top = top
+            self._owner.put(ids, req.slot)
+            ids.flags.writeable = False
+            req.excl.append(ids)
+            return ids
+
+    def acquire(
+        self,
+        request: RequestKey,
+        ids: npt.ArrayLike,
+        *,
+        shared: bool = False,
+        deadline: float | None = None,
+    ) -> None:
+        """Record that ``request`` holds ``ids`` (handed out by the engine's own allocator).
+
+        Exclusive: every block must be free. ``shared=True`` (a prefix-cache hit): every block
+        must already be held, with no open write grant, and be neither draining nor
+        quarantined (its content is settled). Refused blocks raise ``BlockUnavailable``.
+        """
+        arr = self._ids(ids)
+        with self._lock:
+            req = self._requests.get(request)
+            if req is not None and req.state != _ADMITTED:
+                raise IllegalTransition("request", request, req.state, "acquire")
+            if shared:
+                self._check_shareable(arr, req)
+            else:
+                if self._free_stack is not None:
+                    raise BlockUnavailable(
+                        "this ledger owns the free list (allocate was called): take fresh "
+                        "blocks with allocate; acquire(shared=True) shares held ones"
+                    )
+                if self._owner.take(arr).tobytes() != self._free_pattern(len(arr)):
+                    bad = arr[self._owner.take(arr) != FREE]
+                    raise BlockUnavailable(f"blocks not free: {bad[:16].tolist()}")
+            if req is None:
+                req = self._admit(request, deadline)
+            elif deadline is not None:
+                self._set_deadline(req, deadline)
+            if shared:
+                self._sharers[arr] += 1
+                self._shared_holds += 1
+                req.shared.append(arr)
+            else:
+                self._owner.put(arr, req.slot)
+                req.excl.append(arr)
+
+    # =================================================================== grants
+
+    def grant(
+        self,
+        request: RequestKey,
+        peer: PeerId,
+        blocks: npt.ArrayLike,
+        access: Access = Access.WRITE,
+        *,
+        deadline: float | None = None,
+    ) -> Grant:
+        """Record that ``peer`` may now access ``blocks`` of ``request``: from here on only
+        evidence can end it. Call it *before* the addresses leave the process."""
+        if not isinstance(peer, str) or not peer:
+            raise errors.InvalidField(f"peer must be a non-empty str, got {peer!r}")
+        if not isinstance(access, Access):
+            raise errors.InvalidField(f"access must be an Access, got {access!r}")
+        with self._lock:
+            req = self._get(request)
+            if req.state != _ADMITTED:
+                raise IllegalTransition("request", request, req.state, "grant")
+            arr = self._held_view(req, blocks)
+            if access is Access.WRITE and self._shared_holds:
+                if req.shared and any(
+                    np.isin(arr, s, assume_unique=True).any() for s in req.shared
+                ):
+                    raise BlockUnavailable("a write grant on a block this request shares")
+                if self._sharers.take(arr).any():
+                    raise BlockUnavailable("a write grant on a block with more than one holder")
+            serial = self._next_serial
+            self._next_serial = serial + 1
+            g = make_grant(
+                GrantId(self.incarnation, serial),
+                request,
+                peer,
+                arr,
+                self._readonly(self._generation.take(arr).astype(np.int64)),
+                access,
+            )
+            rec = _GrantRecord(g, req, deadline)
+            req.grants[serial] = rec
+            req.open[serial] = rec
+            self._grants[serial] = rec
+            self._by_peer.setdefault(peer, {})[serial] = rec
+            if deadline is not None:
+                self._timed[request] = None
+            if _enabled():
+                _log.info("grant_opened", **g.describe())
+            return g
+
+    # =================================================================== the owner ends it
+
+    def reject(self, request: RequestKey, reason: str = "rejected") -> list[Transition]:
+        """The owner ended the request early (admission refusal, client abort, failure).
+
+        The error response may go out now; nothing about the blocks changes. Evidence already
+        gathered may fire further transitions inside this call.
+        """
+        with self._lock:
+            req = self._get(request)
+            out: list[Transition] = []
+            self._fire(req, "rejected", "reject", out)
+            self._advance(req, "reject", None, out)
+            return out
+
+    def finish(self, request: RequestKey) -> list[Transition]:
+        """The normal end on the owner's side. Open grants still need their proof."""
+        with self._lock:
+            req = self._get(request)
+            out: list[Transition] = []
+            self._fire(req, "finished", "finish", out)
+            self._advance(req, "finish", None, out)
+            return out
+
+    # =================================================================== evidence
+
+    def apply(self, evidence: Evidence) -> list[Transition]:
+        """Add one piece of evidence; return the transitions it fired (in order).
+
+        Stale, mismatched or contradictory evidence raises its typed error, is logged and
+        counted, and changes nothing. Duplicates and late, weaker reports are no-ops.
+        """
+        with self._lock:
+            try:
+                return self._apply(evidence)
+            except EvidenceError as e:
+                self._refused[e.kind] += 1
+                if _enabled():
+                    _log.warning(
+                        "evidence_refused",
+                        error=e.kind,
+                        message=str(e),
+                        evidence=_describe(evidence),
+                    )
+                raise
+
+    def _apply(self, ev: Evidence) -> list[Transition]:
+        if isinstance(ev, GrantEvidence) or (
+            isinstance(ev, AccessRevoked) and ev.grant_id is not None
+        ):
+            recs = [self._grant_record(ev)]
+        elif isinstance(ev, AccessRevoked | PeerLost):
+            recs = list(self._by_peer.get(ev.peer, {}).values())
+        else:
+            raise errors.MalformedEvidence(f"not evidence: {ev!r}", evidence=ev)
+        for rec in recs:
+            rec.proof.check(ev)  # every check before any change: all or nothing
+        out: list[Transition] = []
+        changed_any = False
+        for rec in recs:
+            changed = rec.proof.record(ev)
+            changed_any |= changed
+            if not changed:
+                continue
+            req = rec.req
+            if rec.proof.closed and rec.grant.id.serial in req.open:
+                self._close(rec)
+            if req.state != _ADMITTED:
+                self._advance(req, ev.kind, rec.grant, out)
+        if _enabled():
+            _log.info("evidence_applied", evidence=to_dict(ev), changed=changed_any)
+        return out
+
+    def _grant_record(self, ev: GrantEvidence | AccessRevoked) -> _GrantRecord:
+        gid = ev.grant_id
+        assert gid is not None
+        if gid.incarnation != self.incarnation:
+            raise MismatchedEvidence(
+                f"{ev.kind} is about grant {gid} of another ledger or incarnation "
+                f"(this one is {self.incarnation})",
+                evidence=ev,
+            )
+        rec = self._grants.get(gid.serial)
+        if rec is None:
+            if gid.serial < self._next_serial:
+                raise StaleEvidence(
+                    f"{ev.kind} is about grant {gid}, whose request was already released",
+                    evidence=ev,
+                )
+            raise MismatchedEvidence(f"{ev.kind}: grant {gid} was never issued", evidence=ev)
+        g = rec.grant
+        if ev.request != g.request or type(ev.request) is not type(g.request):
+            raise MismatchedEvidence(
+                f"{ev.kind} names request {ev.request!r}, grant {gid} is of {g.request!r}",
+                evidence=ev,
+            )
+        if ev.peer != g.peer:
+            raise MismatchedEvidence(
+                f"{ev.kind} names peer {ev.peer!r}, grant {gid} is to {g.peer!r}", evidence=ev
+            )
+        return rec
+
+    def _close(self, rec: _GrantRecord) -> None:
+        serial = rec.grant.id.serial
+        del rec.req.open[serial]
+        peer_open = self._by_peer[rec.grant.peer]
+        del peer_open[serial]
+        if not peer_open:
+            del self._by_peer[rec.grant.peer]
+
+    # =================================================================== deadlines
+
+    def set_deadline(self, request: RequestKey, deadline: float | None) -> None:
+        """Set (or clear) the request-wide deadline, on the caller's clock."""
+        with self._lock:
+            self._set_deadline(self._get(request), deadline)
+
+    def expire(self, now: float) -> list[RequestKey]:
+        """Quarantine ended requests with an open grant whose deadline is ``<= now``.
+
+        The core never reads a clock: the caller passes it. A deadline that passes while the
+        owner still runs marks the grant; the request is quarantined when the owner ends it.
+        Returns the requests quarantined by this call.
+        """
+        with self._lock:
+            self._clock = now
+            newly: list[RequestKey] = []
+            for key in list(self._timed):
+                req = self._requests[key]
+                marked = False
+                for rec in req.open.values():
+                    dl = rec.deadline if rec.deadline is not None else req.deadline
+                    if dl is not None and dl <= now and rec.proof.suspect is None:
+                        rec.proof.mark_suspect("deadline")
+                        marked = True
+                if marked and req.state != _ADMITTED:
+                    out: list[Transition] = []
+                    self._advance(req, "expire", None, out)
+                    if req.state == _QUARANTINED:
+                        newly.append(key)
+                # Nothing left to time out; a quarantined request waits for proof only.
+                if req.state != _ADMITTED and (
+                    not req.open or req.state in (_QUARANTINED, _TRANSFER_QUIESCED)
+                ):
+                    self._timed.pop(key, None)
+            return newly
+
+    # =================================================================== release
+
+    def release(self, request: RequestKey) -> BlockIds:
+        """Let go of the request's blocks; return those that went back to the pool.
+
+        Raises ``InsufficientEvidence`` (listing what is unproven, per grant) while any grant
+        is open, ``IllegalTransition`` if the owner has not ended the request.
+        """
+        with self._lock:
+            req = self._requests.get(request)
+            if req is None:
+                if request in self._recently_released:
+                    raise DoubleRelease(f"request {request!r} was already released")
+                raise UnknownRequest(request)
+            if req.state in _ENDED and req.open:
+                raise InsufficientEvidence(request, self._unproven(req))
+            out: list[Transition] = []
+            self._fire(req, "released", "release", out)
+            return self._let_go([req])[0]
+
+    def collect_releasable(self) -> dict[RequestKey, BlockIds]:
+        """Release every request whose grants are all closed; return, per request, the block
+        ids that went back to the pool. A scheduler calls this once per step: the per-block
+        work of all of them is done in one batch."""
+        with self._lock:
+            if not self._releasable:
+                return {}
+            reqs = [self._requests[k] for k in self._releasable]
+            out: list[Transition] = []
+            for req in reqs:
+                self._fire(req, "released", "collect_releasable", out)
+            freed = self._let_go(reqs)
+            return {req.key: ids for req, ids in zip(reqs, freed, strict=True)}
+
+    def force_release(self, request: RequestKey, reason: str) -> BlockIds:
+        """UNSAFE: release a request whose grants are not all closed. A peer may still write
+        into the blocks returned. Logged at warning and counted in ``stats().unsafe_releases``.
+        For a request whose grants are all closed it is an ordinary release."""
+        with self._lock:
+            req = self._get(request)
+            out: list[Transition] = []
+            if req.state == _TRANSFER_QUIESCED:
+                self._fire(req, "released", "force_release", out)
+            else:
+                open_grants = [str(r.grant.id) for r in req.open.values()]
+                self._fire(req, "force_released", "force_release", out)
+                self._unsafe_releases += 1
+                if _enabled():
+                    _log.warning(
+                        "force_released", request=request, reason=reason, open_grants=open_grants
+                    )
+            return self._let_go([req])[0]
+
+    def _let_go(self, reqs: Sequence[_Request]) -> list[BlockIds]:
+        """Forget the requests; put the blocks no one else holds back in the pool."""
+        owner = self._owner
+        results: list[BlockIds] = []
+        excl_all: list[BlockIds] = []
+        for req in reqs:
+            self._forget(req)
+            excl = (
+                req.excl[0]
+                if len(req.excl) == 1
+                else (np.concatenate(req.excl) if req.excl else _empty())
+            )
+            if req.shared:
+                # A shared holder lets go: the block returns only if it was the last holder.
+                sh = np.concatenate(req.shared)
+                self._sharers[sh] -= 1
+                self._shared_holds -= len(req.shared)
+                back = sh[(self._sharers.take(sh) == 0) & (owner.take(sh) == ORPHANED)]
+            else:
+                back = _empty()
+            if self._shared_holds and len(excl):
+                still = self._sharers.take(excl) > 0
+                if still.any():
+                    owner.put(excl[still], ORPHANED)
+                    excl = excl[~still]
+            if len(back):
+                excl = np.concatenate([excl, back])
+            excl_all.append(excl)
+            results.append(excl)
+        if excl_all:
+            ids = excl_all[0] if len(excl_all) == 1 else np.concatenate(excl_all)
+            if len(ids):
+                owner.put(ids, FREE)
+                self._generation[ids] += 1
+                if self._free_stack is not None:
+                    top = self._free_top
+                    self._free_stack[top : top + len(ids)] = ids
+                    self._free_top = top + len(ids)
+        if _enabled():
+            for req, ids in zip(reqs, results, strict=True):
+                _log.info("request_released", request=req.key, blocks=ids.tolist())
+        return results
+
+    def _forget(self, req: _Request) -> None:
+        # The ledger never grows with history: a released request and its grants are gone.
+        key = req.key
+        del self._requests[key]
+        del self._by_slot[req.slot]
+        self._releasable.pop(key, None)
+        self._timed.pop(key, None)
+        for serial, rec in req.grants.items():
+            del self._grants[serial]
+            if serial in req.open:
+                peer_open = self._by_peer[rec.grant.peer]
+                del peer_open[serial]
+                if not peer_open:
+                    del self._by_peer[rec.grant.peer]
+        rr = self._recently_released
+        rr[key] = None
+        if len(rr) > _RECENTLY_RELEASED:
+            rr.popitem(last=False)
+
+    # =================================================================== transitions
+
+    def _fire(self, req: _Request, event: str, cause: str, out: list[Transition]) -> None:
+        """Fire a call-driven transition (reject, finish, release, force_released)."""
+        target = _TABLE.step(req.state, event, req, req.key)
+        if target is None:
+            if event == "released":
+                raise InsufficientEvidence(req.key, self._unproven(req))
+            raise IllegalTransition("request", req.key, req.state, event)
+        self._moved(req, event, target, cause, None, out)
+
+    def _advance(
+        self, req: _Request, cause: str, grant: Grant | None, out: list[Transition]
+    ) -> None:
+        """Fire every evidence-driven transition whose guard now holds, in chain order."""
+        while True:
+            for event, guard, target in _CHAIN[req.state]:
+                if guard(req):
+                    self._moved(req, event, target, cause, grant, out)
+                    break
+            else:
+                return
+
+    def _moved(
+        self,
+        req: _Request,
+        event: str,
+        target: str,
+        cause: str,
+        grant: Grant | None,
+        out: list[Transition],
+    ) -> None:
+        source = req.state
+        if self.checked:
+            self._mirror(req, event, target)
+        req.state = target
+        if target == _TRANSFER_QUIESCED:
+            self._releasable[req.key] = None
+        elif target == _QUARANTINED:
+            reason = next(
+                (p.suspect for p in req.open_proofs() if p.suspect is not None), "deadline"
+            )
+            req.quarantine_reason = reason
+            req.quarantined_at = self._clock
+        elif target == _RELEASED:
+            self._releasable.pop(req.key, None)
+        t = Transition(
+            req.key,
+            event,
+            source,
+            target,
+            cause,
+            None if grant is None else str(grant.id),
+            None if grant is None else grant.peer,
+            event == "force_released",
+        )
+        out.append(t)
+        if _enabled():
+            _log.info(
+                "request_transition",
+                request=req.key,
+                transition=event,
+                from_state=source,
+                to_state=target,
+                cause=cause,
+                grant=t.grant,
+                peer=t.peer,
+                unsafe=t.unsafe,
+            )
+
+    def _mirror(self, req: _Request, event: str, target: str) -> None:
+        m = req.machine
+        assert m is not None
+        try:
+            m.send(event)
+        except Exception as e:
+            raise SpecDisagreement(
+                f"request {req.key!r}: tables fire {event!r} -> {target!r} from {req.state!r}, "
+                f"the specification refuses: {e}"
+            ) from e
+        if m.current_state_value != target:
+            raise SpecDisagreement(
+                f"request {req.key!r}: tables reach {target!r} on {event!r}, "
+                f"the specification reaches {m.current_state_value!r}"
+            )
+
+    # =================================================================== queries
+
+    def state(self, request: RequestKey) -> RequestState:
+        with self._lock:
+            return RequestState(self._get(request).state)
+
+    def live_requests(self) -> list[RequestKey]:
+        with self._lock:
+            return list(self._requests)
+
+    def blocks_of(self, request: RequestKey) -> BlockIds:
+        """Every block the request holds (exclusive first, then shared)."""
+        with self._lock:
+            return self._get(request).all_blocks()
+
+    def grants_of(self, request: RequestKey) -> list[Grant]:
+        with self._lock:
+            return [r.grant for r in self._get(request).grants.values()]
+
+    def open_grants(self, request: RequestKey) -> list[Grant]:
+        with self._lock:
+            return [r.grant for r in self._get(request).open.values()]
+
+    def proof_of(self, grant: Grant | GrantId) -> GrantProof:
+        """A copy of what has been proven about a live grant."""
+        gid = grant.id if isinstance(grant, Grant) else grant
+        with self._lock:
+            rec = self._grants.get(gid.serial) if gid.incarnation == self.incarnation else None
+            if rec is None:
+                raise errors.UnknownGrant(f"no live grant {gid}")
+            return rec.proof.copy()
+
+    def unproven(self, request: RequestKey) -> dict[str, list[str]]:
+        with self._lock:
+            return self._unproven(self._get(request))
+
+    def generation(self, ids: npt.ArrayLike) -> npt.NDArray[np.uint32]:
+        arr = self._ids(ids)
+        with self._lock:
+            return self._generation.take(arr)
+
+    def holders(self, ids: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        arr = self._ids(ids)
+        with self._lock:
+            return (self._owner.take(arr) >= 0).astype(np.int64) + self._sharers.take(arr)
+
+    def free_count(self) -> int:
+        with self._lock:
+            return int(np.count_nonzero(self._owner == FREE))
+
+    def block_state(self, ids: npt.ArrayLike) -> npt.NDArray[np.uint8]:
+        """``BlockState`` codes of ``ids``, derived from holders and open grants."""
+        arr = self._ids(ids)
+        with self._lock:
+            return self._derive_block_states().take(arr)
+
+    def _derive_block_states(self) -> npt.NDArray[np.uint8]:
+        n = self.num_blocks
+        live = np.zeros(n, dtype=np.int32)
+        opened = np.zeros(n, dtype=np.int32)
+        quarantined = np.zeros(n, dtype=bool)
+        for req in self._requests.values():
+            if req.state == _ADMITTED:
+                for a in req.excl + req.shared:
+                    live[a] += 1
+            for rec in req.open.values():
+                opened[rec.grant.blocks] += 1
+                if req.state == _QUARANTINED:
+                    quarantined[rec.grant.blocks] = True
+        held = (self._owner != FREE) | (self._sharers > 0)
+        out = np.full(n, BlockState.QUIESCED, dtype=np.uint8)
+        out[~held] = BlockState.FREE
+        out[held & (live > 0) & (opened == 0)] = BlockState.OWNED
+        out[held & (live > 0) & (opened > 0)] = BlockState.EXPOSED
+        ended_open = held & (live == 0) & (opened > 0)
+        out[ended_open & ~quarantined] = BlockState.DRAINING
+        out[ended_open & quarantined] = BlockState.QUARANTINED
+        return out
+
+    def stats(self, now: float | None = None) -> LedgerStats:
+        with self._lock:
+            states = self._derive_block_states()
+            counts = np.bincount(states, minlength=len(BlockState))
+            by_req: collections.Counter[str] = collections.Counter(
+                r.state for r in self._requests.values()
+            )
+            quarantined = tuple(
+                QuarantineInfo(
+                    r.key,
+                    r.nblocks(),
+                    r.quarantine_reason or "deadline",
+                    r.quarantined_at,
+                    None if now is None or r.quarantined_at is None else now - r.quarantined_at,
+                )
+                for r in self._requests.values()
+                if r.state == _QUARANTINED
+            )
+            return LedgerStats(
+                num_blocks=self.num_blocks,
+                blocks_by_state={s.label: int(counts[s]) for s in BlockState},
+                requests_by_state={
+                    s.value: by_req.get(s.value, 0) for s in RequestState if s.value != _RELEASED
+                },
+                quarantined=quarantined,
+                unsafe_releases=self._unsafe_releases,
+                refused_evidence=dict(self._refused),
+                open_grants=sum(len(r.open) for r in self._requests.values()),
+            )
+
+    # =================================================================== exploration support
+
+    def copy(self) -> BlockLedger:
+        """An independent deep copy (same incarnation): for exploration and what-if checks."""
+        with self._lock:
+            new = BlockLedger.__new__(BlockLedger)
+            new.num_blocks = self.num_blocks
+            new.checked = self.checked
+            new.incarnation = self.incarnation
+            new._lock = threading.Lock()
+            new._owner = self._owner.copy()
+            new._sharers = self._sharers.copy()
+            new._generation = self._generation.copy()
+            new._free_stack = None if self._free_stack is None else self._free_stack.copy()
+            new._free_top = self._free_top
+            new._next_slot = self._next_slot
+            new._next_serial = self._next_serial
+            new._requests = {}
+            new._by_slot = {}
+            new._grants = {}
+            new._by_peer = {}
+            for key, old in self._requests.items():
+                req = _Request(key, old.slot, old.deadline)
+                req.state = old.state
+                req.excl = list(old.excl)  # the arrays themselves are read-only
+                req.shared = list(old.shared)
+                req.quarantine_reason = old.quarantine_reason
+                req.quarantined_at = old.quarantined_at
+                for serial, orec in old.grants.items():
+                    rec = _GrantRecord(orec.grant, req, orec.deadline)
+                    rec.proof = orec.proof.copy()
+                    req.grants[serial] = rec
+                    new._grants[serial] = rec
+                    if serial in old.open:
+                        req.open[serial] = rec
+                        new._by_peer.setdefault(rec.grant.peer, {})[serial] = rec
+                if self.checked:
+                    req.machine = RequestLifecycle(req, start_value=req.state)
+                new._requests[key] = req
+                new._by_slot[req.slot] = req
+            new._releasable = dict(self._releasable)
+            new._timed = dict(self._timed)
+            new._shared_holds = self._shared_holds
+            new._free_patterns = self._free_patterns
+            new._recently_released = collections.OrderedDict(self._recently_released)
+            new._unsafe_releases = self._unsafe_releases
+            new._refused = collections.Counter(self._refused)
+            new._clock = self._clock
+            return new
+
+    def fingerprint(self) -> tuple[Any, ...]:
+        """The whole observable state as a hashable value (grant serials included)."""
+        with self._lock:
+            reqs = []
+            for key, req in self._requests.items():
+                reqs.append(
+                    (
+                        repr(key),
+                        req.state,
+                        tuple(tuple(a.tolist()) for a in req.excl),
+                        tuple(tuple(a.tolist()) for a in req.shared),
+                        req.deadline,
+                        tuple(
+                            (s, r.grant.peer, r.grant.access.value, r.deadline, r.proof.key())
+                            for s, r in sorted(req.grants.items())
+                        ),
+                    )
+                )
+            reqs.sort()
+            return (
+                self._owner.tobytes(),
+                self._sharers.tobytes(),
+                self._generation.tobytes(),
+                tuple(reqs),
+                self._next_serial,
+                self._unsafe_releases,
+            )
+
+    # =================================================================== internals
+
+    def _admit(self, request: RequestKey, deadline: float | None) -> _Request:
+        if isinstance(request, bool) or not isinstance(request, str | int) or request == "":
+            raise errors.InvalidField(f"request must be a non-empty str or an int: {request!r}")
+        if request in self._requests:
+            raise DuplicateRequest(request)
+        slot = self._next_slot
+        self._next_slot = (slot + 1) & 0x7FFFFFFF
+        req = _Request(request, slot, None)
+        if self.checked:
+            req.machine = RequestLifecycle(req)
+        self._requests[request] = req
+        self._by_slot[slot] = req
+        self._recently_released.pop(request, None)
+        if deadline is not None:
+            self._set_deadline(req, deadline)
+        if _enabled():
+            _log.info("request_admitted", request=request)
+        return req
+
+    def _set_deadline(self, req: _Request, deadline: float | None) -> None:
+        req.deadline = deadline
+        if deadline is not None:
+            self._timed[req.key] = None
+
+    def _get(self, request: RequestKey) -> _Request:
+        req = self._requests.get(request)
+        if req is None:
+            if request in self._recently_released:
+                raise DoubleRelease(f"request {request!r} was already released")
+            raise UnknownRequest(request)
+        return req
+
+    def _unproven(self, req: _Request) -> dict[str, list[str]]:
+        return {f"{r.grant.id} ({r.grant.peer})": r.proof.unproven() for r in req.open.values()}
+
+    def _ids(self, ids: npt.ArrayLike) -> BlockIds:
+        """Validate a batch of block ids; return a read-only private int64 copy."""
+        arr = np.array(ids, dtype=np.int64, copy=True) if not isinstance(ids, np.ndarray) else ids
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise BlockOutOfRange(f"block ids must be a 1-d integer batch, got {arr!r}")
+        if arr.dtype != np.int64:
+            arr = arr.astype(np.int64)
+        elif arr is ids:
+            arr = arr.copy()
+        if len(arr):
+            s = np.sort(arr)
+            if int(s[0]) < 0 or int(s[-1]) >= self.num_blocks:
+                bad = arr[(arr < 0) | (arr >= self.num_blocks)]
+                raise BlockOutOfRange(
+                    f"block ids out of range [0, {self.num_blocks}): {bad[:16].tolist()}"
+                )
+            if np.count_nonzero(s[1:] == s[:-1]):
+                raise BlockOutOfRange(f"duplicate block ids in one batch: {arr.tolist()[:32]}")
+        arr.flags.writeable = False
+        return arr
+
+    @staticmethod
+    def _readonly(arr: BlockIds) -> BlockIds:
+        arr.flags.writeable = False
+        return arr
+
+    def _free_pattern(self, n: int) -> bytes:
+        p = self._free_patterns.get(n)
+        if p is None:
+            p = np.full(n, FREE, dtype=np.int32).tobytes()
+            self._free_patterns[n] = p
+        return p
+
+    def _build_free_stack(self) -> npt.NDArray[np.int32]:
+        free = np.flatnonzero(self._owner == FREE).astype(np.int32)[::-1]
+        stack = np.empty(self.num_blocks, dtype=np.int32)
+        stack[: len(free)] = free
+        self._free_stack = stack
+        self._free_top = len(free)
+        return stack
+
+    def _held_view(self, req: _Request, blocks: npt.ArrayLike) -> BlockIds:
+        """``blocks`` as a read-only array, refused unless ``req`` holds every one of them."""
+        if isinstance(blocks, np.ndarray):
+            for a in req.excl:
+                if blocks is a:
+                    return a
+            raw = blocks.tobytes() if blocks.dtype == np.int64 else None
+            if raw is not None:
+                for a in req.excl:
+                    if len(a) == len(blocks) and a.tobytes() == raw:
+                        return a
+        arr = self._ids(blocks)
+        held = req.all_blocks()
+        if not np.isin(arr, held, assume_unique=True).all():
+            missing = arr[~np.isin(arr, held)]
+            raise BlockUnavailable(
+                f"request {req.key!r} does not hold blocks {missing[:16].tolist()}"
+            )
+        return arr
+
+    def _check_shareable(self, arr: BlockIds, req: _Request | None) -> None:
+        owner = self._owner.take(arr)
+        held = (owner >= 0) | (self._sharers.take(arr) > 0)
+        if not held.all():
+            raise BlockUnavailable(
+                f"shared acquire of blocks nobody holds: {arr[~held][:16].tolist()}"
+            )
+        if req is not None and (
+            (owner == req.slot).any()
+            or any(np.isin(arr, s, assume_unique=True).any() for s in req.shared)
+        ):
+            raise BlockUnavailable(f"request {req.key!r} already holds some of these blocks")
+        # Settled content only: no holder may be draining or quarantined, no write grant open.
+        holders: set[int] = set(np.unique(owner[owner >= 0]).tolist())
+        others = [r for r in self._requests.values() if r.shared] if self._shared_holds else []
+        involved = [self._by_slot[s] for s in holders if s in self._by_slot]
+        for r in others:
+            if any(np.isin(arr, s, assume_unique=True).any() for s in r.shared):
+                involved.append(r)
+        for r in involved:
+            if r.state != _ADMITTED and r.open:
+                raise BlockUnavailable(
+                    f"blocks of request {r.key!r} are draining or quarantined: not shareable"
+                )
+            for rec in r.open.values():
+                if (
+                    rec.grant.access is Access.WRITE
+                    and np.isin(arr, rec.grant.blocks, assume_unique=True).any()
+                ):
+                    raise BlockUnavailable(
+                        f"an open write grant ({rec.grant.id}) may still change these blocks"
+                    )
+
+
+def _describe(ev: object) -> object:
+    if isinstance(ev, Evidence):
+        try:
+            return to_dict(ev)
+        except Exception:  # a log line must never raise
+            return repr(ev)
+    return repr(ev)
