@@ -3,8 +3,12 @@
 Subcommands are data: ``COMMANDS`` lists ``Command(name, help, add_arguments, run)`` entries, and
 ``build_parser`` turns them into argparse subparsers. To add one (``verify``, ``replay``,
 ``simulate``), write an ``add_arguments(parser)`` and a ``run(args) -> int`` and append a
-``Command`` to ``COMMANDS``; import heavy modules *inside* ``run`` so that ``kvlifetime table``
-never pays for numpy-heavy or network code it does not use.
+``Command`` to ``COMMANDS``; import your module *inside* ``run`` so that ``kvlifetime table``
+never pays for the harness, the verifier or a transfer engine it does not use.
+
+``run`` receives the parsed arguments plus ``args.log``, a structlog logger that writes to stderr
+(stdout carries the tables), quiet below warning unless ``-v``. The command line never calls
+``structlog.configure``: the processors stay whatever the host set (``capture_logs`` works).
 
 Exit status: 0 success; 2 a typed kvlifetime error (one line on stderr) or a usage error from
 argparse; 1 an operating-system error (e.g. an output file that cannot be written).
@@ -18,7 +22,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import attrs
 import structlog
@@ -35,7 +39,7 @@ from kvlifetime.errors import KVLifetimeError
 from kvlifetime.evidence import claims_matrix
 from kvlifetime.table import table_for
 
-log = structlog.get_logger("kvlifetime")
+Logger = Any  # a structlog bound logger (wrap_logger / get_logger return a lazy proxy)
 
 TABLE_FORMATS: tuple[str, ...] = ("md", "csv", "json")
 EVIDENCE_FORMATS: tuple[str, ...] = ("md", "json")
@@ -55,7 +59,11 @@ class Command:
 # --------------------------------------------------------------------------- output helpers
 
 
-def write_text(path: Path, text: str) -> None:
+def library_logger() -> Logger:
+    return structlog.get_logger("kvlifetime")
+
+
+def write_text(path: Path, text: str, log: Logger) -> None:
     """Write ``text`` as UTF-8 with ``\\n`` line endings on every platform (byte-stable docs)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8", newline="\n") as f:
@@ -63,11 +71,11 @@ def write_text(path: Path, text: str) -> None:
     log.info("file_written", path=str(path), bytes=len(text.encode("utf-8")))
 
 
-def _emit(text: str, output: str | None) -> None:
-    if output is None or output == "-":
+def _emit(text: str, args: argparse.Namespace) -> None:
+    if args.output is None or args.output == "-":
         sys.stdout.write(text)
     else:
-        write_text(Path(output), text)
+        write_text(Path(args.output), text, args.log)
 
 
 # --------------------------------------------------------------------------- table
@@ -80,7 +88,7 @@ def _add_table(p: argparse.ArgumentParser) -> None:
 
 
 def _run_table(args: argparse.Namespace) -> int:
-    _emit(table_for(args.machine).render(args.format), args.output)
+    _emit(table_for(args.machine).render(args.format), args)
     return 0
 
 
@@ -94,7 +102,7 @@ def _add_diagram(p: argparse.ArgumentParser) -> None:
 
 
 def _run_diagram(args: argparse.Namespace) -> int:
-    _emit(render(args.machine, args.format), args.output)
+    _emit(render(args.machine, args.format), args)
     return 0
 
 
@@ -112,7 +120,7 @@ def evidence_json() -> str:
 
 def _run_evidence(args: argparse.Namespace) -> int:
     text = evidence_markdown() if args.format == "md" else evidence_json()
-    _emit(text, args.output)
+    _emit(text, args)
     return 0
 
 
@@ -123,7 +131,7 @@ def _add_docs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, type=Path, metavar="DIR")
 
 
-def write_docs(out: Path) -> list[Path]:
+def write_docs(out: Path, log: Logger) -> list[Path]:
     """Write every generated document into ``out``; SVGs only where Graphviz is installed.
 
     Only the generated files are written: anything else in ``out`` (hand-written pages such as
@@ -138,13 +146,13 @@ def write_docs(out: Path) -> list[Path]:
     written = []
     for name, text in docs_files(include_svg=with_svg).items():
         path = out / name
-        write_text(path, text)
+        write_text(path, text, log)
         written.append(path)
     return written
 
 
 def _run_docs(args: argparse.Namespace) -> int:
-    for path in write_docs(args.out):
+    for path in write_docs(args.out, args.log):
         print(path)
     return 0
 
@@ -161,7 +169,9 @@ def _section(title: str, body: str, stream: TextIO) -> None:
     stream.write(f"\n==== {title} ====\n\n{body}")
 
 
-def run_demo(out: Path, backend: str, stream: TextIO | None = None) -> int:
+def run_demo(
+    out: Path, backend: str, stream: TextIO | None = None, log: Logger | None = None
+) -> int:
     """The demo: the contract as tables and pictures, then (later) a run of the harness.
 
     Step 1 prints what the specification allows and what each piece of evidence proves, and
@@ -169,6 +179,7 @@ def run_demo(out: Path, backend: str, stream: TextIO | None = None) -> int:
     step below; the steps share nothing but ``out`` and ``stream``.
     """
     stream = sys.stdout if stream is None else stream
+    log = library_logger() if log is None else log
     if backend not in DEMO_BACKENDS:
         raise ValueError(f"unknown backend {backend!r} ({', '.join(DEMO_BACKENDS)})")
     stream.write(f"kvlifetime demo (backend: {backend}), writing to {out}\n")
@@ -179,14 +190,14 @@ def run_demo(out: Path, backend: str, stream: TextIO | None = None) -> int:
     for m in MACHINES:
         for suffix, fmt in (("mmd", "mermaid"), ("md", "md")):
             path = out / f"{m}.{suffix}"
-            write_text(path, render(m, fmt))
+            write_text(path, render(m, fmt), log)
             written.append(path)
     stream.write("\n" + "".join(f"wrote {p}\n" for p in written))
     return 0
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    return run_demo(args.out, args.backend)
+    return run_demo(args.out, args.backend, log=args.log)
 
 
 # --------------------------------------------------------------------------- registry
@@ -220,18 +231,19 @@ def build_parser(commands: Sequence[Command] | None = None) -> argparse.Argument
     return parser
 
 
-def _configure_logging(verbose: bool) -> Callable[[], None]:
-    """Send structlog output to stderr (stdout carries the tables), unless the host application
-    configured structlog itself. Returns how to undo it, so ``main`` leaves no global trace."""
-    if structlog.is_configured():
-        return lambda: None
-    structlog.configure(
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+def cli_logger(verbose: bool) -> Logger:
+    """A logger for the command line: stderr, warnings only unless ``verbose``.
+
+    Only the output and the level are chosen here; the processors are resolved from the
+    global structlog configuration when the logger is first used, so a host's configuration
+    (or ``structlog.testing.capture_logs``) still applies. Nothing global is changed.
+    """
+    return structlog.wrap_logger(
+        structlog.PrintLogger(sys.stderr),
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.DEBUG if verbose else logging.WARNING
         ),
     )
-    return structlog.reset_defaults
 
 
 def _one_line(e: BaseException) -> str:
@@ -244,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, or a usage error already printed by argparse
         return e.code if isinstance(e.code, int) else 2
-    undo = _configure_logging(args.verbose)
+    args.log = log = cli_logger(args.verbose)
     try:
         status: int = args.run(args)
         return status
@@ -253,10 +265,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kvlifetime: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except OSError as e:
+        log.info("command_failed", command=args.command, error="os_error", message=_one_line(e))
         print(f"kvlifetime: error: {_one_line(e)}", file=sys.stderr)
         return 1
-    finally:
-        undo()
 
 
 if __name__ == "__main__":

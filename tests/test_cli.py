@@ -1,0 +1,270 @@
+"""The ``kvlifetime`` command line, driven through ``main([...])``."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import structlog
+from structlog.testing import capture_logs
+
+from kvlifetime import cli
+from kvlifetime.cli import Command, main, run_demo
+from kvlifetime.diagrams import evidence_markdown, render
+from kvlifetime.errors import InsufficientEvidence
+from kvlifetime.evidence import claims_matrix
+from kvlifetime.table import table_for
+
+HAS_DOT = shutil.which("dot") is not None
+Capsys = pytest.CaptureFixture[str]
+
+
+def run(capsys: Capsys, *argv: str) -> tuple[int, str, str]:
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+# --------------------------------------------------------------------------- table
+
+
+@pytest.mark.parametrize("machine", ["request", "block"])
+@pytest.mark.parametrize("fmt", ["md", "csv", "json"])
+def test_table(capsys: Capsys, machine: str, fmt: str) -> None:
+    status, out, err = run(capsys, "table", machine, "--format", fmt)
+    assert (status, err) == (0, "")
+    assert out == table_for(machine).render(fmt)
+
+
+def test_table_formats_parse(capsys: Capsys) -> None:
+    _, out, _ = run(capsys, "table", "request", "--format", "json")
+    assert json.loads(out)["machine"] == "request"
+    _, out, _ = run(capsys, "table", "block", "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert len(rows) == len(table_for("block").rows)
+
+
+def test_table_defaults_to_markdown(capsys: Capsys) -> None:
+    _, out, _ = run(capsys, "table", "request")
+    assert out.startswith("# request lifecycle: transition table")
+
+
+def test_table_to_file(capsys: Capsys, tmp_path: Path) -> None:
+    target = tmp_path / "sub" / "t.csv"
+    status, out, _ = run(capsys, "table", "block", "--format", "csv", "-o", str(target))
+    assert (status, out) == (0, "")
+    assert target.read_text(encoding="utf-8") == table_for("block").to_csv()
+
+
+# --------------------------------------------------------------------------- diagram
+
+
+@pytest.mark.parametrize("machine", ["request", "block"])
+@pytest.mark.parametrize("fmt", ["mermaid", "dot", "md"])
+def test_diagram(capsys: Capsys, machine: str, fmt: str) -> None:
+    status, out, err = run(capsys, "diagram", machine, "--format", fmt)
+    assert (status, err) == (0, "")
+    assert out == render(machine, fmt)
+
+
+def test_diagram_to_file_is_utf8(capsys: Capsys, tmp_path: Path) -> None:
+    target = tmp_path / "request.mmd"
+    assert main(["diagram", "request", "--format", "mermaid", "-o", str(target)]) == 0
+    assert capsys.readouterr().out == ""
+    data = target.read_bytes()
+    assert "⚠".encode() in data
+    assert b"\r\n" not in data
+
+
+@pytest.mark.skipif(not HAS_DOT, reason="Graphviz `dot` not installed")
+def test_diagram_svg(capsys: Capsys, tmp_path: Path) -> None:
+    target = tmp_path / "block.svg"
+    assert main(["diagram", "block", "--format", "svg", "-o", str(target)]) == 0
+    assert "<svg" in target.read_text(encoding="utf-8")
+
+
+def test_diagram_svg_without_dot_exits_2(
+    capsys: Capsys, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with capture_logs() as logs:
+        status, out, err = run(capsys, "-v", "diagram", "request", "--format", "svg")
+    assert status == 2
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("kvlifetime: error: ")
+    assert "graphviz" in err and "apt-get install graphviz" in err
+    # capture_logs swaps the processors: the event is captured instead of printed
+    assert logs == [
+        {
+            "event": "command_failed",
+            "log_level": "info",
+            "command": "diagram",
+            "error": "graphviz_not_found",
+            "message": err.removeprefix("kvlifetime: error: ").rstrip("\n"),
+        }
+    ]
+
+
+def test_diagram_rejects_unknown_machine(capsys: Capsys) -> None:
+    status, _, err = run(capsys, "diagram", "grant")
+    assert status == 2
+    assert "invalid choice: 'grant'" in err
+
+
+# --------------------------------------------------------------------------- evidence
+
+
+def test_evidence_md(capsys: Capsys) -> None:
+    status, out, _ = run(capsys, "evidence", "--format", "md")
+    assert status == 0
+    assert out == evidence_markdown()
+    assert "| `SchedulingStopped` |" in out
+
+
+def test_evidence_json(capsys: Capsys) -> None:
+    status, out, _ = run(capsys, "evidence", "--format", "json")
+    assert status == 0
+    assert json.loads(out) == claims_matrix()
+
+
+# --------------------------------------------------------------------------- docs
+
+
+def test_docs(capsys: Capsys, tmp_path: Path) -> None:
+    keep = tmp_path / "ledger-api.md"
+    keep.write_text("hand-written\n")
+    with capture_logs() as logs:
+        status, out, _ = run(capsys, "-v", "docs", "--out", str(tmp_path))
+    assert status == 0
+    names = {"request.mmd", "block.mmd", "request.md", "block.md", "request.dot", "block.dot"}
+    names |= {"evidence.md"} | ({"request.svg", "block.svg"} if HAS_DOT else set())
+    assert {p.name for p in tmp_path.iterdir()} == names | {"ledger-api.md"}
+    assert keep.read_text() == "hand-written\n"  # someone else's page is left alone
+    assert sorted(out.split()) == sorted(str(tmp_path / n) for n in names)
+    written = [e for e in logs if e["event"] == "file_written"]
+    assert sorted(Path(str(e["path"])).name for e in written) == sorted(names)
+    assert (tmp_path / "block.md").read_text(encoding="utf-8") == render("block", "md")
+
+
+def test_docs_without_dot_skips_svg(
+    capsys: Capsys, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    status, _, err = run(capsys, "docs", "--out", str(tmp_path / "d"))
+    assert status == 0
+    assert "apt-get install graphviz" in err
+    assert not list((tmp_path / "d").glob("*.svg"))
+    assert (tmp_path / "d" / "evidence.md").is_file()
+
+
+def test_docs_needs_out(capsys: Capsys) -> None:
+    status, _, err = run(capsys, "docs")
+    assert status == 2
+    assert "--out" in err
+
+
+# --------------------------------------------------------------------------- demo
+
+
+@pytest.mark.parametrize("backend", ["inproc", "mooncake"])
+def test_demo(capsys: Capsys, tmp_path: Path, backend: str) -> None:
+    out_dir = tmp_path / "out"
+    status, out, _ = run(capsys, "demo", "--out", str(out_dir), "--backend", backend)
+    assert status == 0
+    assert f"backend: {backend}" in out
+    assert table_for("request").to_markdown() in out
+    assert table_for("block").to_markdown() in out
+    assert evidence_markdown() in out
+    assert sorted(p.name for p in out_dir.iterdir()) == [
+        "block.md",
+        "block.mmd",
+        "request.md",
+        "request.mmd",
+    ]
+    assert (out_dir / "request.mmd").read_text(encoding="utf-8") == render("request", "mermaid")
+
+
+def test_demo_rejects_unknown_backend(capsys: Capsys, tmp_path: Path) -> None:
+    status, _, err = run(capsys, "demo", "--out", str(tmp_path), "--backend", "nixl")
+    assert status == 2
+    assert "invalid choice: 'nixl'" in err
+    with pytest.raises(ValueError, match="unknown backend"):
+        run_demo(tmp_path, "nixl", io.StringIO())
+
+
+def test_run_demo_writes_to_given_stream(tmp_path: Path) -> None:
+    buf = io.StringIO()
+    assert run_demo(tmp_path, "inproc", buf) == 0
+    assert "==== evidence and claims ====" in buf.getvalue()
+
+
+# --------------------------------------------------------------------------- plumbing
+
+
+def test_no_command_is_a_usage_error(capsys: Capsys) -> None:
+    status, _, err = run(capsys)
+    assert status == 2
+    assert "usage: kvlifetime" in err
+
+
+def test_help_lists_every_command(capsys: Capsys) -> None:
+    status, out, _ = run(capsys, "--help")
+    assert status == 0
+    for cmd in cli.COMMANDS:
+        assert cmd.name in out
+
+
+def test_os_error_exits_1(capsys: Capsys, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    status, _, err = run(capsys, "table", "request", "-o", str(blocker / "t.md"))
+    assert status == 1
+    assert err.startswith("kvlifetime: error: ") and err.count("\n") == 1
+
+
+def _add_hello(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fail", action="store_true")
+
+
+def _run_hello(args: argparse.Namespace) -> int:
+    if args.fail:
+        raise InsufficientEvidence("r1", {"inc#1": ["cancel_received", "scheduling_stopped"]})
+    print("hello")
+    return 0
+
+
+def test_a_new_subcommand_is_one_entry(capsys: Capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    # How verify / replay / simulate plug in: append one Command.
+    hello = Command("hello", "say hello", _add_hello, _run_hello)
+    monkeypatch.setattr(cli, "COMMANDS", [*cli.COMMANDS, hello])
+    assert run(capsys, "hello") == (0, "hello\n", "")
+    status, out, err = run(capsys, "hello", "--fail")
+    assert (status, out) == (2, "")
+    assert err == (
+        "kvlifetime: error: request 'r1' cannot be released; "
+        "still unproven: inc#1: cancel_received, scheduling_stopped\n"
+    )
+
+
+def test_verbose_logs_to_stderr_and_changes_no_global_config(
+    capsys: Capsys, tmp_path: Path
+) -> None:
+    before = structlog.get_config()
+    status, out, err = run(capsys, "-v", "table", "request", "-o", str(tmp_path / "t.md"))
+    assert (status, out) == (0, "")
+    assert "file_written" in err and str(tmp_path / "t.md") in err
+    assert structlog.get_config() == before
+    # without -v, info events stay quiet: stdout and stderr carry only what was asked for
+    status, out, err = run(capsys, "table", "request", "-o", str(tmp_path / "t2.md"))
+    assert (status, out, err) == (0, "", "")
+
+
+def test_quiet_without_verbose_even_under_capture(capsys: Capsys, tmp_path: Path) -> None:
+    with capture_logs() as logs:
+        assert run(capsys, "docs", "--out", str(tmp_path))[0] == 0
+    assert logs == []
