@@ -1,0 +1,315 @@
+"""Mooncake's transfer statuses, turned into evidence; and Mooncake as a harness transfer engine.
+
+What each status proves, for ``mooncake-transfer-engine-non-cuda`` 0.3.13.post1 on the TCP
+transport (read in kvcache-ai/Mooncake: ``mooncake-integration/transfer_engine/
+transfer_engine_py.cpp`` and ``transport/tcp_transport``; measured on loopback, see
+notes/mooncake-tcp-semantics.md):
+
+========================================  =====================================================
+raw fact                                  evidence it yields
+========================================  =====================================================
+``get_batch_transfer_status == 0``        the batch ENDED (protocol v2: the target wrote every
+(COMPLETED, protocol v2)                  byte and answered OK; no slice writes again). With
+                                          every batch 1..N completed: ``TransferQuiesced``
+                                          through N, or ``TransferCompleted(N)`` at the normal
+                                          end.
+``== 0`` on protocol v1 (MC_TCP_PROTO=1)  nothing: the bytes only entered the initiator's
+                                          socket buffer (measured: "success" with 0 bytes
+                                          written). The harness refuses to run on v1.
+``== -1`` (FAILED or timed out)           nothing. The wait returns at the FIRST failed task
+                                          while the batch's other slices keep running, and a
+                                          failed slice may still be copied from the target's
+                                          receive buffer. The TCP transport never resubmits a
+                                          slice, but nothing says the bytes stopped: the grant
+                                          stays open, and the blocks are quarantined.
+``transfer_check_status`` (1/0/-1/-2)     nothing the harness uses: it looks at task 0 only.
+submit refused (batch id 0)               nothing (treated as FAILED): whether a part of the
+                                          batch was handed to the transport is not reported.
+``unregister_memory`` on TCP              nothing: the range is checked once per request, when
+                                          the target reads its header; writes past that point
+                                          keep landing (measured: ~27.6 MiB after it returned).
+                                          It is NOT ``AccessRevoked``.
+target process gone                       nothing by itself (``PeerLost`` at most).
+========================================  =====================================================
+
+So a FAILED slice on the TCP transport is *final* in one narrow sense only - it is never
+retried - and that is not enough to free memory: the batch's other slices, and the failed
+slice's bytes already received, may land after the status was read. The only statuses that
+prove the end of access are COMPLETED statuses on protocol v2, for every batch of the grant.
+
+``get_batch_transfer_status`` blocks (until every batch completed, the first failure, or
+``MC_TRANSFER_TIMEOUT``), and it frees the batch ids it reports on: call it exactly once per
+batch, and never on a scheduler thread (``MooncakeEngine`` calls it on its own thread).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from kvlifetime.errors import UsageError
+from kvlifetime.evidence import Evidence, SchedulingStopped, TransferCompleted, TransferQuiesced
+from kvlifetime.grant import GrantId, PeerId, RequestKey
+from kvlifetime.harness.transfer import Slice, Status
+
+LOOPBACK = "127.0.0.1"
+METADATA = "P2PHANDSHAKE"
+# batch_transfer_async_write returns 0 when submitTransfer fails, and -1 (as an unsigned
+# 64-bit batch id) when the target segment cannot be opened: nothing to wait for.
+_REFUSED_BATCH_IDS = frozenset({0, -1, (1 << 64) - 1})
+
+
+class UnsafeTransport(UsageError):
+    """The transfer engine is configured so that its statuses cannot prove anything (Mooncake
+    TCP protocol v1: COMPLETED before the bytes reach the target). Whose fault: the caller's
+    configuration. Nothing was started."""
+
+    kind = "unsafe_transport"
+
+
+def tcp_protocol(env: Mapping[str, str] | None = None) -> int:
+    """The Mooncake TCP protocol version the engine will speak (``MC_TCP_PROTO``; v2 default)."""
+    env = os.environ if env is None else env
+    return 1 if env.get("MC_TCP_PROTO", "").strip() == "1" else 2
+
+
+def require_protocol_v2(env: Mapping[str, str] | None = None) -> None:
+    if tcp_protocol(env) != 2:
+        raise UnsafeTransport(
+            "MC_TCP_PROTO=1: Mooncake's TCP protocol v1 reports COMPLETED when the bytes enter "
+            "the sender's socket buffer, so no status would prove a transfer ended; unset it"
+        )
+
+
+def batch_ended(status: int, protocol: int = 2) -> bool:
+    """Whether a raw ``get_batch_transfer_status`` result proves the batch will write no more.
+
+    True only for 0 (COMPLETED) on protocol v2. -1 (FAILED / timeout) proves nothing; nor does
+    any status on protocol v1."""
+    return protocol == 2 and status == Status.COMPLETED
+
+
+# =========================================================================== statuses -> evidence
+
+
+@attrs.define(slots=True)
+class GrantTransfers:
+    """The transfers one peer posted for one grant, and the evidence their statuses add up to.
+
+    Sans-IO: the caller numbers transfers with ``post``, reports each batch's raw status with
+    ``on_status``, and says when it stops scheduling (``stop``: cancelled, rejected, failed) or
+    has posted everything (``finish``). Each call returns the evidence that became true; the
+    evidence already emitted is kept in ``sent`` so it can be sent again when lost.
+    """
+
+    grant_id: GrantId
+    request: RequestKey
+    peer: PeerId
+    protocol: int = 2  # Mooncake TCP protocol; on v1 no status proves anything
+    posted: int = 0  # transfers numbered 1..posted were handed to the engine
+    ended_prefix: int = 0  # transfers 1..ended_prefix all proved ended (COMPLETED on v2)
+    last_seq: int | None = None  # set once scheduling stopped (or everything was posted)
+    normal: bool = False  # the normal end (every transfer the grant needed was posted)
+    failed: bool = False  # some transfer reported FAILED: its bytes are unaccounted for
+    sent: list[Evidence] = attrs.field(factory=list)
+    _ended: set[int] = attrs.field(factory=set)
+
+    def post(self) -> int:
+        """Number the next transfer (from 1). Refused once scheduling stopped."""
+        if self.last_seq is not None:
+            raise UsageError(f"grant {self.grant_id}: scheduling stopped at {self.last_seq}")
+        self.posted += 1
+        return self.posted
+
+    def on_status(self, seq: int, status: int) -> list[Evidence]:
+        if not 1 <= seq <= self.posted:
+            raise UsageError(f"grant {self.grant_id}: status for unposted transfer {seq}")
+        if batch_ended(status, self.protocol):
+            self._ended.add(seq)
+            while self.ended_prefix + 1 in self._ended:
+                self.ended_prefix += 1
+                self._ended.discard(self.ended_prefix)
+        else:
+            self.failed = True
+        return self._conclude()
+
+    def stop(self) -> list[Evidence]:
+        """Scheduling stopped early: nothing after the transfers already posted."""
+        if self.last_seq is not None:
+            return []
+        self.last_seq = self.posted
+        ev: Evidence = SchedulingStopped(self.grant_id, self.request, self.peer, self.posted)
+        self.sent.append(ev)
+        return [ev, *self._conclude()]
+
+    def finish(self) -> list[Evidence]:
+        """Everything the grant needed was posted: the normal end, once all of it ended."""
+        if self.last_seq is not None:
+            return []
+        self.last_seq = self.posted
+        self.normal = True
+        return self._conclude()
+
+    @property
+    def concluded(self) -> bool:
+        """Whether the grant's final evidence was emitted (or can never be: a failure)."""
+        return self.last_seq is not None and (self.ended_prefix >= self.last_seq or self.failed)
+
+    def _conclude(self) -> list[Evidence]:
+        last = self.last_seq
+        if last is None or self.ended_prefix < last or self._has_final():
+            return []
+        ev: Evidence
+        if self.normal:
+            ev = TransferCompleted(self.grant_id, self.request, self.peer, last)
+        else:
+            ev = TransferQuiesced(self.grant_id, self.request, self.peer, last)
+        self.sent.append(ev)
+        return [ev]
+
+    def _has_final(self) -> bool:
+        return any(isinstance(e, TransferCompleted | TransferQuiesced) for e in self.sent)
+
+
+# =========================================================================== the real engine
+
+
+def _engine_module() -> Any:
+    # Mooncake logs every completed batch at INFO; keep its log to errors unless asked.
+    os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
+    import mooncake.engine
+
+    return mooncake.engine
+
+
+def mooncake_available() -> bool:
+    try:
+        _engine_module()
+    except ImportError:
+        return False
+    return True
+
+
+def _new_engine() -> Any:
+    require_protocol_v2()
+    te = _engine_module().TransferEngine()
+    rc = te.initialize(LOOPBACK, METADATA, "tcp", "")
+    if rc != 0:
+        raise OSError(f"mooncake TransferEngine.initialize returned {rc}")
+    return te
+
+
+class MooncakeTarget:
+    """Decode's arena, registered with a Mooncake engine listening on loopback."""
+
+    def __init__(self, nbytes: int) -> None:
+        self._engine = _new_engine()
+        self._array = np.zeros(nbytes, dtype=np.uint8)
+        self._ptr = int(self._array.ctypes.data)
+        rc = self._engine.register_memory(self._ptr, nbytes)
+        if rc != 0:
+            raise OSError(f"mooncake register_memory returned {rc}")
+        self._registered = True
+        self.nbytes = nbytes
+
+    @property
+    def array(self) -> npt.NDArray[np.uint8]:
+        return self._array
+
+    def descriptor(self) -> dict[str, Any]:
+        return {
+            "kind": "mooncake",
+            "target": f"{LOOPBACK}:{self._engine.get_rpc_port()}",
+            "base": self._ptr,
+            "nbytes": self.nbytes,
+        }
+
+    def address(self, offset: int) -> int:
+        return self._ptr + offset
+
+    def unregister(self) -> None:
+        # Not revocation on TCP: writes already past the header check still land.
+        if self._registered:
+            self._registered = False
+            self._engine.unregister_memory(self._ptr)
+
+    def close(self) -> None:
+        self.unregister()
+
+
+class MooncakeEngine:
+    """Prefill's side: batched asynchronous writes over Mooncake TCP into a ``MooncakeTarget``.
+
+    Statuses are read on one waiter thread, once per batch (the call blocks and frees the
+    batch id), so the scheduler never blocks inside Mooncake.
+    """
+
+    def __init__(self, target: Mapping[str, Any], staging_bytes: int) -> None:
+        self._engine = _new_engine()
+        self._target = str(target["target"])
+        self._staging = np.zeros(staging_bytes, dtype=np.uint8)
+        self._src = int(self._staging.ctypes.data)
+        rc = self._engine.register_memory(self._src, staging_bytes)
+        if rc != 0:
+            raise OSError(f"mooncake register_memory returned {rc}")
+        self._waiter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mc-status")
+        self._futures: dict[int, concurrent.futures.Future[int]] = {}
+        self._next = 1
+        self._lock = threading.Lock()
+        self.bytes_written = 0
+
+    @property
+    def staging(self) -> npt.NDArray[np.uint8]:
+        return self._staging
+
+    def submit(self, slices: Sequence[Slice]) -> int:
+        bid = self._engine.batch_transfer_async_write(
+            self._target,
+            [self._src + s[0] for s in slices],
+            [s[1] for s in slices],
+            [s[2] for s in slices],
+        )
+        with self._lock:
+            handle = self._next
+            self._next += 1
+        fut: concurrent.futures.Future[int]
+        if bid is None or int(bid) in _REFUSED_BATCH_IDS:
+            fut = concurrent.futures.Future()
+            fut.set_result(int(Status.FAILED))
+        else:
+            nbytes = sum(s[2] for s in slices)
+            fut = self._waiter.submit(self._status, int(bid), nbytes)
+        self._futures[handle] = fut
+        return handle
+
+    def _status(self, bid: int, nbytes: int) -> int:
+        rc = int(self._engine.get_batch_transfer_status([bid]))
+        if rc == Status.COMPLETED:
+            self.bytes_written += nbytes
+        return rc
+
+    def wait(self, handle: int, timeout: float) -> Status:
+        fut = self._futures.get(handle)
+        if fut is None:
+            return Status.FAILED
+        try:
+            rc = fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            return Status.FAILED  # proves nothing, as a FAILED does; the wait stays owed
+        del self._futures[handle]
+        return Status.COMPLETED if rc == Status.COMPLETED else Status.FAILED
+
+    def advance(self, tick: int) -> None:
+        # Real time: Mooncake moves the bytes when it will.
+        return None
+
+    def close(self) -> None:
+        self._waiter.shutdown(wait=True, cancel_futures=True)
+        self._engine.unregister_memory(self._src)

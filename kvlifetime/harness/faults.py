@@ -1,0 +1,161 @@
+"""Faults, seeded and reproducible.
+
+Everything random in a run comes from the seed: what each request looks like and what happens to
+it (``plan``), and what the wire does to each control message (``FaultyLink``). Both workers
+compute a request's plan from (seed, request) alone, so decode and prefill agree on it without
+talking, and the same seed gives the same run.
+"""
+
+from __future__ import annotations
+
+import attrs
+import msgpack
+import numpy as np
+
+from kvlifetime.harness.wire import SCHEMA_VERSION
+
+BLOCKS_PER_CHUNK = 2  # blocks written by one batch (one transfer, one sequence number)
+
+
+@attrs.frozen(slots=True)
+class FaultConfig:
+    """Fault rates. Probabilities are per request, per batch or per control message."""
+
+    p_abort: float = 0.30  # the client aborts, at a random tick in [0, abort_window]
+    abort_window: int = 8
+    capacity_tokens: int = 3600  # prefill refuses longer prompts (tokens in [64, 4096])
+    max_stub_chunks: int = 2  # batches a rejected request still posts before the decision
+    p_slow: float = 0.05  # a batch takes slow_ticks (beyond the timeout policy's lease)
+    slow_ticks: tuple[int, int] = (10, 30)
+    fast_ticks: tuple[int, int] = (0, 3)
+    p_fail: float = 0.004  # a batch gets one slice outside the arena: the engine FAILs it
+    straggle_ticks: int = 4  # in-process engine: a FAILED batch's other slices land this late
+    p_lose: float = 0.02  # a control message is lost
+    p_dup: float = 0.03  # ... delivered twice
+    p_delay: float = 0.06  # ... delayed (and so reordered) by 1..max_delay ticks
+    max_delay: int = 6
+    p_malformed: float = 0.002  # a garbage frame is sent alongside
+    crash: bool = True  # the prefill worker crashes once, mid-run
+
+    def to_dict(self) -> dict[str, object]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> FaultConfig:
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        return cls(**kw)  # type: ignore[arg-type]
+
+
+@attrs.frozen(slots=True)
+class RequestPlan:
+    """What happens to one request, decided by (seed, request) alone."""
+
+    request: int
+    nblocks: int  # 2..6
+    tokens: int  # prompt length; over capacity -> rejected by prefill after stub_chunks
+    abort_after: int | None  # ticks after admission at which the client aborts
+    decode_ticks: int  # ticks decode keeps the blocks after consuming them
+    latencies: tuple[int, ...]  # per batch (transfer seq 1..), ticks from post to landing
+    fails: tuple[bool, ...]  # per batch: one slice is refused, the batch FAILs
+    stub_chunks: int  # batches posted before a rejection is decided
+
+    @property
+    def nchunks(self) -> int:
+        return len(self.latencies)
+
+
+def plan(seed: int, request: int, cfg: FaultConfig) -> RequestPlan:
+    rng = np.random.default_rng((seed, request, 0x6B76))
+    nblocks = int(rng.integers(2, 7))
+    nchunks = -(-nblocks // BLOCKS_PER_CHUNK)
+    tokens = int(rng.integers(64, 4097))
+    abort = int(rng.integers(0, cfg.abort_window + 1)) if rng.random() < cfg.p_abort else None
+    decode_ticks = int(rng.integers(1, 5))
+    slow = rng.random(nchunks) < cfg.p_slow
+    lat = np.where(
+        slow,
+        rng.integers(cfg.slow_ticks[0], cfg.slow_ticks[1] + 1, nchunks),
+        rng.integers(cfg.fast_ticks[0], cfg.fast_ticks[1] + 1, nchunks),
+    )
+    fails = rng.random(nchunks) < cfg.p_fail
+    stub = int(rng.integers(0, cfg.max_stub_chunks + 1))
+    return RequestPlan(
+        request,
+        nblocks,
+        tokens,
+        abort,
+        decode_ticks,
+        tuple(int(x) for x in lat),
+        tuple(bool(x) for x in fails),
+        min(stub, nchunks - 1),  # a rejection always comes before the last batch
+    )
+
+
+def crash_tick(seed: int, incarnation: int, expected_ticks: int, cfg: FaultConfig) -> int | None:
+    """The tick at which prefill incarnation ``incarnation`` crashes (only the first does)."""
+    if not cfg.crash or incarnation != 0 or expected_ticks < 8:
+        return None
+    rng = np.random.default_rng((seed, 0xC4A5))
+    return int(rng.integers(expected_ticks * 3 // 10, expected_ticks * 6 // 10 + 1))
+
+
+class FaultyLink:
+    """What the wire does to control messages from one sender: loses, duplicates, delays (so
+    reorders) them, and slips in garbage frames. Ticks and tick acknowledgements are not
+    control messages and are never touched: they model time, not the network."""
+
+    def __init__(self, seed: int, salt: int, cfg: FaultConfig) -> None:
+        self._rng = np.random.default_rng((seed, salt, 0x11A4))
+        self._cfg = cfg
+        self._queue: dict[int, list[bytes]] = {}
+        self.lost = 0
+        self.duplicated = 0
+        self.delayed = 0
+        self.garbage = 0
+
+    def offer(self, frame: bytes, now: int) -> None:
+        cfg, rng = self._cfg, self._rng
+        r = rng.random(4)
+        if r[0] < cfg.p_malformed:
+            self.garbage += 1
+            self._at(now, self._garbage(frame))
+        if r[1] < cfg.p_lose:
+            self.lost += 1
+            return
+        due = now
+        if r[2] < cfg.p_delay:
+            self.delayed += 1
+            due = now + int(rng.integers(1, cfg.max_delay + 1))
+        self._at(due, frame)
+        if r[3] < cfg.p_dup:
+            self.duplicated += 1
+            self._at(due + int(rng.integers(0, 3)), frame)
+
+    def _at(self, due: int, frame: bytes) -> None:
+        self._queue.setdefault(due, []).append(frame)
+
+    def due(self, now: int) -> list[bytes]:
+        """Frames to send at ``now``, in a reproducible order."""
+        out: list[bytes] = []
+        for t in sorted(t for t in self._queue if t <= now):
+            out.extend(self._queue.pop(t))
+        return out
+
+    def pending(self) -> int:
+        return sum(len(v) for v in self._queue.values())
+
+    def _garbage(self, frame: bytes) -> bytes:
+        kind = int(self._rng.integers(0, 5))
+        if kind == 0:
+            return bytes(self._rng.integers(0, 256, int(self._rng.integers(0, 64)), dtype=np.uint8))
+        if kind == 1:
+            return frame[: max(1, len(frame) // 2)]  # truncated
+        body: dict[str, object] = {"v": SCHEMA_VERSION, "t": "evidence"}
+        if kind == 2:
+            body["v"] = SCHEMA_VERSION + 1  # a newer schema
+        elif kind == 3:
+            body["t"] = "reticulate_splines"  # an unknown type
+        else:
+            body["evidence"] = {"type": "TransferCompleted", "last_seq": -1}  # invalid fields
+        out: bytes = msgpack.packb(body)
+        return out

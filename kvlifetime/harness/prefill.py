@@ -1,0 +1,356 @@
+"""The prefill worker: writes each request's KV into decode's blocks, in another process.
+
+``PrefillWorker`` is the logic (it takes decoded messages and ticks, and returns frames to send);
+``prefill_main`` is the process around it: a ZeroMQ socket, a transfer engine, a clean exit on
+every path (stop, decode gone, a malformed frame never being one of them).
+
+Per request: batches of ``BLOCKS_PER_CHUNK`` blocks, one per tick, each a transfer numbered from 1,
+landing after its seeded latency. An abort stops scheduling (``SchedulingStopped`` at the last
+posted batch); batches already posted still land. A prompt over capacity is refused - after
+a few stub batches were already posted, as engines that bootstrap before admission do.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import structlog
+
+from kvlifetime.adapters.mooncake import GrantTransfers
+from kvlifetime.evidence import CancelReceived, Evidence
+from kvlifetime.grant import GrantId
+from kvlifetime.harness import pattern
+from kvlifetime.harness.faults import BLOCKS_PER_CHUNK, FaultConfig, FaultyLink, RequestPlan, plan
+from kvlifetime.harness.transfer import Slice, Status, TransferEngine
+from kvlifetime.harness.wire import (
+    Abort,
+    Assign,
+    EvidenceMsg,
+    MalformedMessage,
+    Message,
+    Query,
+    Rejected,
+    Stats,
+    Stop,
+    Tick,
+    TickDone,
+    TransferFailed,
+    decode,
+    encode,
+)
+
+log = structlog.get_logger("kvlifetime")
+
+CRASH_EXIT = 70  # exit status of a deliberate crash
+_FINALS_KEPT = 8192  # concluded grants whose final messages can still be sent again
+_STATUS_TIMEOUT = 60.0  # seconds; Mooncake's own transfer timeout is 30 s
+
+
+@attrs.define(slots=True)
+class _Job:
+    assign: Assign
+    plan: RequestPlan
+    transfers: GrantTransfers
+    next_chunk: int = 0  # chunks posted so far
+    next_tick: int = 0  # tick of the next post
+    reject_at: int | None = None  # tick at which admission is refused
+    finals: list[bytes] = attrs.field(factory=list)  # every control frame sent for it
+    failed_reported: bool = False
+
+
+@attrs.define(slots=True)
+class _Batch:
+    job: _Job
+    seq: int
+    slices: list[Slice]
+    slots: list[int]
+
+
+class PrefillWorker:
+    """The logic of a prefill worker, free of sockets: feed it messages, it returns frames."""
+
+    def __init__(
+        self,
+        engine: TransferEngine,
+        *,
+        peer: str,
+        seed: int,
+        faults: FaultConfig,
+        block_bytes: int,
+        target: Mapping[str, Any],
+        link_salt: int = 1,
+    ) -> None:
+        self.engine = engine
+        self.peer = peer
+        self.seed = seed
+        self.faults = faults
+        self.block_bytes = block_bytes
+        # An address past the end of the arena: the engine refuses it, failing the batch.
+        self._bad_address = int(target["base"]) + int(target["nbytes"]) + 16 * block_bytes
+        self.link = FaultyLink(seed, link_salt, faults)
+        self._jobs: dict[GrantId, _Job] = {}
+        self._finals: collections.OrderedDict[GrantId, _Job] = collections.OrderedDict()
+        self._line: dict[int, list[_Batch]] = {}
+        nslots = len(engine.staging) // block_bytes
+        self._free_slots = list(range(nslots - 1, -1, -1))
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.now = 0
+
+    # ----------------------------------------------------------------- messages
+
+    def refuse(self, error: Exception, frame: bytes) -> None:
+        """A frame that is not a message: logged and counted, and the worker goes on."""
+        self.counters["malformed_refused"] += 1
+        if structlog.is_configured():
+            log.error("message_refused", worker=self.peer, error=str(error), size=len(frame))
+
+    def handle(self, msg: Message) -> None:
+        if isinstance(msg, Assign):
+            self._assign(msg)
+        elif isinstance(msg, Abort):
+            self._abort(msg)
+        elif isinstance(msg, Query):
+            self._query(msg)
+        else:
+            self.counters["unexpected_refused"] += 1
+            if structlog.is_configured():
+                log.error("message_refused", worker=self.peer, error=f"unexpected {msg.TYPE}")
+
+    def _send(self, job: _Job | None, msg: Message) -> None:
+        frame = encode(msg)
+        if job is not None:
+            job.finals.append(frame)
+        self.link.offer(frame, self.now)
+
+    def _send_evidence(self, job: _Job, evs: list[Evidence]) -> None:
+        for ev in evs:
+            self._send(job, EvidenceMsg(ev))
+
+    def _assign(self, a: Assign) -> None:
+        if a.grant in self._jobs or a.grant in self._finals or a.peer != self.peer:
+            self.counters["assign_refused"] += 1
+            return
+        p = plan(self.seed, int(a.request), self.faults) if isinstance(a.request, int) else None
+        if p is None or p.nblocks != len(a.blocks):
+            self.counters["assign_refused"] += 1
+            return
+        job = _Job(a, p, GrantTransfers(a.grant, a.request, self.peer), next_tick=self.now + 1)
+        if a.tokens > self.faults.capacity_tokens:
+            job.reject_at = self.now + 1 + p.stub_chunks
+        self._jobs[a.grant] = job
+        self.counters["assigned"] += 1
+
+    def _known(self, grant: GrantId, request: int | str) -> _Job | None:
+        job = self._jobs.get(grant) or self._finals.get(grant)
+        if job is not None and job.assign.request != request:
+            # Exact keys only: a grant naming another request is refused, never "close enough".
+            self.counters["mismatched_refused"] += 1
+            return None
+        return job
+
+    def _abort(self, m: Abort) -> None:
+        job = self._known(m.grant, m.request)
+        if job is None:
+            return
+        self.counters["aborts_received"] += 1
+        if m.grant not in self._jobs:  # concluded already: its final evidence may be lost
+            self._resend(job)
+            return
+        if job.transfers.posted >= 1 and not job.transfers.concluded:
+            self.counters["aborted_mid_transfer"] += 1
+        self._send(job, EvidenceMsg(CancelReceived(m.grant, m.request, self.peer)))
+        self._send_evidence(job, job.transfers.stop())
+        self._maybe_conclude(job)
+
+    def _query(self, q: Query) -> None:
+        job = self._known(q.grant, q.request)
+        if job is not None and job.finals:
+            # Evidence is idempotent: sending all of it again is always safe.
+            self.counters["queries_answered"] += 1
+            self._resend(job)
+
+    def _resend(self, job: _Job) -> None:
+        for frame in job.finals:
+            self.link.offer(frame, self.now)
+
+    # ----------------------------------------------------------------- time
+
+    def tick(self, n: int) -> list[bytes]:
+        """Do tick ``n``'s work; return the frames due now (``TickDone`` last)."""
+        self.now = n
+        for job in list(self._jobs.values()):
+            if job.next_tick <= n and job.transfers.last_seq is None:
+                self._step(job)
+        self.engine.advance(n)  # a failed batch's stragglers land at the start of the tick
+        for b in self._line.pop(n, []):
+            self._land(b)
+        return [*self.link.due(n), encode(TickDone(n))]
+
+    def _step(self, job: _Job) -> None:
+        if job.reject_at is not None and self.now >= job.reject_at:
+            if job.transfers.posted >= 1:
+                self.counters["rejected_mid_transfer"] += 1
+            self.counters["rejected"] += 1
+            a = job.assign
+            self._send(job, Rejected(a.request, a.grant, "prompt exceeds prefill capacity"))
+            self._send_evidence(job, job.transfers.stop())
+            self._maybe_conclude(job)
+            return
+        c = job.next_chunk
+        a = job.assign
+        lo, hi = c * BLOCKS_PER_CHUNK, min((c + 1) * BLOCKS_PER_CHUNK, len(a.blocks))
+        if len(self._free_slots) < hi - lo:
+            self.counters["staging_waits"] += 1
+            job.next_tick = self.now + 1
+            return
+        slots = [self._free_slots.pop() for _ in range(hi - lo)]
+        w = pattern.words(int(a.request), a.blocks[lo:hi], a.generations[lo:hi])
+        bb = self.block_bytes
+        slices: list[Slice] = []
+        for i, slot in enumerate(slots):
+            pattern.fill(self.engine.staging[slot * bb : (slot + 1) * bb], w[i : i + 1], bb)
+            slices.append((slot * bb, a.addresses[lo + i], bb))
+        seq = job.transfers.post()
+        if job.plan.fails[seq - 1]:
+            slices.append((slots[0] * bb, self._bad_address, bb))
+        due = self.now + job.plan.latencies[seq - 1]
+        self._line.setdefault(due, []).append(_Batch(job, seq, slices, slots))
+        self.counters["batches"] += 1
+        job.next_chunk += 1
+        job.next_tick = self.now + 1
+        if job.next_chunk == job.plan.nchunks:
+            self._send_evidence(job, job.transfers.finish())
+
+    def _land(self, b: _Batch) -> None:
+        # Submit and wait one batch at a time: the landing order is the seed's, not the wire's.
+        handle = self.engine.submit(b.slices)
+        status = self.engine.wait(handle, _STATUS_TIMEOUT)
+        job = b.job
+        if status is Status.COMPLETED:
+            self._free_slots.extend(b.slots)
+            self.counters["bytes_landed"] += sum(s[2] for s in b.slices)
+        else:
+            # The batch's other slices may still be reading these slots: never reuse them.
+            self.counters["batches_failed"] += 1
+            self.counters["staging_quarantined"] += len(b.slots)
+        if job.assign.grant not in self._jobs:
+            return
+        evs = job.transfers.on_status(b.seq, int(status))
+        if status is not Status.COMPLETED and not job.failed_reported:
+            job.failed_reported = True
+            a = job.assign
+            self._send(job, TransferFailed(a.request, a.grant, b.seq))
+            evs += job.transfers.stop()
+        self._send_evidence(job, evs)
+        self._maybe_conclude(job)
+
+    def _maybe_conclude(self, job: _Job) -> None:
+        t = job.transfers
+        if t.last_seq is None:
+            return
+        if t.concluded and (not t.failed or self._all_landed(job)):
+            g = job.assign.grant
+            self._jobs.pop(g, None)
+            self._finals[g] = job
+            while len(self._finals) > _FINALS_KEPT:
+                self._finals.popitem(last=False)
+
+    def _all_landed(self, job: _Job) -> bool:
+        return not any(b.job is job for bs in self._line.values() for b in bs)
+
+    def busy(self) -> bool:
+        return bool(self._jobs) or bool(self._line) or self.link.pending() > 0
+
+    def stats(self) -> dict[str, int]:
+        out = dict(self.counters)
+        out["link_lost"] = self.link.lost
+        out["link_duplicated"] = self.link.duplicated
+        out["link_delayed"] = self.link.delayed
+        out["link_garbage"] = self.link.garbage
+        return out
+
+
+# =========================================================================== the process
+
+
+def make_engine(
+    target: Mapping[str, Any], staging_bytes: int, faults: FaultConfig
+) -> TransferEngine:
+    kind = target.get("kind")
+    if kind == "inproc":
+        from kvlifetime.harness.transfer import InprocEngine
+
+        return InprocEngine(target, staging_bytes, straggle_ticks=faults.straggle_ticks)
+    if kind == "mooncake":
+        from kvlifetime.adapters.mooncake import MooncakeEngine
+
+        return MooncakeEngine(target, staging_bytes)
+    raise ValueError(f"unknown transfer engine {kind!r}")
+
+
+def prefill_main(cfg: dict[str, Any]) -> None:
+    """Entry point of the prefill process (``multiprocessing`` spawn target).
+
+    ``cfg``: endpoint, peer, seed, faults (dict), block_bytes, staging_bytes, target
+    (descriptor), crash_tick (or None), parent_pid, idle_exit_s.
+    """
+    import zmq
+
+    faults = FaultConfig.from_dict(cfg["faults"])
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    engine: TransferEngine | None = None
+    crash_tick = cfg.get("crash_tick")
+    try:
+        sock.connect(cfg["endpoint"])
+        engine = make_engine(cfg["target"], int(cfg["staging_bytes"]), faults)
+        worker = PrefillWorker(
+            engine,
+            peer=cfg["peer"],
+            seed=int(cfg["seed"]),
+            faults=faults,
+            block_bytes=int(cfg["block_bytes"]),
+            target=cfg["target"],
+            link_salt=int(cfg.get("link_salt", 1)),
+        )
+        sock.send(encode(TickDone(-1)))  # ready
+        idle_since = time.monotonic()
+        while True:
+            if not sock.poll(500):
+                # Decode gone (or hung): an orphaned worker exits instead of lingering.
+                gone = os.getppid() != int(cfg["parent_pid"])
+                if gone or time.monotonic() - idle_since > float(cfg.get("idle_exit_s", 60)):
+                    return
+                continue
+            idle_since = time.monotonic()
+            frame = sock.recv()
+            try:
+                msg = decode(frame)
+            except MalformedMessage as e:
+                worker.refuse(e, frame)
+                continue
+            if isinstance(msg, Tick):
+                if crash_tick is not None and msg.n >= int(crash_tick):
+                    sys.stdout.flush()
+                    os._exit(CRASH_EXIT)  # a crash: no cleanup, no goodbye
+                for out in worker.tick(msg.n):
+                    sock.send(out)
+            elif isinstance(msg, Stop):
+                sock.send(encode(Stats(worker.stats())))
+                # Give the frame a moment to leave before the socket closes with linger 0.
+                sock.poll(200)
+                return
+            else:
+                worker.handle(msg)
+    finally:
+        if engine is not None:
+            engine.close()
+        sock.close(0)
+        ctx.term()

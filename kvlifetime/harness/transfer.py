@@ -1,0 +1,254 @@
+"""The transfer engine the harness writes through, and its in-process implementation.
+
+Two sides, as in Mooncake: the *target* (decode) registers the memory peers may write; the
+*initiator* (prefill) posts batches of writes into it and asks for their status. Statuses use
+Mooncake's Python codes (``get_batch_transfer_status``: 0 completed, -1 failed), so one adapter
+(``kvlifetime.adapters.mooncake``) turns either engine's statuses into evidence.
+
+``InprocTarget`` / ``InprocEngine`` need nothing installed: the arena is shared memory, copies
+run on a thread of the initiator's process. They reproduce the real engine's hard semantics
+(notes/mooncake-tcp-semantics.md), never kinder:
+
+- the address range is checked once per slice, when it is posted (Mooncake checks it when the
+  target reads the request header); ``unregister`` refuses *new* slices only, a slice already
+  accepted keeps writing and reports COMPLETED;
+- a batch is FAILED as soon as one slice fails, and its other slices still land afterwards:
+  here, ``straggle_ticks`` ticks later, after the FAILED status was reported;
+- there is no cancel.
+"""
+
+from __future__ import annotations
+
+import enum
+import mmap
+import os
+import queue
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+Slice = tuple[int, int, int]
+"""One write: (offset in the initiator's staging memory, address in the target, length)."""
+
+
+class Status(enum.IntEnum):
+    """A batch's final status, with Mooncake's ``get_batch_transfer_status`` codes."""
+
+    COMPLETED = 0
+    FAILED = -1
+
+
+class TargetMemory(Protocol):
+    """Memory a peer may write into (decode's KV arena)."""
+
+    @property
+    def array(self) -> npt.NDArray[np.uint8]: ...
+
+    def descriptor(self) -> dict[str, Any]:
+        """Plain data that lets an initiator in another process reach this memory."""
+        ...
+
+    def address(self, offset: int) -> int:
+        """The address a peer writes to for byte ``offset`` of ``array``."""
+        ...
+
+    def unregister(self) -> None:
+        """Refuse new writes. Does NOT stop writes already accepted (not revocation)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class TransferEngine(Protocol):
+    """The initiator side: posts batches of writes from ``staging`` into a target."""
+
+    @property
+    def staging(self) -> npt.NDArray[np.uint8]: ...
+
+    def submit(self, slices: Sequence[Slice]) -> int:
+        """Post one batch; returns its handle. Never blocks on the transfer itself."""
+        ...
+
+    def wait(self, handle: int, timeout: float) -> Status:
+        """The batch's final status, blocking at most ``timeout`` seconds (FAILED on timeout:
+        which proves nothing, exactly like a FAILED from the engine)."""
+        ...
+
+    def advance(self, tick: int) -> None:
+        """Logical time ``tick`` has come (the harness runs in lock-step ticks)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# =========================================================================== in-process engine
+
+_HEADER = 64  # bytes before the arena in the shared segment; word 0: registered (1) or not (0)
+INPROC_BASE = 1 << 40  # addresses look like pointers, so an offset is never mistaken for one
+
+
+def _shm_dir() -> str | None:
+    # /dev/shm keeps the arena in memory; elsewhere a temporary file is as good, just slower.
+    return "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+class InprocTarget:
+    """The arena in a shared mapping, so that a prefill process can write into it.
+
+    A plain file mapping rather than ``multiprocessing.shared_memory``: its resource tracker
+    would unlink the segment when the first process that attached to it exits."""
+
+    def __init__(self, nbytes: int) -> None:
+        fd, self._path = tempfile.mkstemp(prefix="kvlifetime-arena-", dir=_shm_dir())
+        try:
+            os.ftruncate(fd, _HEADER + nbytes)
+            self._map = mmap.mmap(fd, _HEADER + nbytes)
+        finally:
+            os.close(fd)
+        self._flag = np.ndarray((1,), dtype=np.uint64, buffer=self._map)
+        self._array = np.ndarray((nbytes,), dtype=np.uint8, buffer=self._map, offset=_HEADER)
+        self._flag[0] = 1
+        self.nbytes = nbytes
+        self._closed = False
+
+    @property
+    def array(self) -> npt.NDArray[np.uint8]:
+        return self._array
+
+    def descriptor(self) -> dict[str, Any]:
+        return {"kind": "inproc", "path": self._path, "base": INPROC_BASE, "nbytes": self.nbytes}
+
+    def address(self, offset: int) -> int:
+        return INPROC_BASE + offset
+
+    def unregister(self) -> None:
+        self._flag[0] = 0
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._flag[0] = 0
+        # numpy views must go before the mapping can be closed.
+        del self._flag, self._array
+        self._map.close()
+        os.unlink(self._path)
+
+
+@attrs.define(slots=True)
+class _Batch:
+    done: threading.Event
+    status: Status
+    pending: int  # accepted slices not yet copied
+
+
+class InprocEngine:
+    """Initiator side of the in-process engine: copies on one thread, in submission order, so
+    that a seed decides which write lands last."""
+
+    def __init__(
+        self, target: Mapping[str, Any], staging_bytes: int, *, straggle_ticks: int = 4
+    ) -> None:
+        nbytes = int(target["nbytes"])
+        with open(str(target["path"]), "r+b") as f:
+            self._map = mmap.mmap(f.fileno(), _HEADER + nbytes)
+        self._flag = np.ndarray((1,), dtype=np.uint64, buffer=self._map)
+        self._arena = np.ndarray((nbytes,), dtype=np.uint8, buffer=self._map, offset=_HEADER)
+        self._base = int(target["base"])
+        self._staging = np.zeros(staging_bytes, dtype=np.uint8)
+        self._straggle = straggle_ticks
+        self._batches: dict[int, _Batch] = {}
+        self._next = 1
+        self._tick = 0
+        self._late: list[tuple[int, int, list[Slice]]] = []  # (due tick, handle, slices)
+        self._copies: queue.Queue[tuple[int, list[Slice]] | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._copy_loop, name="inproc-dma", daemon=True)
+        self._thread.start()
+        self.bytes_written = 0
+
+    @property
+    def staging(self) -> npt.NDArray[np.uint8]:
+        return self._staging
+
+    def _accepts(self, s: Slice) -> bool:
+        # The "header check": once per slice, when it is posted, never again.
+        _src, dst, n = s
+        off = dst - self._base
+        return bool(self._flag[0]) and off >= 0 and off + n <= len(self._arena)
+
+    def submit(self, slices: Sequence[Slice]) -> int:
+        ok = [s for s in slices if self._accepts(s)]
+        failed = len(ok) != len(slices)
+        with self._lock:
+            handle = self._next
+            self._next += 1
+            b = _Batch(threading.Event(), Status.FAILED if failed else Status.COMPLETED, len(ok))
+            self._batches[handle] = b
+        if failed:
+            # FAILED is reported now; the accepted slices land later, after the status was read.
+            b.done.set()
+            if ok:
+                self._late.append((self._tick + self._straggle, handle, ok))
+        elif ok:
+            self._copies.put((handle, ok))
+        else:
+            b.done.set()
+        return handle
+
+    def wait(self, handle: int, timeout: float) -> Status:
+        with self._lock:
+            b = self._batches.get(handle)
+        if b is None:
+            return Status.FAILED
+        if not b.done.wait(timeout):
+            return Status.FAILED
+        with self._lock:
+            if b.pending == 0:
+                self._batches.pop(handle, None)
+        return b.status
+
+    def advance(self, tick: int) -> None:
+        self._tick = tick
+        due = [x for x in self._late if x[0] <= tick]
+        if due:
+            self._late = [x for x in self._late if x[0] > tick]
+            for _t, handle, ok in due:
+                self._copies.put((handle, ok))
+        # Every copy due by now has landed before the tick ends: landing order is the seed's.
+        self._copies.join()
+
+    def _copy_loop(self) -> None:
+        while True:
+            item = self._copies.get()
+            try:
+                if item is None:
+                    return
+                handle, slices = item
+                for src, dst, n in slices:
+                    off = dst - self._base
+                    self._arena[off : off + n] = self._staging[src : src + n]
+                    self.bytes_written += n
+                with self._lock:
+                    b = self._batches.get(handle)
+                    if b is not None:
+                        b.pending -= len(slices)
+                        if b.pending == 0:
+                            if b.status is Status.COMPLETED:
+                                b.done.set()
+                            else:
+                                self._batches.pop(handle, None)
+            finally:
+                self._copies.task_done()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._copies.put(None)
+            self._thread.join(timeout=5)
+        del self._flag, self._arena
+        self._map.close()

@@ -1,0 +1,295 @@
+"""The control plane between decode and prefill: typed messages, a versioned msgpack schema.
+
+Every frame is a msgpack map ``{"v": SCHEMA_VERSION, "t": <type>, ...fields}``. ``decode``
+either returns one of the message classes below or raises ``MalformedMessage``: a frame from
+another schema version, of an unknown type, with a missing, extra or ill-typed field. A worker
+that gets one logs it, counts it, and goes on; nothing a peer sends can crash it. Never pickle:
+a control message is data, and unpickling a peer's bytes would run its code.
+
+Evidence travels as ``kvlifetime.evidence.to_dict`` data and is rebuilt with ``from_dict``, so
+it is checked by the same validators as evidence built locally.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, TypeAlias
+
+import attrs
+import msgpack
+
+from kvlifetime.errors import MalformedEvidence
+from kvlifetime.evidence import Evidence, from_dict, to_dict
+from kvlifetime.grant import GrantId
+
+SCHEMA_VERSION = 1
+"""Bumped on any incompatible change; a frame with another version is refused whole."""
+
+MAX_FRAME = 1 << 20  # bytes; a control frame is small, a huge one is an attack or a bug
+
+
+class MalformedMessage(MalformedEvidence):
+    """A control frame that is not a message of this schema: not msgpack, another schema
+    version, an unknown type, or a field missing, extra or of the wrong type.
+
+    Whose fault: the peer (or the wire). State left: unchanged; the frame is dropped.
+    """
+
+    kind = "malformed_message"
+
+
+# --------------------------------------------------------------------------- field checks
+
+
+def _req(v: object) -> int | str:
+    # Request keys are compared exactly; bool is an int subclass and never a request id.
+    if isinstance(v, bool) or not isinstance(v, int | str) or v == "":
+        raise MalformedMessage(f"request key must be a non-empty str or an int, got {v!r}")
+    return v
+
+
+def _int(v: object, lo: int = 0) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise MalformedMessage(f"expected an int >= {lo}, got {v!r}")
+    return v
+
+
+def _str(v: object) -> str:
+    if not isinstance(v, str) or not v:
+        raise MalformedMessage(f"expected a non-empty str, got {v!r}")
+    return v
+
+
+def _grant(v: object) -> GrantId:
+    if not (isinstance(v, list | tuple) and len(v) == 2):
+        raise MalformedMessage(f"grant must be [incarnation, serial], got {v!r}")
+    inc, serial = v
+    return GrantId(_str(inc), _int(serial, 1))
+
+
+def _ints(v: object, lo: int = 0) -> tuple[int, ...]:
+    if not isinstance(v, list | tuple):
+        raise MalformedMessage(f"expected a list of ints, got {v!r}")
+    return tuple(_int(x, lo) for x in v)
+
+
+def _evidence(v: object) -> Evidence:
+    try:
+        return from_dict(v)
+    except MalformedEvidence as e:
+        raise MalformedMessage(f"evidence: {e}") from e
+
+
+# --------------------------------------------------------------------------- messages
+
+
+@attrs.frozen(slots=True)
+class Assign:
+    """decode -> prefill: write request ``request``'s KV into these blocks (the grant)."""
+
+    TYPE: ClassVar[str] = "assign"
+    request: int | str
+    grant: GrantId
+    peer: str  # the peer the grant names: the prefill worker's id
+    blocks: tuple[int, ...]  # decode block ids (for the pattern)
+    generations: tuple[int, ...]  # one per block: the grant's generations
+    addresses: tuple[int, ...]  # one per block: where to write, in the target's address space
+    tokens: int  # prompt length; prefill refuses a request over its capacity
+
+
+@attrs.frozen(slots=True)
+class Abort:
+    """decode -> prefill: the client went away; stop writing this grant."""
+
+    TYPE: ClassVar[str] = "abort"
+    request: int | str
+    grant: GrantId
+
+
+@attrs.frozen(slots=True)
+class Query:
+    """decode -> prefill: evidence for this grant may have been lost; send it again."""
+
+    TYPE: ClassVar[str] = "query"
+    request: int | str
+    grant: GrantId
+
+
+@attrs.frozen(slots=True)
+class Tick:
+    """decode -> prefill: logical time ``n`` has come; do its work, then answer ``TickDone``.
+
+    The harness runs in lock-step ticks so that a seed decides every fault and every landing
+    order: runs are reproducible, and delays are measured in ticks, not in wall-clock luck."""
+
+    TYPE: ClassVar[str] = "tick"
+    n: int
+
+
+@attrs.frozen(slots=True)
+class Stop:
+    """decode -> prefill: shut down after answering with ``Stats``."""
+
+    TYPE: ClassVar[str] = "stop"
+
+
+@attrs.frozen(slots=True)
+class EvidenceMsg:
+    """prefill -> decode: one piece of evidence about a grant."""
+
+    TYPE: ClassVar[str] = "evidence"
+    evidence: Evidence
+
+
+@attrs.frozen(slots=True)
+class Rejected:
+    """prefill -> decode: admission refused (decided after the addresses were sent). Says
+    nothing about transfers already posted: SchedulingStopped / TransferQuiesced follow."""
+
+    TYPE: ClassVar[str] = "rejected"
+    request: int | str
+    grant: GrantId
+    reason: str
+
+
+@attrs.frozen(slots=True)
+class TransferFailed:
+    """prefill -> decode: a batch of this grant reported FAILED. Proves nothing about the
+    memory: the batch's other slices may still be landing."""
+
+    TYPE: ClassVar[str] = "failed"
+    request: int | str
+    grant: GrantId
+    seq: int
+
+
+@attrs.frozen(slots=True)
+class TickDone:
+    """prefill -> decode: tick ``n`` is done; every message of tick ``n`` was sent before."""
+
+    TYPE: ClassVar[str] = "tick_done"
+    n: int
+
+
+@attrs.frozen(slots=True)
+class Stats:
+    """prefill -> decode: counters, sent once in answer to ``Stop``."""
+
+    TYPE: ClassVar[str] = "stats"
+    counters: Mapping[str, int]
+
+
+Message: TypeAlias = (
+    Assign
+    | Abort
+    | Query
+    | Tick
+    | Stop
+    | EvidenceMsg
+    | Rejected
+    | TransferFailed
+    | TickDone
+    | Stats
+)
+
+
+def _counters(v: object) -> Mapping[str, int]:
+    if not isinstance(v, Mapping):
+        raise MalformedMessage(f"counters must be a map, got {type(v).__name__}")
+    return {_str(k): _int(x) for k, x in v.items()}
+
+
+# type -> (class, {field: checker}); the checkers both validate and convert.
+_SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[object], object]]]] = {
+    Assign.TYPE: (
+        Assign,
+        {
+            "request": _req,
+            "grant": _grant,
+            "peer": _str,
+            "blocks": _ints,
+            "generations": _ints,
+            "addresses": _ints,
+            "tokens": _int,
+        },
+    ),
+    Abort.TYPE: (Abort, {"request": _req, "grant": _grant}),
+    Query.TYPE: (Query, {"request": _req, "grant": _grant}),
+    Tick.TYPE: (Tick, {"n": _int}),
+    Stop.TYPE: (Stop, {}),
+    EvidenceMsg.TYPE: (EvidenceMsg, {"evidence": _evidence}),
+    Rejected.TYPE: (Rejected, {"request": _req, "grant": _grant, "reason": _str}),
+    TransferFailed.TYPE: (
+        TransferFailed,
+        {"request": _req, "grant": _grant, "seq": lambda v: _int(v, 1)},
+    ),
+    TickDone.TYPE: (TickDone, {"n": _int}),
+    Stats.TYPE: (Stats, {"counters": _counters}),
+}
+
+
+def _plain(v: object) -> object:
+    if isinstance(v, GrantId):
+        return [v.incarnation, v.serial]
+    if isinstance(v, Evidence):
+        return to_dict(v)
+    if isinstance(v, tuple):
+        return list(v)
+    if isinstance(v, Mapping):
+        return dict(v)
+    return v
+
+
+def encode(msg: Message) -> bytes:
+    """One frame for ``msg``."""
+    body: dict[str, object] = {"v": SCHEMA_VERSION, "t": msg.TYPE}
+    for f in attrs.fields(type(msg)):
+        body[f.name] = _plain(getattr(msg, f.name))
+    out: bytes = msgpack.packb(body, use_bin_type=True)
+    return out
+
+
+def decode(frame: bytes) -> Message:
+    """The message in ``frame``; anything else raises ``MalformedMessage`` (never another
+    exception: this is where untrusted bytes enter)."""
+    if not isinstance(frame, bytes | bytearray | memoryview):
+        raise MalformedMessage(f"a frame is bytes, got {type(frame).__name__}")
+    if len(frame) > MAX_FRAME:
+        raise MalformedMessage(f"frame of {len(frame)} bytes is over {MAX_FRAME}")
+    try:
+        body = msgpack.unpackb(
+            frame, raw=False, strict_map_key=True, max_buffer_size=MAX_FRAME, use_list=True
+        )
+    except Exception as e:  # msgpack raises many unrelated types for bad input
+        raise MalformedMessage(f"not a msgpack frame: {type(e).__name__}: {e}") from e
+    if not isinstance(body, dict):
+        raise MalformedMessage(f"a frame is a map, got {type(body).__name__}")
+    version = body.get("v")
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        raise MalformedMessage(f"schema version {version!r}, this worker speaks {SCHEMA_VERSION}")
+    kind = body.get("t")
+    entry = _SCHEMA.get(kind) if isinstance(kind, str) else None
+    if entry is None:
+        raise MalformedMessage(f"unknown message type {kind!r}")
+    cls, fields = entry
+    extra = set(body) - set(fields) - {"v", "t"}
+    if extra:
+        raise MalformedMessage(f"{kind}: unexpected fields {sorted(map(str, extra))}")
+    kwargs: dict[str, object] = {}
+    try:
+        for name, check in fields.items():
+            if name not in body:
+                raise MalformedMessage(f"{kind}: missing field {name!r}")
+            kwargs[name] = check(body[name])
+    except MalformedMessage:
+        raise
+    except MalformedEvidence as e:
+        raise MalformedMessage(f"{kind}: {e}") from e
+    except Exception as e:  # e.g. InvalidField from GrantId: the peer's fault, not ours
+        raise MalformedMessage(f"{kind}: {type(e).__name__}: {e}") from e
+    if cls is Assign:
+        n = len(kwargs["blocks"])  # type: ignore[arg-type]
+        if n == 0 or len(kwargs["generations"]) != n or len(kwargs["addresses"]) != n:  # type: ignore[arg-type]
+            raise MalformedMessage("assign: blocks, generations and addresses differ in length")
+    msg: Message = cls(**kwargs)
+    return msg
