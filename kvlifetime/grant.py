@@ -22,6 +22,7 @@ PeerId = str
 """A peer: a remote worker, a transfer engine, a DMA stream. Any non-empty string."""
 
 BlockIds = npt.NDArray[np.int64]
+Generations = npt.NDArray[np.uint32]
 
 
 class Access(enum.Enum):
@@ -74,6 +75,12 @@ def _readonly_ids(value: object) -> BlockIds:
     return arr
 
 
+def _readonly_generations(value: object) -> Generations:
+    arr = np.array(value, dtype=np.uint32, copy=True).reshape(-1)
+    arr.flags.writeable = False
+    return arr
+
+
 @attrs.frozen(slots=True, eq=False)
 class Grant:
     """A peer may access ``blocks`` (at ``generations``) of ``request``, for ``access``.
@@ -86,7 +93,7 @@ class Grant:
     request: RequestKey  # the request that holds every one of ``blocks``
     peer: PeerId  # who may touch the memory
     blocks: BlockIds = attrs.field(converter=_readonly_ids)  # read-only copy, 1-d int64
-    generations: BlockIds = attrs.field(converter=_readonly_ids)  # same length as blocks
+    generations: Generations = attrs.field(converter=_readonly_generations)  # len == blocks
     access: Access
 
     def __eq__(self, other: object) -> bool:
@@ -107,17 +114,25 @@ class Grant:
         }
 
 
+def make_grant_id(incarnation: str, serial: int) -> GrantId:
+    """A ``GrantId`` from values the ledger already knows are valid (hot path)."""
+    gid = object.__new__(GrantId)
+    object.__setattr__(gid, "incarnation", incarnation)
+    object.__setattr__(gid, "serial", serial)
+    return gid
+
+
 def make_grant(
     gid: GrantId,
     request: RequestKey,
     peer: PeerId,
     blocks: BlockIds,
-    generations: BlockIds,
+    generations: Generations,
     access: Access,
 ) -> Grant:
     """Build a ``Grant`` from values the ledger already validated, without copying arrays.
 
-    ``blocks`` and ``generations`` must already be read-only int64 arrays. This is the
+    ``blocks`` (int64) and ``generations`` (uint32) must already be read-only arrays. This is the
     ledger's hot path; everyone else uses the ``Grant(...)`` constructor.
     """
     g = object.__new__(Grant)

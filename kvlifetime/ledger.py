@@ -29,8 +29,8 @@ from __future__ import annotations
 import collections
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
 import attrs
 import numpy as np
@@ -59,7 +59,16 @@ from kvlifetime.evidence import (
     PeerLost,
     to_dict,
 )
-from kvlifetime.grant import Access, BlockIds, Grant, GrantId, PeerId, RequestKey, make_grant
+from kvlifetime.grant import (
+    Access,
+    BlockIds,
+    Grant,
+    GrantId,
+    PeerId,
+    RequestKey,
+    make_grant,
+    make_grant_id,
+)
 from kvlifetime.machines import (
     ENDED_STATES,
     PROOF_CHAIN,
@@ -102,9 +111,12 @@ def _enabled() -> bool:
     return structlog.is_configured()
 
 
-@attrs.frozen(slots=True)
-class Transition:
-    """One named request transition that fired."""
+class Transition(NamedTuple):
+    """One named request transition that fired.
+
+    A NamedTuple rather than an attrs class: several are built per request on the hot path,
+    and a tuple is built in a third of the time. It is just as immutable.
+    """
 
     request: RequestKey
     event: str  # the named transition: rejected, cancel_received, ..., force_released
@@ -136,13 +148,16 @@ class LedgerStats:
     open_grants: int
 
 
-class _GrantRecord:
-    __slots__ = ("deadline", "grant", "proof", "req")
+class _GrantRecord(GrantProof):
+    """A live grant and what has been proven about it (the record *is* its proof, so the
+    guards can read a request's open records directly)."""
+
+    __slots__ = ("deadline", "grant", "req")
 
     def __init__(self, grant: Grant, req: _Request, deadline: float | None) -> None:
+        super().__init__()
         self.grant = grant
         self.req = req
-        self.proof = GrantProof()
         self.deadline = deadline  # caller's clock; None: only the request's deadline applies
 
 
@@ -176,8 +191,8 @@ class _Request:
         self.quarantined_at: float | None = None
         self.machine: RequestLifecycle | None = None
 
-    def open_proofs(self) -> Iterator[GrantProof]:
-        return (r.proof for r in self.open.values())
+    def open_proofs(self) -> Iterable[GrantProof]:
+        return self.open.values()
 
     def nblocks(self) -> int:
         return sum(len(a) for a in self.excl) + sum(len(a) for a in self.shared)
@@ -223,6 +238,7 @@ class BlockLedger:
         self._timed: dict[RequestKey, None] = {}  # requests with a deadline somewhere
         self._shared_holds = 0  # live shared acquisitions; 0 lets release skip _sharers
         self._free_patterns: dict[int, bytes] = {}
+        self._marks = np.empty(0, dtype=np.int32)  # distinct markers below ORPHANED
         self._recently_released: collections.OrderedDict[RequestKey, None] = (
             collections.OrderedDict()
         )
@@ -278,7 +294,7 @@ class BlockLedger:
         must already be held, with no open write grant, and be neither draining nor
         quarantined (its content is settled). Refused blocks raise ``BlockUnavailable``.
         """
-        arr = self._ids(ids)
+        arr = self._ids(ids, unique=shared)
         with self._lock:
             req = self._requests.get(request)
             if req is not None and req.state != _ADMITTED:
@@ -291,13 +307,16 @@ class BlockLedger:
                         "this ledger owns the free list (allocate was called): take fresh "
                         "blocks with allocate; acquire(shared=True) shares held ones"
                     )
-                if self._owner.take(arr).tobytes() != self._free_pattern(len(arr)):
-                    bad = arr[self._owner.take(arr) != FREE]
-                    raise BlockUnavailable(f"blocks not free: {bad[:16].tolist()}")
-            if req is None:
-                req = self._admit(request, deadline)
-            elif deadline is not None:
-                self._set_deadline(req, deadline)
+                self._mark_free_unique(arr)
+            try:
+                if req is None:
+                    req = self._admit(request, deadline)
+                elif deadline is not None:
+                    self._set_deadline(req, deadline)
+            except BaseException:
+                if not shared:
+                    self._owner.put(arr, FREE)
+                raise
             if shared:
                 self._sharers[arr] += 1
                 self._shared_holds += 1
@@ -337,13 +356,10 @@ class BlockLedger:
                     raise BlockUnavailable("a write grant on a block with more than one holder")
             serial = self._next_serial
             self._next_serial = serial + 1
+            gens = self._generation.take(arr)
+            gens.flags.writeable = False
             g = make_grant(
-                GrantId(self.incarnation, serial),
-                request,
-                peer,
-                arr,
-                self._readonly(self._generation.take(arr).astype(np.int64)),
-                access,
+                make_grant_id(self.incarnation, serial), request, peer, arr, gens, access
             )
             rec = _GrantRecord(g, req, deadline)
             req.grants[serial] = rec
@@ -369,6 +385,8 @@ class BlockLedger:
             out: list[Transition] = []
             self._fire(req, "rejected", "reject", out)
             self._advance(req, "reject", None, out)
+            if _enabled():
+                _emit(out)
             return out
 
     def finish(self, request: RequestKey) -> list[Transition]:
@@ -378,6 +396,8 @@ class BlockLedger:
             out: list[Transition] = []
             self._fire(req, "finished", "finish", out)
             self._advance(req, "finish", None, out)
+            if _enabled():
+                _emit(out)
             return out
 
     # =================================================================== evidence
@@ -403,31 +423,38 @@ class BlockLedger:
                 raise
 
     def _apply(self, ev: Evidence) -> list[Transition]:
+        out: list[Transition] = []
         if isinstance(ev, GrantEvidence) or (
             isinstance(ev, AccessRevoked) and ev.grant_id is not None
         ):
-            recs = [self._grant_record(ev)]
+            rec = self._grant_record(ev)
+            rec.check(ev)
+            changed = rec.record(ev)
+            if changed:
+                self._proven(rec, ev, out)
         elif isinstance(ev, AccessRevoked | PeerLost):
             recs = list(self._by_peer.get(ev.peer, {}).values())
+            for rec in recs:
+                rec.check(ev)  # every check before any change: all or nothing
+            changed = False
+            for rec in recs:
+                if rec.record(ev):
+                    changed = True
+                    self._proven(rec, ev, out)
         else:
             raise errors.MalformedEvidence(f"not evidence: {ev!r}", evidence=ev)
-        for rec in recs:
-            rec.proof.check(ev)  # every check before any change: all or nothing
-        out: list[Transition] = []
-        changed_any = False
-        for rec in recs:
-            changed = rec.proof.record(ev)
-            changed_any |= changed
-            if not changed:
-                continue
-            req = rec.req
-            if rec.proof.closed and rec.grant.id.serial in req.open:
-                self._close(rec)
-            if req.state != _ADMITTED:
-                self._advance(req, ev.kind, rec.grant, out)
         if _enabled():
-            _log.info("evidence_applied", evidence=to_dict(ev), changed=changed_any)
+            _log.info("evidence_applied", evidence=to_dict(ev), changed=changed)
+            _emit(out)
         return out
+
+    def _proven(self, rec: _GrantRecord, ev: Evidence, out: list[Transition]) -> None:
+        """Something new was proven about ``rec``: close it if it now is, advance its request."""
+        req = rec.req
+        if rec.closed and rec.grant.id.serial in req.open:
+            self._close(rec)
+        if req.state != _ADMITTED:
+            self._advance(req, type(ev).__name__, rec.grant, out)
 
     def _grant_record(self, ev: GrantEvidence | AccessRevoked) -> _GrantRecord:
         gid = ev.grant_id
@@ -447,7 +474,7 @@ class BlockLedger:
                 )
             raise MismatchedEvidence(f"{ev.kind}: grant {gid} was never issued", evidence=ev)
         g = rec.grant
-        if ev.request != g.request or type(ev.request) is not type(g.request):
+        if ev.request != g.request:
             raise MismatchedEvidence(
                 f"{ev.kind} names request {ev.request!r}, grant {gid} is of {g.request!r}",
                 evidence=ev,
@@ -488,12 +515,14 @@ class BlockLedger:
                 marked = False
                 for rec in req.open.values():
                     dl = rec.deadline if rec.deadline is not None else req.deadline
-                    if dl is not None and dl <= now and rec.proof.suspect is None:
-                        rec.proof.mark_suspect("deadline")
+                    if dl is not None and dl <= now and rec.suspect is None:
+                        rec.mark_suspect("deadline")
                         marked = True
                 if marked and req.state != _ADMITTED:
                     out: list[Transition] = []
                     self._advance(req, "expire", None, out)
+                    if _enabled():
+                        _emit(out)
                     if req.state == _QUARANTINED:
                         newly.append(key)
                 # Nothing left to time out; a quarantined request waits for proof only.
@@ -521,7 +550,7 @@ class BlockLedger:
                 raise InsufficientEvidence(request, self._unproven(req))
             out: list[Transition] = []
             self._fire(req, "released", "release", out)
-            return self._let_go([req])[0]
+            return self._let_go([req], out)[0]
 
     def collect_releasable(self) -> dict[RequestKey, BlockIds]:
         """Release every request whose grants are all closed; return, per request, the block
@@ -534,7 +563,7 @@ class BlockLedger:
             out: list[Transition] = []
             for req in reqs:
                 self._fire(req, "released", "collect_releasable", out)
-            freed = self._let_go(reqs)
+            freed = self._let_go(reqs, out)
             return {req.key: ids for req, ids in zip(reqs, freed, strict=True)}
 
     def force_release(self, request: RequestKey, reason: str) -> BlockIds:
@@ -554,9 +583,9 @@ class BlockLedger:
                     _log.warning(
                         "force_released", request=request, reason=reason, open_grants=open_grants
                     )
-            return self._let_go([req])[0]
+            return self._let_go([req], out)[0]
 
-    def _let_go(self, reqs: Sequence[_Request]) -> list[BlockIds]:
+    def _let_go(self, reqs: Sequence[_Request], out: list[Transition]) -> list[BlockIds]:
         """Forget the requests; put the blocks no one else holds back in the pool."""
         owner = self._owner
         results: list[BlockIds] = []
@@ -595,6 +624,7 @@ class BlockLedger:
                     self._free_stack[top : top + len(ids)] = ids
                     self._free_top = top + len(ids)
         if _enabled():
+            _emit(out)
             for req, ids in zip(reqs, results, strict=True):
                 _log.info("request_released", request=req.key, blocks=ids.tolist())
         return results
@@ -675,18 +705,6 @@ class BlockLedger:
             event == "force_released",
         )
         out.append(t)
-        if _enabled():
-            _log.info(
-                "request_transition",
-                request=req.key,
-                transition=event,
-                from_state=source,
-                to_state=target,
-                cause=cause,
-                grant=t.grant,
-                peer=t.peer,
-                unsafe=t.unsafe,
-            )
 
     def _mirror(self, req: _Request, event: str, target: str) -> None:
         m = req.machine
@@ -734,7 +752,7 @@ class BlockLedger:
             rec = self._grants.get(gid.serial) if gid.incarnation == self.incarnation else None
             if rec is None:
                 raise errors.UnknownGrant(f"no live grant {gid}")
-            return rec.proof.copy()
+            return rec.copy()
 
     def unproven(self, request: RequestKey) -> dict[str, list[str]]:
         with self._lock:
@@ -843,7 +861,7 @@ class BlockLedger:
                 req.quarantined_at = old.quarantined_at
                 for serial, orec in old.grants.items():
                     rec = _GrantRecord(orec.grant, req, orec.deadline)
-                    rec.proof = orec.proof.copy()
+                    rec.assign(orec)
                     req.grants[serial] = rec
                     new._grants[serial] = rec
                     if serial in old.open:
@@ -857,6 +875,7 @@ class BlockLedger:
             new._timed = dict(self._timed)
             new._shared_holds = self._shared_holds
             new._free_patterns = self._free_patterns
+            new._marks = self._marks
             new._recently_released = collections.OrderedDict(self._recently_released)
             new._unsafe_releases = self._unsafe_releases
             new._refused = collections.Counter(self._refused)
@@ -876,7 +895,7 @@ class BlockLedger:
                         tuple(tuple(a.tolist()) for a in req.shared),
                         req.deadline,
                         tuple(
-                            (s, r.grant.peer, r.grant.access.value, r.deadline, r.proof.key())
+                            (s, r.grant.peer, r.grant.access.value, r.deadline, r.key())
                             for s, r in sorted(req.grants.items())
                         ),
                     )
@@ -926,31 +945,29 @@ class BlockLedger:
         return req
 
     def _unproven(self, req: _Request) -> dict[str, list[str]]:
-        return {f"{r.grant.id} ({r.grant.peer})": r.proof.unproven() for r in req.open.values()}
+        return {f"{r.grant.id} ({r.grant.peer})": r.unproven() for r in req.open.values()}
 
-    def _ids(self, ids: npt.ArrayLike) -> BlockIds:
-        """Validate a batch of block ids; return a read-only private int64 copy."""
+    def _ids(self, ids: npt.ArrayLike, *, unique: bool = True) -> BlockIds:
+        """Validate a batch of block ids; return a read-only private int64 copy.
+
+        ``unique=False``: the caller detects repeated ids itself (exclusive acquire does it
+        while it marks the blocks, cheaper than sorting).
+        """
         arr = np.array(ids, dtype=np.int64, copy=True) if not isinstance(ids, np.ndarray) else ids
         if arr.ndim != 1 or arr.dtype.kind not in "iu":
             raise BlockOutOfRange(f"block ids must be a 1-d integer batch, got {arr!r}")
-        if arr.dtype != np.int64:
-            arr = arr.astype(np.int64)
-        elif arr is ids:
-            arr = arr.copy()
+        arr = arr.astype(np.int64) if arr.dtype != np.int64 else (arr.copy() if arr is ids else arr)
         if len(arr):
-            s = np.sort(arr)
-            if int(s[0]) < 0 or int(s[-1]) >= self.num_blocks:
+            # Seen as unsigned, a negative id is huge: one reduction checks both ends.
+            if int(np.maximum.reduce(arr.view(np.uint64))) >= self.num_blocks:
                 bad = arr[(arr < 0) | (arr >= self.num_blocks)]
                 raise BlockOutOfRange(
                     f"block ids out of range [0, {self.num_blocks}): {bad[:16].tolist()}"
                 )
-            if np.count_nonzero(s[1:] == s[:-1]):
-                raise BlockOutOfRange(f"duplicate block ids in one batch: {arr.tolist()[:32]}")
-        arr.flags.writeable = False
-        return arr
-
-    @staticmethod
-    def _readonly(arr: BlockIds) -> BlockIds:
+            if unique:
+                s = np.sort(arr)
+                if np.count_nonzero(s[1:] == s[:-1]):
+                    raise BlockOutOfRange(f"duplicate block ids in one batch: {arr.tolist()[:32]}")
         arr.flags.writeable = False
         return arr
 
@@ -960,6 +977,28 @@ class BlockLedger:
             p = np.full(n, FREE, dtype=np.int32).tobytes()
             self._free_patterns[n] = p
         return p
+
+    def _mark_free_unique(self, arr: BlockIds) -> None:
+        """Refuse unless every block is free and no id repeats; on success the blocks carry
+        distinct markers (not FREE) until the caller writes the owner or ``_unmark``s them."""
+        owner = self._owner
+        k = len(arr)
+        if owner.take(arr).tobytes() != self._free_pattern(k):
+            bad = arr[owner.take(arr) != FREE]
+            raise BlockUnavailable(f"blocks not free: {bad[:16].tolist()}")
+        # A distinct marker per position, read back: a repeated id keeps only its last marker.
+        # Two scatters and a gather, no sort and no ufunc; the caller's owner write follows.
+        marks = self._markers(k)
+        owner.put(arr, marks)
+        if owner.take(arr).tobytes() != marks.tobytes():
+            owner.put(arr, FREE)
+            raise BlockOutOfRange(f"duplicate block ids in one batch: {arr.tolist()[:32]}")
+
+    def _markers(self, k: int) -> npt.NDArray[np.int32]:
+        m = self._marks
+        if len(m) < k:
+            m = self._marks = (ORPHANED - 1 - np.arange(max(k, 2 * len(m)))).astype(np.int32)
+        return m[:k]
 
     def _build_free_stack(self) -> npt.NDArray[np.int32]:
         free = np.flatnonzero(self._owner == FREE).astype(np.int32)[::-1]
@@ -1021,6 +1060,23 @@ class BlockLedger:
                     raise BlockUnavailable(
                         f"an open write grant ({rec.grant.id}) may still change these blocks"
                     )
+
+
+def _emit(transitions: list[Transition]) -> None:
+    """One log event per transition, after the call that fired them (only when someone listens:
+    the hot path builds no event dict otherwise)."""
+    for t in transitions:
+        _log.info(
+            "request_transition",
+            request=t.request,
+            transition=t.event,
+            from_state=t.source,
+            to_state=t.target,
+            cause=t.cause,
+            grant=t.grant,
+            peer=t.peer,
+            unsafe=t.unsafe,
+        )
 
 
 def _describe(ev: object) -> object:

@@ -91,27 +91,32 @@ class GrantProof:
 
     def record(self, ev: Evidence) -> bool:
         """Add ``ev`` (already checked). Returns whether anything new was proven."""
-        before = self.key()
-        if isinstance(ev, CancelReceived):
-            self.cancel_received = True
-        elif isinstance(ev, SchedulingStopped):
+        if isinstance(ev, SchedulingStopped | TransferCompleted):
+            changed = self.last_seq is None or not self.cancel_received
             self.cancel_received = True
             self.last_seq = ev.last_seq
-        elif isinstance(ev, TransferQuiesced):
+            if isinstance(ev, TransferCompleted) and ev.last_seq > self.through_seq:
+                self.through_seq = ev.last_seq
+                changed = True
+            return changed
+        if isinstance(ev, TransferQuiesced):
             if ev.through_seq > self.through_seq:
                 self.through_seq = ev.through_seq
-        elif isinstance(ev, TransferCompleted):
+                return True
+            return False
+        if isinstance(ev, CancelReceived):
+            changed = not self.cancel_received
             self.cancel_received = True
-            self.last_seq = ev.last_seq
-            if ev.last_seq > self.through_seq:
-                self.through_seq = ev.last_seq
-        elif isinstance(ev, AccessRevoked):
+            return changed
+        if isinstance(ev, AccessRevoked):
+            changed = not self.revoked
             self.revoked = True
-        elif isinstance(ev, LeaseExpired):
-            self.mark_suspect("lease_expired")
-        elif isinstance(ev, PeerLost):
-            self.mark_suspect("peer_lost")
-        return self.key() != before
+            return changed
+        if isinstance(ev, LeaseExpired | PeerLost):
+            before = self.suspect
+            self.mark_suspect("lease_expired" if isinstance(ev, LeaseExpired) else "peer_lost")
+            return self.suspect != before
+        return False
 
     def mark_suspect(self, reason: str) -> None:
         if self.suspect is None and not self.closed:
@@ -122,13 +127,18 @@ class GrantProof:
         return (self.cancel_received, self.last_seq, self.through_seq, self.revoked, self.suspect)
 
     def copy(self) -> GrantProof:
+        """A plain ``GrantProof`` with the same facts."""
         p = GrantProof.__new__(GrantProof)
-        p.cancel_received = self.cancel_received
-        p.last_seq = self.last_seq
-        p.through_seq = self.through_seq
-        p.revoked = self.revoked
-        p.suspect = self.suspect
+        p.assign(self)
         return p
+
+    def assign(self, other: GrantProof) -> None:
+        """Take over every fact of ``other``."""
+        self.cancel_received = other.cancel_received
+        self.last_seq = other.last_seq
+        self.through_seq = other.through_seq
+        self.revoked = other.revoked
+        self.suspect = other.suspect
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,6 @@
+"""``python -m bench``: run every benchmark (by hand or ``make bench``; never in the test suite)."""
+
+from bench import ledger_bench
+
+if __name__ == "__main__":
+    ledger_bench.main()

@@ -1,0 +1,277 @@
+"""BlockLedger benchmarks: every figure is a ratio against a baseline measured in the same run.
+
+Run: ``make bench`` (or ``python -m bench``). Targets (issue "BlockLedger"):
+1. the full guarded lifecycle (acquire -> grant -> reject -> SchedulingStopped + TransferQuiesced
+   -> release) for 1000 requests of 64 blocks, layered on a vLLM-style free-list allocator,
+   <= 1.5x that allocator's own alloc+free of the same blocks; the same with ``allocate``;
+2. batches of 1024 blocks: <= 15 ns per block per ledger operation;
+3. one piece of evidence that fires a request transition: <= 2 us median, and the ratio to
+   python-statemachine's ``send()`` on the same transition;
+4. ledger memory <= 16 bytes per block, for 1M blocks.
+"""
+
+from __future__ import annotations
+
+import gc
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from examples.vllm_style_allocator import BlockPool
+from kvlifetime.evidence import SchedulingStopped, TransferQuiesced
+from kvlifetime.grant import Access
+from kvlifetime.ledger import BlockLedger
+from kvlifetime.machines import RequestLifecycle
+from kvlifetime.proof import GrantProof
+
+REQUESTS = 1000
+BLOCKS = 64
+REPEATS = 7
+
+
+def best_of(fn: Callable[[], float], repeats: int = REPEATS) -> float:
+    """Median of ``repeats`` runs (each returns seconds); GC off during a run."""
+    times = []
+    for _ in range(repeats):
+        gc.collect()
+        gc.disable()
+        try:
+            times.append(fn())
+        finally:
+            gc.enable()
+    return statistics.median(times)
+
+
+def baseline_allocator() -> float:
+    """The vLLM-style pool alone: alloc + free of 1000 x 64 blocks, scheduler-step style."""
+    pool = BlockPool(REQUESTS * BLOCKS)
+    t0 = time.perf_counter()
+    held = [pool.get_new_blocks(r, BLOCKS)[1] for r in range(REQUESTS)]
+    for ids in held:
+        pool.free_blocks(ids)
+    return time.perf_counter() - t0
+
+
+def guarded_acquire() -> float:
+    """Same allocator, every request through the full guarded lifecycle (acquire path)."""
+    ledger = BlockLedger(REQUESTS * BLOCKS)
+    pool = BlockPool(REQUESTS * BLOCKS, ledger)
+    t0 = time.perf_counter()
+    grants = []
+    for r in range(REQUESTS):
+        _, ids = pool.get_new_blocks(r, BLOCKS)
+        grants.append(ledger.grant(r, "prefill-0", ids, Access.WRITE))
+    for r, g in enumerate(grants):
+        ledger.reject(r, "abort")
+        ledger.apply(SchedulingStopped.of(g, 3))
+        ledger.apply(TransferQuiesced.of(g, 3))
+    pool.step()  # one collect_releasable per scheduler step
+    dt = time.perf_counter() - t0
+    assert pool.free_queue.num_free == REQUESTS * BLOCKS
+    return dt
+
+
+def guarded_allocate() -> float:
+    """The ledger owns the free list: allocate -> grant -> reject -> evidence -> collect."""
+    ledger = BlockLedger(REQUESTS * BLOCKS)
+    t0 = time.perf_counter()
+    grants = []
+    for r in range(REQUESTS):
+        ids = ledger.allocate(r, BLOCKS)
+        grants.append(ledger.grant(r, "prefill-0", ids, Access.WRITE))
+    for r, g in enumerate(grants):
+        ledger.reject(r, "abort")
+        ledger.apply(SchedulingStopped.of(g, 3))
+        ledger.apply(TransferQuiesced.of(g, 3))
+    ledger.collect_releasable()
+    dt = time.perf_counter() - t0
+    assert ledger.free_count() == REQUESTS * BLOCKS
+    return dt
+
+
+def per_request_release() -> float:
+    """Like guarded_acquire, but release() per request instead of one batch per step."""
+    ledger = BlockLedger(REQUESTS * BLOCKS)
+    pool = BlockPool(REQUESTS * BLOCKS, ledger)
+    t0 = time.perf_counter()
+    grants = []
+    for r in range(REQUESTS):
+        _, ids = pool.get_new_blocks(r, BLOCKS)
+        grants.append(ledger.grant(r, "prefill-0", ids, Access.WRITE))
+    for r, g in enumerate(grants):
+        ledger.reject(r, "abort")
+        ledger.apply(SchedulingStopped.of(g, 3))
+        ledger.apply(TransferQuiesced.of(g, 3))
+        pool.release(r)
+    return time.perf_counter() - t0
+
+
+def batch_ops(batch: int = 1024, rounds: int = 200) -> dict[str, float]:
+    """ns per block for each ledger operation on batches of ``batch`` blocks."""
+    n = batch * rounds
+    out: dict[str, float] = {}
+
+    def timed(label: str, fn: Callable[[], Any]) -> None:
+        def run() -> float:
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+
+        out[label] = 0.0
+        out[label] = best_of(run, 5) / n * 1e9
+
+    batches = [np.arange(i * batch, (i + 1) * batch, dtype=np.int64) for i in range(rounds)]
+
+    def fresh_acquired() -> tuple[BlockLedger, list[Any]]:
+        ledger = BlockLedger(n)
+        for i, ids in enumerate(batches):
+            ledger.acquire(i, ids)
+        return ledger, batches
+
+    def acquire_all() -> None:
+        ledger = BlockLedger(n)
+        for i, ids in enumerate(batches):
+            ledger.acquire(i, ids)
+
+    timed("acquire", acquire_all)
+
+    def allocate_all() -> None:
+        ledger = BlockLedger(n)
+        for i in range(rounds):
+            ledger.allocate(i, batch)
+
+    timed("allocate", allocate_all)
+
+    ledger_g, _ = fresh_acquired()
+    k = [0]
+
+    def grant_all() -> None:
+        # A fresh peer name per round keeps grants independent; same blocks each round.
+        k[0] += 1
+        for i, ids in enumerate(batches):
+            ledger_g.grant(i, f"p{k[0]}", ids)
+
+    timed("grant", grant_all)
+
+    def release_all() -> None:
+        ledger, _ = fresh_acquired()
+        for i in range(rounds):
+            ledger.finish(i)
+        t0 = time.perf_counter()
+        for i in range(rounds):
+            ledger.release(i)
+        release_all.elapsed = time.perf_counter() - t0  # type: ignore[attr-defined]
+
+    def run_release() -> float:
+        release_all()
+        return float(release_all.elapsed)  # type: ignore[attr-defined]
+
+    out["release (one call per batch)"] = best_of(run_release, 5) / n * 1e9
+
+    def collect_all() -> float:
+        ledger, _ = fresh_acquired()
+        for i in range(rounds):
+            ledger.finish(i)
+        t0 = time.perf_counter()
+        ledger.collect_releasable()
+        return time.perf_counter() - t0
+
+    out["collect_releasable (all at once)"] = best_of(collect_all, 5) / n * 1e9
+    return out
+
+
+def evidence_latency(samples: int = 5000) -> tuple[float, float, float]:
+    """Median us for one apply() that fires a transition vs python-statemachine send()."""
+    ledger = BlockLedger(samples * 2)
+    grants = []
+    for r in range(samples):
+        ledger.allocate(r, 1)
+        grants.append(ledger.grant(r, "p", ledger.blocks_of(r)))
+        ledger.reject(r)
+    evs = [SchedulingStopped.of(g, 0) for g in grants]
+    times = []
+    gc.disable()
+    for ev in evs:
+        t0 = time.perf_counter()
+        fired = ledger.apply(ev)
+        times.append(time.perf_counter() - t0)
+        assert fired
+    gc.enable()
+    ours = statistics.median(times) * 1e6
+
+    class Facts:
+        def __init__(self) -> None:
+            self.p = GrantProof()
+
+        def open_proofs(self) -> Any:
+            return iter(() if self.p.closed else (self.p,))
+
+    sm_times = []
+    for _ in range(500):
+        f = Facts()
+        m = RequestLifecycle(f)
+        m.send("rejected")
+        f.p.record(evs[0])
+        t0 = time.perf_counter()
+        m.send("cancel_received")
+        sm_times.append(time.perf_counter() - t0)
+    sm = statistics.median(sm_times) * 1e6
+
+    build = []
+    for g in grants[:2000]:
+        t0 = time.perf_counter()
+        SchedulingStopped.of(g, 0)
+        build.append(time.perf_counter() - t0)
+    return ours, sm, statistics.median(build) * 1e6
+
+
+def memory_per_block(n: int = 1_000_000) -> tuple[float, float]:
+    ledger = BlockLedger(n)
+    arrays = ledger._owner.nbytes + ledger._sharers.nbytes + ledger._generation.nbytes
+    ledger.allocate("x", 1)
+    assert ledger._free_stack is not None
+    with_stack = arrays + ledger._free_stack.nbytes
+    return arrays / n, with_stack / n
+
+
+def main() -> None:
+    print(f"kvlifetime ledger bench — {platform.processor() or platform.machine()}, "
+          f"Python {platform.python_version()}, numpy {np.__version__}")
+    base = best_of(baseline_allocator)
+    acq = best_of(guarded_acquire)
+    alloc = best_of(guarded_allocate)
+    per_req = best_of(per_request_release)
+    nb = REQUESTS * BLOCKS
+    print(f"\n1. full lifecycle, {REQUESTS} requests x {BLOCKS} blocks")
+    print(f"   baseline vLLM-style alloc+free     {base * 1e3:8.2f} ms  "
+          f"({base / nb * 1e9:6.1f} ns/block)  1.00x")
+    print(f"   guarded, acquire + collect          {acq * 1e3:8.2f} ms  "
+          f"({acq / nb * 1e9:6.1f} ns/block)  {acq / base:.2f}x   (target <= 1.5x)")
+    print(f"   guarded, acquire + release per req  {per_req * 1e3:8.2f} ms  "
+          f"({per_req / nb * 1e9:6.1f} ns/block)  {per_req / base:.2f}x")
+    print(f"   ledger owns free list (allocate)   {alloc * 1e3:8.2f} ms  "
+          f"({alloc / nb * 1e9:6.1f} ns/block)  {alloc / base:.2f}x")
+    print(f"   ledger overhead per request (acquire path): {(acq - base) / REQUESTS * 1e6:.2f} us")
+
+    print("\n2. batches of 1024 blocks, ns per block (target <= 15)")
+    for label, ns in batch_ops().items():
+        print(f"   {label:34s} {ns:6.2f}")
+
+    ours, sm, build = evidence_latency()
+    print("\n3. one evidence that fires a request transition (median)")
+    print(f"   BlockLedger.apply                  {ours:6.2f} us   (target <= 2)")
+    print(f"   python-statemachine send()          {sm:6.2f} us   -> {sm / ours:.0f}x slower")
+    print(f"   (building the evidence object       {build:6.2f} us, not included)")
+
+    arrays, with_stack = memory_per_block()
+    print("\n4. memory, 1M blocks (target <= 16 B/block)")
+    print(f"   per-block arrays                   {arrays:5.1f} B/block")
+    print(f"   + the ledger's own free list        {with_stack:5.1f} B/block")
+
+
+if __name__ == "__main__":
+    main()
