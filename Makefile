@@ -4,17 +4,29 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-mooncake test lint typecheck bench docs clean
+.PHONY: demo demo-mooncake test lint typecheck bench docs clean system-deps
 
+# Python packages: the library with every extra (the harness, Prometheus, Mooncake) and the
+# test tools, in a local virtual environment.
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[test,harness,prometheus]'
+	$(BIN)/pip install -q -e '.[test,harness,prometheus,mooncake]'
 	touch $(STAMP)
 
-$(VENV)/.mooncake: $(STAMP)
-	$(BIN)/pip install -q -e '.[mooncake]'
-	touch $(VENV)/.mooncake
+# Debian packages some tests need: graphviz (svg diagrams), libibverbs1 & co (Mooncake's
+# import). Installed when running as root with apt-get; otherwise install them yourself
+# (the tests that need them say which package is missing).
+DEBS := graphviz libibverbs1 librdmacm1 libnuma1
+system-deps:
+	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      --no-install-recommends $$missing >/dev/null; \
+	  else echo "note: missing Debian packages:$$missing (need root to install)"; fi; \
+	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check kvlifetime tests examples bench
@@ -23,13 +35,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: $(STAMP) lint typecheck
+test: system-deps $(STAMP) lint typecheck
 	$(BIN)/pytest
 
 demo: $(STAMP)
 	$(BIN)/kvlifetime demo --out out
 
-demo-mooncake: $(VENV)/.mooncake
+demo-mooncake: system-deps $(STAMP)
 	$(BIN)/kvlifetime demo --out out --backend mooncake
 
 docs: $(STAMP)

@@ -1,0 +1,96 @@
+"""An optional Prometheus collector for a ``BlockLedger`` (extra: ``kvlifetime[prometheus]``).
+
+    from prometheus_client import REGISTRY
+    from kvlifetime.prometheus import LedgerCollector
+    REGISTRY.register(LedgerCollector(ledger, name="decode0", clock=time.monotonic))
+
+Metrics (all labelled ``ledger``): blocks per block state, live requests per request state,
+quarantined blocks per reason and the oldest quarantine's age, unsafe releases and refused
+evidence (per error kind) as counters. ``stats()`` is taken once per scrape, off the hot path.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from kvlifetime.ledger import BlockLedger
+
+
+class LedgerCollector:
+    """A ``prometheus_client`` custom collector (``collect()`` yields metric families)."""
+
+    def __init__(
+        self,
+        ledger: BlockLedger,
+        *,
+        name: str = "default",
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.name = name
+        self.clock = clock  # the same clock the caller passes to ledger.expire(now)
+
+    def collect(self) -> Iterator[Any]:
+        # Imported here: prometheus_client is an optional dependency.
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        now = self.clock() if self.clock is not None else None
+        st = self.ledger.stats(now=now)
+        blocks = GaugeMetricFamily(
+            "kvlifetime_blocks", "KV blocks per block state", labels=["ledger", "state"]
+        )
+        for state, n in st.blocks_by_state.items():
+            blocks.add_metric([self.name, state], n)
+        yield blocks
+
+        requests = GaugeMetricFamily(
+            "kvlifetime_requests", "Live requests per request state", labels=["ledger", "state"]
+        )
+        for state, n in st.requests_by_state.items():
+            requests.add_metric([self.name, state], n)
+        yield requests
+
+        by_reason: Counter[str] = Counter()
+        oldest = 0.0
+        for q in st.quarantined:
+            by_reason[q.reason] += q.blocks
+            if q.age is not None:
+                oldest = max(oldest, q.age)
+        quarantined = GaugeMetricFamily(
+            "kvlifetime_quarantined_blocks",
+            "Blocks held by quarantined requests, per reason (never silently freed)",
+            labels=["ledger", "reason"],
+        )
+        for reason, n in sorted(by_reason.items()):
+            quarantined.add_metric([self.name, reason], n)
+        yield quarantined
+        age = GaugeMetricFamily(
+            "kvlifetime_quarantine_oldest_age_seconds",
+            "Age of the oldest quarantine, on the ledger's clock",
+            labels=["ledger"],
+        )
+        age.add_metric([self.name], oldest)
+        yield age
+
+        unsafe = CounterMetricFamily(
+            "kvlifetime_unsafe_releases",
+            "force_release calls that released a request with an open grant",
+            labels=["ledger"],
+        )
+        unsafe.add_metric([self.name], st.unsafe_releases)
+        yield unsafe
+
+        refused = CounterMetricFamily(
+            "kvlifetime_refused_evidence",
+            "Evidence refused (stale, mismatched, contradictory, malformed), per kind",
+            labels=["ledger", "kind"],
+        )
+        for kind, n in sorted(st.refused_evidence.items()):
+            refused.add_metric([self.name, kind], n)
+        yield refused
+
+        grants = GaugeMetricFamily("kvlifetime_open_grants", "Open grants", labels=["ledger"])
+        grants.add_metric([self.name], st.open_grants)
+        yield grants

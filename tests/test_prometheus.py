@@ -1,0 +1,37 @@
+"""The optional Prometheus collector, scraped through a real prometheus_client registry."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from kvlifetime.errors import MismatchedEvidence
+from kvlifetime.evidence import TransferQuiesced
+from kvlifetime.ledger import BlockLedger
+from kvlifetime.prometheus import LedgerCollector
+
+
+def test_collector_exports_states_quarantine_and_counters() -> None:
+    ledger = BlockLedger(16)
+    ids = ledger.allocate("a", 4, deadline=5.0)
+    g = ledger.grant("a", "prefill-0", ids)
+    ledger.reject("a")
+    ledger.allocate("b", 2)
+    assert ledger.expire(6.0) == ["a"]
+    with pytest.raises(MismatchedEvidence):
+        ledger.apply(TransferQuiesced(g.id, "other", g.peer, 1))
+    reg = CollectorRegistry()
+    reg.register(LedgerCollector(ledger, name="d0", clock=lambda: 9.0))
+    text = generate_latest(reg).decode()
+    assert 'kvlifetime_blocks{ledger="d0",state="quarantined"} 4.0' in text
+    assert 'kvlifetime_blocks{ledger="d0",state="owned"} 2.0' in text
+    assert 'kvlifetime_blocks{ledger="d0",state="free"} 10.0' in text
+    assert 'kvlifetime_requests{ledger="d0",state="quarantined"} 1.0' in text
+    assert 'kvlifetime_quarantined_blocks{ledger="d0",reason="deadline"} 4.0' in text
+    assert 'kvlifetime_quarantine_oldest_age_seconds{ledger="d0"} 3.0' in text
+    assert 'kvlifetime_refused_evidence_total{kind="mismatched_evidence",ledger="d0"} 1.0' in text
+    assert 'kvlifetime_unsafe_releases_total{ledger="d0"} 0.0' in text
+    ledger.force_release("a", "operator")
+    text = generate_latest(reg).decode()
+    assert 'kvlifetime_unsafe_releases_total{ledger="d0"} 1.0' in text
+    assert 'kvlifetime_blocks{ledger="d0",state="free"} 14.0' in text
