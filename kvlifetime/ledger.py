@@ -273,7 +273,8 @@ class BlockLedger:
             if req is None:
                 req = self._admit(request, deadline)
             top = self._free_top - n
-            ids = stack[top : self._free_top].astype(np.int64)
+            # The stack's top holds the lowest ids: hand them out in ascending order.
+            ids = stack[top : self._free_top][::-1].astype(np.int64)
             self._free_top = top
             self._owner.put(ids, req.slot)
             ids.flags.writeable = False
@@ -621,7 +622,7 @@ class BlockLedger:
                 self._generation[ids] += 1
                 if self._free_stack is not None:
                     top = self._free_top
-                    self._free_stack[top : top + len(ids)] = ids
+                    self._free_stack[top : top + len(ids)] = ids[::-1]
                     self._free_top = top + len(ids)
         if _enabled():
             _emit(out)
