@@ -221,7 +221,7 @@ class BlockLedger:
         self.num_blocks = num_blocks
         self.checked = checked
         # Random per instance: a grant id from another ledger or an earlier process never matches.
-        self.incarnation = incarnation or uuid.uuid4().hex[:12]
+        self.incarnation = incarnation or uuid.uuid4().hex[:16]
         self._lock = threading.Lock()
         self._owner = np.full(num_blocks, FREE, dtype=np.int32)
         self._sharers = np.zeros(num_blocks, dtype=np.uint16)
