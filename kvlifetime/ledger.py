@@ -89,6 +89,8 @@ _TRANSFER_QUIESCED = RequestState.TRANSFER_QUIESCED.value
 _QUARANTINED = RequestState.QUARANTINED.value
 _RELEASED = RequestState.RELEASED.value
 _ENDED = frozenset(s.value for s in ENDED_STATES)
+# Targets that need bookkeeping beyond the state itself.
+_BOOKKEEPING = frozenset({_TRANSFER_QUIESCED, _QUARANTINED, _RELEASED})
 
 _TABLE = request_table()
 # For each state, the evidence-driven transitions that may fire from it, in PROOF_CHAIN order:
@@ -152,13 +154,15 @@ class _GrantRecord(GrantProof):
     """A live grant and what has been proven about it (the record *is* its proof, so the
     guards can read a request's open records directly)."""
 
-    __slots__ = ("deadline", "grant", "req")
+    __slots__ = ("deadline", "grant", "label", "peer", "req")
 
     def __init__(self, grant: Grant, req: _Request, deadline: float | None) -> None:
         super().__init__()
         self.grant = grant
         self.req = req
         self.deadline = deadline  # caller's clock; None: only the request's deadline applies
+        self.label = str(grant.id)  # formatted once: every transition it causes names it
+        self.peer = grant.peer
 
 
 class _Request:
@@ -455,7 +459,7 @@ class BlockLedger:
         if rec.closed and rec.grant.id.serial in req.open:
             self._close(rec)
         if req.state != _ADMITTED:
-            self._advance(req, type(ev).__name__, rec.grant, out)
+            self._advance(req, type(ev).__name__, rec, out)
 
     def _grant_record(self, ev: GrantEvidence | AccessRevoked) -> _GrantRecord:
         gid = ev.grant_id
@@ -661,13 +665,13 @@ class BlockLedger:
         self._moved(req, event, target, cause, None, out)
 
     def _advance(
-        self, req: _Request, cause: str, grant: Grant | None, out: list[Transition]
+        self, req: _Request, cause: str, rec: _GrantRecord | None, out: list[Transition]
     ) -> None:
         """Fire every evidence-driven transition whose guard now holds, in chain order."""
         while True:
             for event, guard, target in _CHAIN[req.state]:
                 if guard(req):
-                    self._moved(req, event, target, cause, grant, out)
+                    self._moved(req, event, target, cause, rec, out)
                     break
             else:
                 return
@@ -678,34 +682,27 @@ class BlockLedger:
         event: str,
         target: str,
         cause: str,
-        grant: Grant | None,
+        rec: _GrantRecord | None,
         out: list[Transition],
     ) -> None:
         source = req.state
         if self.checked:
             self._mirror(req, event, target)
         req.state = target
-        if target == _TRANSFER_QUIESCED:
-            self._releasable[req.key] = None
-        elif target == _QUARANTINED:
-            reason = next(
-                (p.suspect for p in req.open_proofs() if p.suspect is not None), "deadline"
-            )
-            req.quarantine_reason = reason
-            req.quarantined_at = self._clock
-        elif target == _RELEASED:
-            self._releasable.pop(req.key, None)
-        t = Transition(
-            req.key,
-            event,
-            source,
-            target,
-            cause,
-            None if grant is None else str(grant.id),
-            None if grant is None else grant.peer,
-            event == "force_released",
-        )
-        out.append(t)
+        if target in _BOOKKEEPING:
+            if target == _TRANSFER_QUIESCED:
+                self._releasable[req.key] = None
+            elif target == _QUARANTINED:
+                req.quarantine_reason = next(
+                    (p.suspect for p in req.open_proofs() if p.suspect is not None), "deadline"
+                )
+                req.quarantined_at = self._clock
+            else:
+                self._releasable.pop(req.key, None)
+        if rec is None:
+            out.append(Transition(req.key, event, source, target, cause, None, None, False))
+        else:
+            out.append(Transition(req.key, event, source, target, cause, rec.label, rec.peer))
 
     def _mirror(self, req: _Request, event: str, target: str) -> None:
         m = req.machine
