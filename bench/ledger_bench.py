@@ -115,6 +115,49 @@ def per_request_release() -> float:
     return time.perf_counter() - t0
 
 
+def lifecycle_profile() -> dict[str, float]:
+    """Where the guarded lifecycle's time goes: us per request for each call, in order."""
+    ledger = BlockLedger(REQUESTS * BLOCKS)
+    batches = [np.arange(r * BLOCKS, (r + 1) * BLOCKS, dtype=np.int64) for r in range(REQUESTS)]
+    out: dict[str, float] = {}
+    grants: list[Any] = []
+    stopped: list[Any] = []
+    quiesced: list[Any] = []
+
+    def step(label: str, fn: Callable[[], Any]) -> None:
+        gc.disable()
+        t0 = time.perf_counter()
+        fn()
+        out[label] = (time.perf_counter() - t0) / REQUESTS * 1e6
+        gc.enable()
+
+    def acquire_all() -> None:
+        for r in range(REQUESTS):
+            ledger.acquire(r, batches[r])
+
+    def grant_all() -> None:
+        grants.extend(ledger.grant(r, "p", batches[r]) for r in range(REQUESTS))
+
+    def reject_all() -> None:
+        for r in range(REQUESTS):
+            ledger.reject(r)
+
+    step("acquire", acquire_all)
+    step("grant", grant_all)
+    step("reject", reject_all)
+    step(
+        "build SchedulingStopped",
+        lambda: stopped.extend(SchedulingStopped.of(g, 3) for g in grants),
+    )
+    step(
+        "build TransferQuiesced", lambda: quiesced.extend(TransferQuiesced.of(g, 3) for g in grants)
+    )
+    step("apply SchedulingStopped", lambda: [ledger.apply(e) for e in stopped])
+    step("apply TransferQuiesced", lambda: [ledger.apply(e) for e in quiesced])
+    step("collect_releasable (1 call)", ledger.collect_releasable)
+    return out
+
+
 def batch_ops(batch: int = 1024, rounds: int = 200) -> dict[str, float]:
     """ns per block for each ledger operation on batches of ``batch`` blocks."""
     n = batch * rounds
@@ -285,6 +328,13 @@ def main() -> None:
         f"({alloc / nb * 1e9:6.1f} ns/block)  {alloc / base:.2f}x"
     )
     print(f"   ledger overhead per request (acquire path): {(acq - base) / REQUESTS * 1e6:.2f} us")
+    prof = lifecycle_profile()
+    print(
+        f"   profile, us per request: baseline alloc+free {base / REQUESTS * 1e6:.2f}; ledger "
+        f"{sum(prof.values()):.2f} ="
+    )
+    for label, us in prof.items():
+        print(f"     {label:34s} {us:6.2f}")
 
     print("\n2. batches of 1024 blocks, ns per block (target <= 15)")
     for label, ns in batch_ops().items():
