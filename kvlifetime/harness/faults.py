@@ -21,9 +21,9 @@ BLOCKS_PER_CHUNK = 2  # blocks written by one batch (one transfer, one sequence 
 class FaultConfig:
     """Fault rates. Probabilities are per request, per batch or per control message."""
 
-    p_abort: float = 0.30  # the client aborts, at a random tick in [0, abort_window]
-    abort_window: int = 8
-    capacity_tokens: int = 3600  # prefill refuses longer prompts (tokens in [64, 4096])
+    p_abort: float = 0.35  # the client aborts, at a random tick in [0, abort_window]
+    abort_window: int = 6
+    capacity_tokens: int = 3400  # prefill refuses longer prompts (tokens in [64, 4096])
     max_stub_chunks: int = 2  # batches a rejected request still posts before the decision
     p_slow: float = 0.05  # a batch takes slow_ticks (beyond the timeout policy's lease)
     slow_ticks: tuple[int, int] = (10, 30)

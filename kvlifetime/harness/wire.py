@@ -223,7 +223,7 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[object], object]]]] = {
         TransferFailed,
         {"request": _req, "grant": _grant, "seq": lambda v: _int(v, 1)},
     ),
-    TickDone.TYPE: (TickDone, {"n": _int}),
+    TickDone.TYPE: (TickDone, {"n": lambda v: _int(v, -1)}),  # -1: ready, before tick 0
     Stats.TYPE: (Stats, {"counters": _counters}),
 }
 
@@ -257,9 +257,7 @@ def decode(frame: bytes) -> Message:
     if len(frame) > MAX_FRAME:
         raise MalformedMessage(f"frame of {len(frame)} bytes is over {MAX_FRAME}")
     try:
-        body = msgpack.unpackb(
-            frame, raw=False, strict_map_key=True, max_buffer_size=MAX_FRAME, use_list=True
-        )
+        body = msgpack.unpackb(frame, raw=False, strict_map_key=True, use_list=True)
     except Exception as e:  # msgpack raises many unrelated types for bad input
         raise MalformedMessage(f"not a msgpack frame: {type(e).__name__}: {e}") from e
     if not isinstance(body, dict):

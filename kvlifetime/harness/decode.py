@@ -1,0 +1,539 @@
+"""The decode worker: owns the KV arena and its ledger, and drives a run (``simulate``).
+
+Decode pre-allocates each request's blocks through the ``BlockLedger``, grants them to the
+prefill peer *before* their addresses leave the process, and sends them over ZeroMQ. It checks
+every block it consumes (and again when it lets go) against the pattern of its current owner,
+so contamination is counted, not guessed. What it does when a request ends early is the policy:
+
+- ``naive``: release at once (``force_release``, counted unsafe) and reuse the blocks;
+- ``timeout``: a lease reaper: release when a deadline passes without proof;
+- ``proof``: kvlifetime's rule: release only through ``collect_releasable`` once the evidence
+  closes every grant; quarantine when no proof can come (a FAILED batch, a crashed peer).
+
+The run is in lock-step ticks (see ``wire.Tick``): one seed decides every fault and every
+landing order, so two runs with one seed give the same figures, on the in-process engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import multiprocessing
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import numpy as np
+import structlog
+
+from kvlifetime.errors import EvidenceError, KVLifetimeError, UsageError
+from kvlifetime.evidence import PeerLost, SchedulingStopped, TransferCompleted
+from kvlifetime.grant import Grant
+from kvlifetime.harness import pattern
+from kvlifetime.harness.faults import FaultConfig, FaultyLink, RequestPlan, crash_tick, plan
+from kvlifetime.harness.report import Report
+from kvlifetime.harness.transfer import TargetMemory
+from kvlifetime.harness.wire import (
+    Abort,
+    Assign,
+    EvidenceMsg,
+    MalformedMessage,
+    Message,
+    Query,
+    Rejected,
+    Stats,
+    Stop,
+    Tick,
+    TickDone,
+    TransferFailed,
+    decode,
+    encode,
+)
+from kvlifetime.ledger import BlockLedger
+from kvlifetime.machines import BlockState, RequestState
+
+log = structlog.get_logger("kvlifetime")
+
+POLICIES: tuple[str, ...] = ("naive", "timeout", "proof")
+BACKENDS: tuple[str, ...] = ("inproc", "mooncake")
+
+
+class PeerFailed(KVLifetimeError):
+    """The prefill worker could not be started or answered nothing at all. Whose fault: the
+    environment (engine missing, process killed). The run stopped; every process was reaped."""
+
+    kind = "peer_failed"
+
+
+@attrs.frozen(slots=True)
+class SimConfig:
+    backend: str = "inproc"
+    policy: str = "proof"
+    requests: int = 1000
+    seed: int = 0
+    block_bytes: int = 4096  # small blocks: the harness is about lifetimes, not bandwidth
+    num_blocks: int = 2048
+    staging_blocks: int = 1024  # prefill's registered source memory, in blocks
+    arrivals_per_tick: int = 8
+    timeout_lease: int = 8  # ticks after the end before the timeout policy frees anyway
+    proof_lease: int = 64  # ticks after the end before the proof policy quarantines
+    query_every: int = 12  # ticks between evidence queries for a grant still open
+    max_queries: int = 8
+    overdue_ticks: int = 48  # an admitted request with no news for this long is queried
+    drain_ticks: int = 400  # at most this many ticks after the last admission
+    tick_timeout_s: float = 30.0  # no TickDone for this long: the peer is hung, stop it
+    faults: FaultConfig = attrs.field(factory=FaultConfig)
+
+    def __attrs_post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise UsageError(f"unknown policy {self.policy!r} ({', '.join(POLICIES)})")
+        if self.backend not in BACKENDS:
+            raise UsageError(f"unknown backend {self.backend!r} ({', '.join(BACKENDS)})")
+        if self.block_bytes % 8 or self.block_bytes <= 0 or self.requests < 0:
+            raise UsageError("block_bytes must be a positive multiple of 8, requests >= 0")
+
+
+@attrs.define(slots=True)
+class _Req:
+    plan: RequestPlan
+    grant: Grant
+    admitted: int  # tick
+    consumed: bool = False
+    ended: str | None = None  # why the owner ended it early
+    finished: bool = False
+    last_news: int = 0  # tick of the last message about it (or of the last query)
+    queries: int = 0
+
+
+# =========================================================================== the prefill peer
+
+
+class PrefillPeer:
+    """One prefill process and the socket to it. Every exit path reaps the process."""
+
+    def __init__(
+        self, ctx: Any, cfg: SimConfig, target: TargetMemory, incarnation: int, expected: int
+    ) -> None:
+        import zmq
+
+        self.peer = f"prefill-{incarnation}"
+        self.incarnation = incarnation
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind("tcp://127.0.0.1:*")
+        endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        pcfg = {
+            "endpoint": endpoint,
+            "peer": self.peer,
+            "seed": cfg.seed,
+            "faults": cfg.faults.to_dict(),
+            "block_bytes": cfg.block_bytes,
+            "staging_bytes": cfg.staging_blocks * cfg.block_bytes,
+            "target": target.descriptor(),
+            "crash_tick": crash_tick(cfg.seed, incarnation, expected, cfg.faults),
+            "parent_pid": os.getpid(),
+            "link_salt": 1000 + incarnation,
+        }
+        from kvlifetime.harness.prefill import prefill_main
+
+        mp = multiprocessing.get_context("spawn")
+        self.proc = mp.Process(target=prefill_main, args=(pcfg,), name=self.peer, daemon=True)
+        self.proc.start()
+        self.stats: dict[str, int] = {}
+        try:
+            frames = self.until_tick_done(-1, 120.0)
+        except BaseException:
+            self.close()
+            raise
+        if frames is None:
+            self.close()
+            raise PeerFailed(f"{self.peer} did not start (exit code {self.proc.exitcode})")
+
+    def send(self, frame: bytes) -> None:
+        self.sock.send(frame)
+
+    def until_tick_done(self, n: int, timeout_s: float) -> list[bytes] | None:
+        """Frames up to ``TickDone(n)``; None when the peer died or hung (it is then reaped)."""
+        out: list[bytes] = []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.sock.poll(100):
+                frame = self.sock.recv()
+                try:
+                    msg = decode(frame)
+                except MalformedMessage:
+                    out.append(frame)  # refused (and counted) by the caller
+                    continue
+                if isinstance(msg, TickDone) and msg.n == n:
+                    return out
+                out.append(frame)
+                continue
+            if not self.proc.is_alive() or time.monotonic() > deadline:
+                self.kill()
+                return None
+
+    def stop(self) -> None:
+        """Ask for the counters and a clean exit; force it if it does not come."""
+        try:
+            if self.proc.is_alive():
+                self.sock.send(encode(Stop()))
+                end = time.monotonic() + 10
+                while time.monotonic() < end and self.sock.poll(100):
+                    try:
+                        msg = decode(self.sock.recv())
+                    except MalformedMessage:
+                        continue
+                    if isinstance(msg, Stats):
+                        self.stats = dict(msg.counters)
+                        break
+                self.proc.join(10)
+        finally:
+            self.close()
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(5)
+
+    def close(self) -> None:
+        self.kill()
+        self.sock.close(0)
+
+
+# =========================================================================== decode
+
+
+def make_target(backend: str, nbytes: int) -> TargetMemory:
+    if backend == "inproc":
+        from kvlifetime.harness.transfer import InprocTarget
+
+        return InprocTarget(nbytes)
+    from kvlifetime.adapters.mooncake import MooncakeTarget
+
+    return MooncakeTarget(nbytes)
+
+
+class DecodeWorker:
+    def __init__(self, cfg: SimConfig, target: TargetMemory, ledger: BlockLedger) -> None:
+        self.cfg = cfg
+        self.target = target
+        self.ledger = ledger
+        self.link = FaultyLink(cfg.seed, 2, cfg.faults)
+        self.reqs: dict[int, _Req] = {}
+        self.now = 0
+        self._aborts: dict[int, list[int]] = {}
+        self._finishes: dict[int, list[int]] = {}
+        self._reaper: list[tuple[int, int]] = []  # (deadline, request): timeout policy
+        self.count: dict[str, int] = dict.fromkeys(
+            (
+                "completed",
+                "aborted",
+                "rejected",
+                "transfer_failed",
+                "lost_to_crash",
+                "ended_mid_transfer",
+                "contaminated_blocks",
+                "contaminated_requests",
+                "malformed_refused",
+                "queries",
+                "kv_bytes",
+                "hold_ticks",
+                "released_requests",
+                "peak_blocks_out",
+            ),
+            0,
+        )
+
+    # ----------------------------------------------------------------- inbound
+
+    def receive(self, frames: list[bytes]) -> None:
+        for frame in frames:
+            try:
+                msg = decode(frame)
+            except MalformedMessage as e:
+                self.count["malformed_refused"] += 1
+                if structlog.is_configured():
+                    log.error("message_refused", worker="decode", error=str(e), size=len(frame))
+                continue
+            self.handle(msg)
+
+    def handle(self, msg: Message) -> None:
+        if isinstance(msg, EvidenceMsg):
+            self._evidence(msg)
+        elif isinstance(msg, Rejected | TransferFailed):
+            r = self._live(msg.request, msg.grant)
+            if r is not None and r.ended is None and not r.consumed:
+                r.last_news = self.now
+                key = "rejected" if isinstance(msg, Rejected) else "transfer_failed"
+                self.end(int(msg.request), key)
+        elif structlog.is_configured():
+            log.error("message_refused", worker="decode", error=f"unexpected {msg.TYPE}")
+
+    def _live(self, request: int | str, grant: object) -> _Req | None:
+        # Exact match on both: a message about another grant of a reused key acts on nothing.
+        r = self.reqs.get(request) if isinstance(request, int) else None
+        if r is None or r.grant.id != grant:
+            return None
+        return r
+
+    def _evidence(self, msg: EvidenceMsg) -> None:
+        ev = msg.evidence
+        try:
+            self.ledger.apply(ev)
+        except EvidenceError:
+            return  # refused, logged and counted by the ledger; the worker goes on
+        gid = getattr(ev, "grant_id", None)
+        req = getattr(ev, "request", None)
+        if req is None or gid is None:
+            return
+        r = self._live(req, gid)
+        if r is None or r.ended is not None:
+            return
+        r.last_news = self.now
+        if isinstance(ev, TransferCompleted) and not r.consumed:
+            self._consume(int(req), r)
+        elif isinstance(ev, SchedulingStopped) and not r.consumed:
+            # Prefill stopped without completing: its Rejected / TransferFailed may be lost.
+            why = "rejected" if r.plan.tokens > self.cfg.faults.capacity_tokens else "failed"
+            self.end(int(req), "rejected" if why == "rejected" else "transfer_failed")
+
+    # ----------------------------------------------------------------- content checks
+
+    def _check(self, key: int, r: _Req) -> np.ndarray[Any, np.dtype[np.bool_]]:
+        w = pattern.words(key, r.grant.blocks, r.grant.generations)
+        return pattern.mismatched(self.target.array, r.grant.blocks, w, self.cfg.block_bytes)
+
+    def _consume(self, key: int, r: _Req) -> None:
+        r.consumed = True
+        bad = self._check(key, r)
+        if bad.any():
+            self.count["contaminated_blocks"] += int(bad.sum())
+            self.count["contaminated_requests"] += 1
+        self.count["kv_bytes"] += len(r.grant.blocks) * self.cfg.block_bytes
+        self._finishes.setdefault(self.now + r.plan.decode_ticks, []).append(key)
+
+    def _finish(self, key: int) -> None:
+        r = self.reqs.get(key)
+        if r is None or r.ended is not None or r.finished:
+            return
+        # A write landing after consumption corrupts the blocks while this request holds them.
+        bad = self._check(key, r)
+        if bad.any():
+            self.count["contaminated_blocks"] += int(bad.sum())
+            self.count["contaminated_requests"] += 1
+        r.finished = True
+        self.count["completed"] += 1
+        self.ledger.finish(key)
+
+    # ----------------------------------------------------------------- ending early
+
+    def end(self, key: int, why: str) -> None:
+        """The owner ends the request early: the error response may go out now; what happens
+        to the blocks is the policy's decision."""
+        r = self.reqs[key]
+        r.ended = why
+        self.count[why if why != "client_abort" else "aborted"] += 1
+        open_now = bool(self.ledger.open_grants(key))
+        # Prefill posts batch c at tick admitted+1+c and reads an abort before its tick's work.
+        posted = min(r.plan.nchunks, max(0, self.now - r.admitted))
+        if why == "rejected":
+            posted = max(posted, r.plan.stub_chunks)
+        if open_now and posted >= 1:
+            self.count["ended_mid_transfer"] += 1
+        self.ledger.reject(key, why)
+        policy = self.cfg.policy
+        if policy == "naive":
+            self._release(key, self.ledger.force_release(key, why))
+        elif policy == "timeout":
+            self.ledger.set_deadline(key, self.now + self.cfg.timeout_lease)
+            heapq.heappush(self._reaper, (self.now + self.cfg.timeout_lease, key))
+        else:
+            self.ledger.set_deadline(key, self.now + self.cfg.proof_lease)
+
+    def _release(self, key: int, _ids: object) -> None:
+        r = self.reqs.pop(key)
+        self.count["hold_ticks"] += self.now - r.admitted
+        self.count["released_requests"] += 1
+
+    # ----------------------------------------------------------------- one tick
+
+    def tick(self, n: int, peer: str, admit_more: bool) -> list[bytes]:
+        """Decode's work for tick ``n``; returns the frames to send (Tick last)."""
+        self.now = n
+        out: list[bytes] = []
+        for key in self._aborts.pop(n, []):
+            r = self.reqs.get(key)
+            if r is not None and r.ended is None and not r.finished:
+                self.end(key, "client_abort")
+                self.link.offer(encode(Abort(key, r.grant.id)), n)
+        for key in self._finishes.pop(n, []):
+            self._finish(key)
+        if self.cfg.policy != "naive":
+            self.ledger.expire(float(n))
+        while self._reaper and self._reaper[0][0] <= n:
+            _, key = heapq.heappop(self._reaper)
+            if key in self.reqs and self.ledger.state(key) is not RequestState.TRANSFER_QUIESCED:
+                # The lease reaper: the deadline passed without proof, free anyway.
+                self._release(key, self.ledger.force_release(key, "lease expired"))
+        for rkey, ids in self.ledger.collect_releasable().items():
+            self._release(int(rkey), ids)
+        self._queries(n)
+        if admit_more:
+            out.extend(self._admit(n, peer))
+        held = self.cfg.num_blocks - self.ledger.free_count()
+        self.count["peak_blocks_out"] = max(self.count["peak_blocks_out"], held)
+        out.extend(self.link.due(n))
+        out.append(encode(Tick(n)))
+        return out
+
+    def _queries(self, n: int) -> None:
+        # Lost evidence is asked for again; evidence is idempotent, so asking is always safe.
+        for key, r in self.reqs.items():
+            if r.finished or r.queries >= self.cfg.max_queries:
+                continue
+            waiting = r.ended is not None or not r.consumed
+            quiet = n - r.last_news
+            due = self.cfg.query_every if r.ended is not None else self.cfg.overdue_ticks
+            if waiting and quiet >= due and self.ledger.open_grants(key):
+                r.queries += 1
+                r.last_news = n
+                self.count["queries"] += 1
+                self.link.offer(encode(Query(key, r.grant.id)), n)
+
+    def _admit(self, n: int, peer: str) -> list[bytes]:
+        out: list[bytes] = []
+        for _ in range(self.cfg.arrivals_per_tick):
+            key = self.next_request
+            if key >= self.cfg.requests:
+                break
+            p = plan(self.cfg.seed, key, self.cfg.faults)
+            if self.ledger.free_count() < p.nblocks:
+                break  # back-pressure: the request waits for blocks
+            ids = self.ledger.allocate(key, p.nblocks)
+            # The grant exists before the addresses leave the process.
+            g = self.ledger.grant(key, peer, ids)
+            self.reqs[key] = _Req(p, g, n, last_news=n)
+            self.next_request += 1
+            if p.abort_after is not None:
+                self._aborts.setdefault(n + p.abort_after, []).append(key)
+            addrs = tuple(self.target.address(int(b) * self.cfg.block_bytes) for b in ids)
+            assign = Assign(
+                key,
+                g.id,
+                peer,
+                tuple(int(b) for b in ids),
+                tuple(int(x) for x in g.generations),
+                addrs,
+                p.tokens,
+            )
+            out.append(encode(assign))
+        return out
+
+    next_request: int = 0
+
+    # ----------------------------------------------------------------- a crashed peer
+
+    def peer_crashed(self, peer: str) -> None:
+        with contextlib.suppress(EvidenceError):  # refused and counted by the ledger
+            self.ledger.apply(PeerLost(peer))
+        for key, r in list(self.reqs.items()):
+            if r.grant.peer != peer or key not in self.reqs:
+                continue
+            if r.ended is None and not r.finished and not r.consumed:
+                self.count["lost_to_crash"] += 1
+                self.end(key, "lost_to_crash")
+
+    def idle(self) -> bool:
+        """Nothing left but quarantined requests (which wait for proof that may never come)."""
+        return all(self.ledger.state(k) is RequestState.QUARANTINED for k in self.reqs)
+
+
+def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report:
+    """One simulation; every process and socket it started is gone when it returns."""
+    import zmq
+
+    t0 = time.perf_counter()
+    target = make_target(cfg.backend, cfg.num_blocks * cfg.block_bytes)
+    ledger = BlockLedger(cfg.num_blocks)
+    worker = DecodeWorker(cfg, target, ledger)
+    expected = max(1, cfg.requests // max(1, cfg.arrivals_per_tick))
+    ctx = zmq.Context()
+    peers: list[PrefillPeer] = []
+    prefill_stats: dict[str, int] = {}
+    crashes = 0
+    n = 0
+    try:
+        peer = PrefillPeer(ctx, cfg, target, 0, expected)
+        peers.append(peer)
+        t0 = time.perf_counter()  # the run, not the process start-up
+        last_admit = 0
+        while True:
+            admitting = worker.next_request < cfg.requests
+            if admitting:
+                last_admit = n
+            elif worker.idle() or n - last_admit > cfg.drain_ticks:
+                break
+            for frame in worker.tick(n, peer.peer, admitting):
+                peer.send(frame)
+            frames = peer.until_tick_done(n, cfg.tick_timeout_s)
+            if frames is None:
+                crashes += 1
+                if progress is not None:
+                    progress(f"tick {n}: {peer.peer} crashed; starting another")
+                worker.peer_crashed(peer.peer)
+                peer.close()
+                peer = PrefillPeer(ctx, cfg, target, peer.incarnation + 1, expected)
+                peers.append(peer)
+            else:
+                worker.receive(frames)
+            n += 1
+        peer.stop()
+        for k, v in peer.stats.items():
+            prefill_stats[k] = prefill_stats.get(k, 0) + v
+    finally:
+        for p in peers:
+            p.close()
+        ctx.term()
+        wall = time.perf_counter() - t0
+        target.close()
+    st = ledger.stats()
+    quarantined = st.blocks_by_state.get(BlockState.QUARANTINED.label, 0)
+    free = st.blocks_by_state.get(BlockState.FREE.label, 0)
+    c = worker.count
+    return Report(
+        backend=cfg.backend,
+        policy=cfg.policy,
+        seed=cfg.seed,
+        requests=worker.next_request,
+        completed=c["completed"],
+        aborted=c["aborted"],
+        rejected=c["rejected"],
+        transfer_failed=c["transfer_failed"],
+        lost_to_crash=c["lost_to_crash"],
+        ended_mid_transfer=c["ended_mid_transfer"],
+        contaminated_blocks=c["contaminated_blocks"],
+        contaminated_requests=c["contaminated_requests"],
+        leaked_blocks=cfg.num_blocks - free - quarantined,
+        quarantined_blocks=quarantined,
+        quarantined_requests=len(st.quarantined),
+        unsafe_releases=st.unsafe_releases,
+        refused_evidence=dict(st.refused_evidence),
+        malformed_refused=c["malformed_refused"] + prefill_stats.get("malformed_refused", 0),
+        prefill_crashes=crashes,
+        queries=c["queries"],
+        ticks=n,
+        wall_s=round(wall, 3),
+        requests_per_s=round(worker.next_request / wall, 1) if wall > 0 else 0.0,
+        kv_bytes=c["kv_bytes"],
+        gb_per_s=round(c["kv_bytes"] / wall / 1e9, 4) if wall > 0 else 0.0,
+        mean_hold_ticks=round(c["hold_ticks"] / max(1, c["released_requests"]), 3),
+        peak_blocks_out=c["peak_blocks_out"],
+        num_blocks=cfg.num_blocks,
+        block_bytes=cfg.block_bytes,
+        prefill=prefill_stats,
+    )

@@ -1,0 +1,139 @@
+"""The harness report: what happened to the requests and to the blocks, as text and JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen(slots=True)
+class Report:
+    """One run's figures. ``contaminated_blocks`` is counted by content, never estimated."""
+
+    backend: str
+    policy: str
+    seed: int
+    requests: int  # admitted
+    completed: int  # consumed and finished normally
+    aborted: int  # by the client
+    rejected: int  # by prefill admission, after the addresses were sent
+    transfer_failed: int  # a batch reported FAILED
+    lost_to_crash: int  # live when the prefill worker crashed
+    ended_mid_transfer: int  # aborted/rejected/failed with a batch posted and the grant open
+    contaminated_blocks: int  # consumed (or held) with another owner's bytes in them
+    contaminated_requests: int
+    leaked_blocks: int  # out of the pool at the end, neither quarantined nor held
+    quarantined_blocks: int  # out of circulation at the end, waiting for proof that can't come
+    quarantined_requests: int
+    unsafe_releases: int  # force_release of a request with an open grant
+    refused_evidence: Mapping[str, int]  # ledger refusals by kind (stale, mismatched, ...)
+    malformed_refused: int  # garbage frames refused by either worker
+    prefill_crashes: int
+    queries: int  # evidence re-requested after a loss
+    ticks: int
+    wall_s: float
+    requests_per_s: float
+    kv_bytes: int  # bytes of KV consumed by decode
+    gb_per_s: float
+    mean_hold_ticks: float  # allocation to release, released requests
+    peak_blocks_out: int  # most blocks out of the pool at once
+    num_blocks: int
+    block_bytes: int
+    prefill: Mapping[str, int]  # counters of the prefill incarnations that exited cleanly
+
+    @property
+    def mid_transfer_ratio(self) -> float:
+        return self.ended_mid_transfer / self.requests if self.requests else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = attrs.asdict(self)
+        d["mid_transfer_ratio"] = round(self.mid_transfer_ratio, 4)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def timing_free(self) -> dict[str, Any]:
+        """Everything but wall-clock figures: equal for equal seeds (reproducibility)."""
+        d = self.to_dict()
+        for k in ("wall_s", "requests_per_s", "gb_per_s"):
+            d.pop(k)
+        return d
+
+    def to_text(self) -> str:
+        rows = [
+            ("requests", self.requests),
+            ("completed", self.completed),
+            ("aborted (client)", self.aborted),
+            ("rejected (admission)", self.rejected),
+            ("transfer failed", self.transfer_failed),
+            ("lost to prefill crash", self.lost_to_crash),
+            (
+                "ended mid-transfer",
+                f"{self.ended_mid_transfer} ({100 * self.mid_transfer_ratio:.1f}%)",
+            ),
+            ("contaminated blocks", self.contaminated_blocks),
+            ("contaminated requests", self.contaminated_requests),
+            ("leaked blocks", self.leaked_blocks),
+            ("quarantined blocks", f"{self.quarantined_blocks} ({self.quarantined_requests} req)"),
+            ("unsafe releases", self.unsafe_releases),
+            ("refused evidence", sum(self.refused_evidence.values())),
+            ("malformed frames refused", self.malformed_refused),
+            ("evidence queries", self.queries),
+            ("ticks", self.ticks),
+            ("wall time", f"{self.wall_s:.2f} s"),
+            ("requests/s", f"{self.requests_per_s:.0f}"),
+            ("KV consumed", f"{self.kv_bytes / 2**20:.1f} MiB ({self.gb_per_s:.3f} GB/s)"),
+            ("mean block hold", f"{self.mean_hold_ticks:.2f} ticks"),
+            ("peak blocks out", f"{self.peak_blocks_out} of {self.num_blocks}"),
+        ]
+        width = max(len(k) for k, _ in rows)
+        head = f"kvlifetime simulate: backend={self.backend} policy={self.policy} seed={self.seed}"
+        return "\n".join([head, *(f"  {k:<{width}}  {v}" for k, v in rows)]) + "\n"
+
+
+COMPARE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("policy", "policy"),
+    ("requests", "requests"),
+    ("mid-transfer", "ended_mid_transfer"),
+    ("contaminated", "contaminated_blocks"),
+    ("leaked", "leaked_blocks"),
+    ("quarantined", "quarantined_blocks"),
+    ("unsafe releases", "unsafe_releases"),
+    ("req/s", "requests_per_s"),
+    ("GB/s", "gb_per_s"),
+    ("hold (ticks)", "mean_hold_ticks"),
+)
+
+
+def compare_markdown(reports: Sequence[Report]) -> str:
+    """The policies side by side, and what the proof policy costs against naive."""
+    head = "| backend | " + " | ".join(c for c, _ in COMPARE_COLUMNS) + " |"
+    sep = "| --- " * (len(COMPARE_COLUMNS) + 1) + "|"
+    lines = [head, sep]
+    for r in reports:
+        d = r.to_dict()
+        cells = []
+        for _c, k in COMPARE_COLUMNS:
+            v = d[k]
+            if k == "ended_mid_transfer":
+                v = f"{v} ({100 * r.mid_transfer_ratio:.1f}%)"
+            elif isinstance(v, float):
+                v = f"{v:.3f}" if k == "gb_per_s" else f"{v:.1f}"
+            cells.append(str(v))
+        lines.append(f"| {r.backend} | " + " | ".join(cells) + " |")
+    out = "\n".join(lines) + "\n"
+    by = {r.policy: r for r in reports}
+    naive, proof = by.get("naive"), by.get("proof")
+    if naive is not None and proof is not None and naive.requests_per_s > 0:
+        hold = proof.mean_hold_ticks / max(naive.mean_hold_ticks, 1e-9)
+        out += (
+            f"\nproof vs naive: {proof.requests_per_s / naive.requests_per_s:.2f}x the "
+            f"throughput, blocks held {hold:.2f}x"
+            f" as long, {proof.quarantined_blocks} blocks quarantined instead of "
+            f"{naive.contaminated_blocks} contaminated\n"
+        )
+    return out
