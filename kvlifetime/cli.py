@@ -192,12 +192,30 @@ def run_demo(
             path = out / f"{m}.{suffix}"
             write_text(path, render(m, fmt), log)
             written.append(path)
+    from kvlifetime.harness.simulate import demo_harness
+
+    written += demo_harness(out, backend, stream)
     stream.write("\n" + "".join(f"wrote {p}\n" for p in written))
     return 0
 
 
 def _run_demo(args: argparse.Namespace) -> int:
     return run_demo(args.out, args.backend, log=args.log)
+
+
+# --------------------------------------------------------------------------- simulate
+
+
+def _add_simulate(p: argparse.ArgumentParser) -> None:
+    from kvlifetime.harness.simulate import add_arguments
+
+    add_arguments(p)
+
+
+def _run_simulate(args: argparse.Namespace) -> int:
+    from kvlifetime.harness.simulate import run_command
+
+    return run_command(args)
 
 
 # --------------------------------------------------------------------------- registry
@@ -213,6 +231,12 @@ COMMANDS: list[Command] = [
     Command("evidence", "print the evidence x claim matrix", _add_evidence, _run_evidence),
     Command("docs", "write the generated documents into a folder", _add_docs, _run_docs),
     Command("demo", "show the contract: tables, claims, diagrams", _add_demo, _run_demo),
+    Command(
+        "simulate",
+        "run prefill/decode disaggregation with faults under a release policy",
+        _add_simulate,
+        _run_simulate,
+    ),
 ]
 """Every subcommand, in help order. Append new ones here (see the module docstring)."""
 

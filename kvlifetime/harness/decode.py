@@ -34,6 +34,7 @@ from kvlifetime.grant import Grant
 from kvlifetime.harness import pattern
 from kvlifetime.harness.faults import FaultConfig, FaultyLink, RequestPlan, crash_tick, plan
 from kvlifetime.harness.report import Report
+from kvlifetime.harness.simulate import BACKENDS, POLICIES
 from kvlifetime.harness.transfer import TargetMemory
 from kvlifetime.harness.wire import (
     Abort,
@@ -55,9 +56,6 @@ from kvlifetime.ledger import BlockLedger
 from kvlifetime.machines import BlockState, RequestState
 
 log = structlog.get_logger("kvlifetime")
-
-POLICIES: tuple[str, ...] = ("naive", "timeout", "proof")
-BACKENDS: tuple[str, ...] = ("inproc", "mooncake")
 
 
 class PeerFailed(KVLifetimeError):

@@ -1,0 +1,98 @@
+"""``kvlifetime simulate`` and the harness part of ``kvlifetime demo``.
+
+Light at import time on purpose: the CLI builds its parser from here for every command, and
+``kvlifetime table`` must not pay for numpy, ZeroMQ or a transfer engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from kvlifetime.harness.report import Report
+
+POLICIES: tuple[str, ...] = ("naive", "timeout", "proof")
+BACKENDS: tuple[str, ...] = ("inproc", "mooncake")
+DEMO_REQUESTS = 10_000
+DEMO_SEED = 2026
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=BACKENDS, default="inproc")
+    p.add_argument("--policy", choices=POLICIES, default="proof")
+    p.add_argument("--requests", type=int, default=1000, metavar="N")
+    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--json", action="store_true", help="end with the report as one JSON line")
+
+
+def _require_backend(backend: str) -> None:
+    if backend == "mooncake":
+        from kvlifetime.adapters.mooncake import mooncake_available
+        from kvlifetime.errors import UsageError
+
+        if not mooncake_available():
+            raise UsageError(
+                "backend mooncake needs mooncake-transfer-engine-non-cuda (pip install "
+                "'kvlifetime[mooncake]') and Debian's libibverbs1"
+            )
+
+
+def simulate(
+    backend: str, policy: str, requests: int, seed: int, stream: TextIO | None = None
+) -> Report:
+    from kvlifetime.harness.decode import SimConfig, run
+
+    _require_backend(backend)
+    err = sys.stderr if stream is None else stream
+    cfg = SimConfig(backend=backend, policy=policy, requests=requests, seed=seed)
+    return run(cfg, progress=lambda line: print(line, file=err, flush=True))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    report = simulate(args.backend, args.policy, args.requests, args.seed)
+    sys.stdout.write(report.to_text())
+    if args.json:
+        sys.stdout.write(report.to_json() + "\n")  # the last line of output
+    return 0
+
+
+def demo_harness(
+    out: Path,
+    backend: str,
+    stream: TextIO,
+    *,
+    requests: int = DEMO_REQUESTS,
+    seed: int = DEMO_SEED,
+    policies: Sequence[str] = POLICIES,
+) -> list[Path]:
+    """Run the harness once per policy under one seed; write out/report.txt and report.json."""
+    from kvlifetime.harness.report import compare_markdown
+
+    reports = []
+    for policy in policies:
+        stream.write(f"\nsimulating {requests} requests, backend {backend}, policy {policy} ...\n")
+        stream.flush()
+        r = simulate(backend, policy, requests, seed, stream)
+        stream.write(r.to_text())
+        reports.append(r)
+    table = compare_markdown(reports)
+    stream.write("\n" + table)
+    out.mkdir(parents=True, exist_ok=True)
+    txt = out / "report.txt"
+    txt.write_text(
+        "".join(r.to_text() + "\n" for r in reports) + table, encoding="utf-8", newline="\n"
+    )
+    js = out / "report.json"
+    js.write_text(
+        json.dumps([r.to_dict() for r in reports], indent=2, sort_keys=True) + "\n",
+        encoding="utf-8",
+        newline="\n",
+    )
+    md = out / "harness-table.md"
+    md.write_text(table, encoding="utf-8", newline="\n")
+    return [txt, js, md]
