@@ -170,7 +170,11 @@ def _section(title: str, body: str, stream: TextIO) -> None:
 
 
 def run_demo(
-    out: Path, backend: str, stream: TextIO | None = None, log: Logger | None = None
+    out: Path,
+    backend: str,
+    stream: TextIO | None = None,
+    log: Logger | None = None,
+    harness_requests: int | None = None,
 ) -> int:
     """The demo: the contract as tables and pictures, then (later) a run of the harness.
 
@@ -192,9 +196,10 @@ def run_demo(
             path = out / f"{m}.{suffix}"
             write_text(path, render(m, fmt), log)
             written.append(path)
-    from kvlifetime.harness.simulate import demo_harness
+    from kvlifetime.harness.simulate import DEMO_REQUESTS, demo_harness
 
-    written += demo_harness(out, backend, stream)
+    n = DEMO_REQUESTS if harness_requests is None else harness_requests
+    written += demo_harness(out, backend, stream, requests=n)
     stream.write("\n" + "".join(f"wrote {p}\n" for p in written))
     return 0
 

@@ -82,6 +82,7 @@ class SimConfig:
     overdue_ticks: int = 48  # an admitted request with no news for this long is queried
     drain_ticks: int = 400  # at most this many ticks after the last admission
     tick_timeout_s: float = 30.0  # no TickDone for this long: the peer is hung, stop it
+    max_restarts: int = 3  # prefill crashes tolerated before the run gives up (PeerFailed)
     faults: FaultConfig = attrs.field(factory=FaultConfig)
 
     def __attrs_post_init__(self) -> None:
@@ -485,6 +486,8 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
                     progress(f"tick {n}: {peer.peer} crashed; starting another")
                 worker.peer_crashed(peer.peer)
                 peer.close()
+                if crashes > cfg.max_restarts:
+                    raise PeerFailed(f"prefill crashed {crashes} times; giving up")
                 peer = PrefillPeer(ctx, cfg, target, peer.incarnation + 1, expected)
                 peers.append(peer)
             else:

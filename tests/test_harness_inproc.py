@@ -1,0 +1,110 @@
+"""The harness end to end on the in-process engine: a real prefill process, real sockets."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from kvlifetime.harness.decode import SimConfig, run
+from kvlifetime.harness.report import Report
+
+SEED = 11
+N = 1500
+
+
+def _children() -> list[int]:
+    """Processes whose parent is this one (the harness must leave none behind)."""
+    me = str(os.getpid())
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] != me or fields[0] == "Z":
+            continue
+        # multiprocessing's own resource tracker lives as long as this process: not ours.
+        if b"resource_tracker" in (d / "cmdline").read_bytes():
+            continue
+        out.append(int(d.name))
+    return out
+
+
+_cache: dict[tuple[str, int], Report] = {}
+
+
+def report(policy: str, seed: int = SEED) -> Report:
+    key = (policy, seed)
+    if key not in _cache:
+        _cache[key] = run(SimConfig(policy=policy, requests=N, seed=seed))
+    return _cache[key]
+
+
+def test_proof_policy_has_no_contamination_and_no_leak() -> None:
+    r = report("proof")
+    assert r.requests == N
+    assert r.ended_mid_transfer / r.requests >= 0.20
+    assert r.contaminated_blocks == 0
+    assert r.leaked_blocks == 0
+    assert r.unsafe_releases == 0
+    assert r.prefill_crashes == 1  # the fault model includes one crash
+    assert r.quarantined_blocks > 0  # crash victims and FAILED batches: out, counted
+
+
+def test_naive_policy_is_contaminated_under_the_same_seed() -> None:
+    r = report("naive")
+    assert r.contaminated_blocks > 0
+    assert r.unsafe_releases > 0
+    assert r.quarantined_blocks == 0
+
+
+def test_timeout_policy_is_contaminated_when_delays_exceed_the_lease() -> None:
+    r = report("timeout")
+    assert r.contaminated_blocks > 0
+    assert r.leaked_blocks == 0
+
+
+def test_same_seed_same_figures() -> None:
+    first = report("proof").timing_free()
+    again = run(SimConfig(policy="proof", requests=N, seed=SEED)).timing_free()
+    assert first == again
+
+
+def test_faults_are_exercised() -> None:
+    r = report("proof")
+    assert r.aborted > 0 and r.rejected > 0 and r.transfer_failed > 0 and r.lost_to_crash > 0
+    assert r.malformed_refused > 0 or r.prefill.get("link_garbage", 0) >= 0
+    assert sum(r.refused_evidence.values()) > 0  # duplicates after release: stale, refused
+
+
+def test_no_process_left_behind() -> None:
+    run(SimConfig(policy="naive", requests=200, seed=3))
+    assert multiprocessing.active_children() == []
+    assert _children() == []
+
+
+def test_a_peer_that_keeps_crashing_is_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvlifetime.harness import decode
+
+    # Every incarnation dies at its first tick: the run gives up, and reaps every process.
+    monkeypatch.setattr(decode, "crash_tick", lambda *a: 0)
+    with pytest.raises(decode.PeerFailed):
+        run(SimConfig(requests=100, max_restarts=2))
+    assert multiprocessing.active_children() == []
+    assert _children() == []
+
+
+def test_simulate_cli_json_is_the_last_line(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from kvlifetime.cli import main
+
+    assert main(["simulate", "--requests", "200", "--seed", "5", "--json"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    d = json.loads(lines[-1])
+    assert d["policy"] == "proof" and d["requests"] == 200 and d["contaminated_blocks"] == 0
