@@ -1,0 +1,354 @@
+"""Breadth-first exhaustive exploration of ``model`` over the real ledger.
+
+Breadth first, so the first violation found is a shortest one (fewest events). States are
+deduplicated by a *canonical key*; with ``reduce=True`` the key forgets what cannot change the
+future, so states that differ only in names are explored once:
+
+- **requests** are anonymous: the key lists the unreleased requests as a sorted multiset of
+  descriptors (owner phase, ledger state, block count, grants), so which key (``r1``/``r2``) a
+  request got does not matter;
+- **blocks** are anonymous: a block appears only through the request holding it, and a grant's
+  generations only as "a write would land on a later generation" (computed from the ledger's
+  generation array, never assumed), so block ids, free-list order and absolute generation
+  numbers drop out;
+- **peers** are symmetric: the key is the least over every renaming of the peers;
+- **grants** are renumbered in the order of their requests' descriptors; messages refer to that
+  order.
+
+Two states with one key are the same state up to renaming requests, blocks and peers, and the
+ledger and the environment treat names only through equality: their futures are the same up to
+that renaming, so the invariants (stated without names) hold in both or in neither.
+``reduce=False`` keys states by the ledger's own ``fingerprint()`` plus the concrete
+environment, which measures the reduction's factor on the same configuration.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from kvlifetime.verify.model import (
+    INVARIANTS,
+    RELEASED,
+    Broken,
+    Config,
+    Event,
+    Fault,
+    Policy,
+    State,
+    Violation,
+    check_quiet,
+    describe_event,
+    enabled,
+    initial,
+    step,
+)
+
+
+@attrs.frozen(slots=True)
+class Step:
+    """One numbered step of a counterexample."""
+
+    number: int
+    event: Event
+    label: str  # what happened, in a few words
+    notes: tuple[str, ...]  # what it did, line by line
+
+
+@attrs.frozen(slots=True)
+class Result:
+    config: Config
+    policy: Policy
+    reduced: bool
+    states: int  # distinct states explored (after deduplication)
+    transitions: int  # successor states computed
+    seconds: float
+    max_depth: int
+    complete: bool  # False: stopped at a violation or at max_states
+    violation: Violation | None
+    trace: tuple[Step, ...]
+
+    @property
+    def verdict(self) -> str:
+        if self.violation is not None:
+            return "violation"
+        return "pass" if self.complete else "incomplete"
+
+    @property
+    def states_per_second(self) -> float:
+        return self.states / self.seconds if self.seconds > 0 else float(self.states)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "policy": self.policy.value,
+            "config": self.config.describe(),
+            "reduction": self.reduced,
+            "states": self.states,
+            "transitions": self.transitions,
+            "seconds": round(self.seconds, 3),
+            "states_per_second": round(self.states_per_second, 1),
+            "max_depth": self.max_depth,
+            "complete": self.complete,
+            "violation": None
+            if self.violation is None
+            else {
+                "invariant": self.violation.invariant,
+                "statement": INVARIANTS[self.violation.invariant],
+                "message": self.violation.message,
+            },
+            "trace": [
+                {"step": s.number, "event": s.event.to_list(), "label": s.label, "notes": list(s.notes)}
+                for s in self.trace
+            ],
+        }
+
+    def to_text(self) -> str:
+        c = self.config
+        lines = [
+            f"kvlifetime verify: policy {self.policy.value}, {c.requests} requests x {c.peers} "
+            f"peers x {c.blocks} blocks, faults: "
+            + (",".join(sorted(f.value for f in c.faults)) or "none"),
+            f"states explored: {self.states} ({self.transitions} transitions, depth "
+            f"{self.max_depth}, reduction {'on' if self.reduced else 'off'})",
+            f"time: {self.seconds:.2f} s, {self.states_per_second:,.0f} states/s",
+        ]
+        if self.violation is None:
+            if self.complete:
+                lines.append(
+                    "verdict: PASS: every reachable state keeps "
+                    + ", ".join(k for k in INVARIANTS if k != "ledger_error")
+                )
+            else:
+                lines.append("verdict: INCOMPLETE: stopped at --max-states before the end")
+            return "\n".join(lines) + "\n"
+        v = self.violation
+        lines.append(f"verdict: VIOLATION of {v.invariant} ({INVARIANTS[v.invariant]})")
+        lines.append(f"  {v.message}")
+        lines.append(f"shortest counterexample ({len(self.trace)} steps):")
+        for s in self.trace:
+            lines.append(f"  {s.number:>2}. {s.label}")
+            for n in s.notes:
+                lines.append(f"        {n}")
+        return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ state keys
+
+
+def _perms(n: int) -> list[tuple[int, ...]]:
+    return list(itertools.permutations(range(n)))
+
+
+def canonical_key(state: State, config: Config, perms: list[tuple[int, ...]]) -> Any:
+    """The state up to renaming requests, blocks and peers (see the module docstring)."""
+    env = state.env
+    snap = state.snap
+    reorder = Fault.REORDER in config.faults
+    best: Any = None
+    # What does not depend on the peer renaming, once.
+    base: list[tuple[Any, ...]] = []
+    for g in env.grants:
+        req = env.reqs[g.req]
+        proof = () if req.phase == RELEASED else snap.proof(g.grant)
+        base.append(
+            (
+                g.transfers,
+                snap.stale(g.grant),
+                g.cancelled,
+                g.stopped,
+                g.quiesced_sent,
+                g.lease_fired,
+                g.retries,
+                proof,
+            )
+        )
+    rstates = [(r.phase, "" if r.phase == RELEASED else snap.state(r.key)) for r in env.reqs]
+    for perm in perms:
+        gdesc = [(perm[g.peer], *base[gi]) for gi, g in enumerate(env.grants)]
+        reqs: list[tuple[Any, list[int]]] = []
+        orphans: list[tuple[Any, int]] = []
+        for ri, r in enumerate(env.reqs):
+            if r.phase == RELEASED:
+                orphans.extend((gdesc[gi], gi) for gi in r.grants)
+                continue
+            gs = sorted(r.grants, key=lambda gi: gdesc[gi])
+            reqs.append(((*rstates[ri], len(r.blocks), tuple(gdesc[gi] for gi in gs)), gs))
+        reqs.sort(key=lambda t: t[0])
+        orphans.sort(key=lambda t: t[0])
+        order = [gi for _, gs in reqs for gi in gs] + [gi for _, gi in orphans]
+        cidx = {gi: n for n, gi in enumerate(order)}
+        msgs = [
+            (m.dest, perm[m.peer], m.kind, cidx[m.grant], m.value, m.dupable, m.delayed)
+            for m in env.msgs
+        ]
+        # FIFO channels keep their order; which channel comes first does not matter.
+        msgs.sort() if reorder else msgs.sort(key=lambda m: (m[0], m[1]))
+        inv = [0] * len(perm)
+        for old, new in enumerate(perm):
+            inv[new] = old
+        peers = tuple(
+            (env.peers[o].crashed, env.peers[o].fenced, env.peers[o].lost_reported) for o in inv
+        )
+        key = (
+            env.admitted,
+            env.dups_left,
+            env.delays_left,
+            env.losses_left,
+            env.crashes_left,
+            peers,
+            tuple(d for d, _ in reqs),
+            tuple(d for d, _ in orphans),
+            tuple(msgs),
+        )
+        if best is None or key < best:
+            best = key
+    return best
+
+
+def concrete_key(state: State, config: Config, perms: list[tuple[int, ...]]) -> Any:
+    """Without reduction: the ledger's own fingerprint and the environment as it is."""
+    env = state.env
+    grants = tuple(
+        (
+            g.grant.id.serial,
+            g.req,
+            g.peer,
+            g.transfers,
+            g.cancelled,
+            g.stopped,
+            g.quiesced_sent,
+            g.lease_fired,
+            g.retries,
+        )
+        for g in env.grants
+    )
+    return (
+        state.snap.ledger.fingerprint(),
+        env.reqs,
+        grants,
+        env.msgs,
+        env.peers,
+        env.admitted,
+        env.dups_left,
+        env.delays_left,
+        env.losses_left,
+        env.crashes_left,
+    )
+
+
+# ------------------------------------------------------------------ the search
+
+
+def explore(
+    config: Config,
+    policy: Policy,
+    *,
+    reduce: bool = True,
+    max_states: int | None = None,
+    checked: bool = False,
+    progress: Callable[[int, int, float], None] | None = None,
+) -> Result:
+    """Explore every state reachable under ``config``; stop at the shortest violation."""
+    t0 = time.perf_counter()
+    perms = _perms(config.peers) if reduce else [tuple(range(config.peers))]
+    keyf = canonical_key if reduce else concrete_key
+    root = initial(config, checked=checked)
+    rkey = keyf(root, config, perms)
+    # key -> (parent key, event taken from the parent's stored state); the root maps to None.
+    parents: dict[Any, tuple[Any, Event] | None] = {rkey: None}
+    queue: collections.deque[tuple[State, Any, int]] = collections.deque([(root, rkey, 0)])
+    transitions = 0
+    max_depth = 0
+    found: tuple[Violation, Any, Event | None, list[str], int] | None = None
+    while queue:
+        state, key, depth = queue.popleft()
+        if found is not None and depth >= found[4]:
+            break  # every shorter counterexample has been looked for
+        max_depth = max(max_depth, depth)
+        events = enabled(state, config)
+        if not events:
+            v = check_quiet(state)
+            if v is not None:
+                found = (v, key, None, [], depth)
+                break
+            continue
+        if found is not None:
+            continue  # only quiet states of this depth can still give a shorter one
+        for ev in events:
+            transitions += 1
+            try:
+                nxt, _notes = step(state, ev, config, policy)
+            except Broken as b:
+                found = (b.violation, key, ev, b.notes, depth + 1)
+                break
+            nkey = keyf(nxt, config, perms)
+            if nkey in parents:
+                continue
+            parents[nkey] = (key, ev)
+            queue.append((nxt, nkey, depth + 1))
+            if max_states is not None and len(parents) >= max_states:
+                queue.clear()
+                break
+        if progress is not None and len(parents) % 4096 < len(events):
+            progress(len(parents), depth, time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    complete = found is None and (max_states is None or len(parents) < max_states)
+    trace: tuple[Step, ...] = ()
+    violation = None
+    if found is not None:
+        violation = found[0]
+        trace = _trace(config, policy, parents, found[1], found[2], checked)
+    return Result(
+        config,
+        policy,
+        reduce,
+        len(parents),
+        transitions,
+        seconds,
+        max_depth,
+        complete,
+        violation,
+        trace,
+    )
+
+
+def _trace(
+    config: Config,
+    policy: Policy,
+    parents: dict[Any, tuple[Any, Event] | None],
+    key: Any,
+    last: Event | None,
+    checked: bool,
+) -> tuple[Step, ...]:
+    """Rebuild the path to ``key`` (then ``last``) and replay it to get readable notes."""
+    events: list[Event] = [] if last is None else [last]
+    link = parents[key]
+    while link is not None:
+        pkey, ev = link
+        events.append(ev)
+        link = parents[pkey]
+    events.reverse()
+    return readable_steps(config, policy, events, checked=checked)
+
+
+def readable_steps(
+    config: Config, policy: Policy, events: list[Event], *, checked: bool = False
+) -> tuple[Step, ...]:
+    """Replay ``events`` from the initial state and describe each one."""
+    state = initial(config, checked=checked)
+    out: list[Step] = []
+    for i, ev in enumerate(events):
+        label = describe_event(state, ev)
+        try:
+            state, notes = step(state, ev, config, policy)
+        except Broken as b:
+            out.append(Step(i + 1, ev, label, (*b.notes, f"VIOLATION: {b.violation.message}")))
+            break
+        out.append(Step(i + 1, ev, label, tuple(notes)))
+    return tuple(out)

@@ -1,0 +1,832 @@
+"""The environment around a real ``BlockLedger``: requests, peers, a faulty control channel.
+
+The explorer (``explore.py``) never models the ledger: every owner call and every piece of
+evidence goes to a real ``BlockLedger``, copied before it changes (``BlockLedger.copy``). What is
+modelled here is only what the ledger cannot see — the peers, their transfers, the messages on
+the wire — and the *release policy* of the engine around it:
+
+- ``naive``: the engine frees the blocks when it rejects / aborts the request (the error response
+  is read as the end of the blocks' life);
+- ``timeout``: the engine frees the blocks when a deadline passes (a lease reaper:
+  ``force_release`` of every quarantined request);
+- ``proof``: the engine frees only what ``collect_releasable()`` returns.
+
+Every policy also calls ``collect_releasable()`` after each step (the scheduler loop): they
+differ only in the extra, unsafe releases.
+
+Why the peers behave as they do (notes/mooncake-tcp-semantics.md): a transfer that reported
+FAILED may still land later; a crashed peer's transfers already in flight still land unless it
+was fenced; only fencing (``AccessRevoked``) stops them, atomically with the evidence.
+
+A state is immutable: ``step`` returns a new one. Steps that do not touch the ledger (a peer
+posts, a transfer lands, a message is duplicated) share the parent's ledger object, so most
+successors cost no ledger copy at all.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from kvlifetime.errors import EvidenceError, KVLifetimeError, StaleEvidence
+from kvlifetime.evidence import (
+    AccessRevoked,
+    CancelReceived,
+    Evidence,
+    LeaseExpired,
+    PeerLost,
+    SchedulingStopped,
+    TransferCompleted,
+    TransferQuiesced,
+)
+from kvlifetime.grant import Access, Grant
+from kvlifetime.ledger import BlockLedger
+from kvlifetime.machines import BlockState, RequestState
+
+INCARNATION = "verify"  # fixed, so that a replayed trace issues the same grant ids
+
+
+class Policy(enum.Enum):
+    """When the engine around the ledger lets blocks go back to the pool."""
+
+    NAIVE = "naive"  # release on rejection / abort
+    TIMEOUT = "timeout"  # release when a deadline passes (lease reaper)
+    PROOF = "proof"  # release only what the evidence proves (collect_releasable)
+
+
+class Fault(enum.Enum):
+    """What the environment may do wrong. Each one adds events; none removes any."""
+
+    REORDER = "reorder"  # messages overtake each other (else FIFO per channel)
+    DUPLICATE = "duplicate"  # a message is delivered twice
+    DELAY = "delay"  # a message waits while anything else happens (else delivered first)
+    LOSS = "loss"  # a message is dropped
+    CRASH = "crash"  # a peer stops; its transfers in flight still land; PeerLost may follow
+    FENCE = "fence"  # a crashed peer is fenced: AccessRevoked, its transfers never land
+    TIMEOUT = "timeout"  # a lease expires while the peer may still be working
+    RETRY = "retry"  # the owner re-sends a cancel; the peer answers with what it knows now
+    FAIL = "fail"  # a transfer reports FAILED and may still land later
+
+
+ALL_FAULTS: frozenset[Fault] = frozenset(Fault)
+
+
+def parse_faults(text: str) -> frozenset[Fault]:
+    """``"reorder,loss"``, ``"all"`` or ``"none"`` / ``""``. Unknown names raise ``ValueError``."""
+    text = text.strip()
+    if text in ("", "none"):
+        return frozenset()
+    if text == "all":
+        return ALL_FAULTS
+    out: set[Fault] = set()
+    for name in text.split(","):
+        name = name.strip()
+        try:
+            out.add(Fault(name))
+        except ValueError:
+            known = ", ".join(f.value for f in Fault)
+            raise ValueError(f"unknown fault {name!r} (known: {known}, all, none)") from None
+    if Fault.FENCE in out:
+        out.add(Fault.CRASH)  # only a crashed peer is fenced
+    return frozenset(out)
+
+
+@attrs.frozen(slots=True)
+class Config:
+    """The bounds of one exploration. Every bound keeps the state space finite."""
+
+    requests: int = 2  # requests ever admitted (a later one reuses an earlier one's blocks)
+    peers: int = 2
+    blocks: int = 2
+    faults: frozenset[Fault] = ALL_FAULTS
+    blocks_per_request: int = 1
+    transfers_per_grant: int = 1  # numbered transfers a peer may post per grant
+    max_duplicates: int = 1  # duplicated messages, in the whole run
+    max_delays: int = 1  # messages held back while anything else happens, in the whole run
+    max_losses: int = 1  # lost messages, in the whole run
+    max_crashes: int = 1  # crashed peers, in the whole run
+    max_retries: int = 1  # re-sent cancels per grant
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("requests", "peers", "blocks", "blocks_per_request"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        for name in (
+            "transfers_per_grant",
+            "max_duplicates",
+            "max_delays",
+            "max_losses",
+            "max_crashes",
+            "max_retries",
+        ):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        if self.blocks_per_request > self.blocks:
+            raise ValueError("blocks_per_request must be <= blocks")
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "peers": self.peers,
+            "blocks": self.blocks,
+            "faults": sorted(f.value for f in self.faults),
+            "blocks_per_request": self.blocks_per_request,
+            "transfers_per_grant": self.transfers_per_grant,
+            "max_duplicates": self.max_duplicates,
+            "max_delays": self.max_delays,
+            "max_losses": self.max_losses,
+            "max_crashes": self.max_crashes,
+            "max_retries": self.max_retries,
+        }
+
+
+# ------------------------------------------------------------------ environment state
+
+# Request phases on the owner's side (the ledger has its own, finer states).
+LIVE, FINISHED, REJECTED, RELEASED = "live", "finished", "rejected", "released"
+
+# Transfer status codes, per numbered transfer of a grant.
+IN_FLIGHT = 0  # posted; will touch the blocks when it lands
+FAILED = 1  # reported FAILED, yet may still land (Mooncake: a FAILED batch keeps writing)
+LANDED = 2  # wrote and ended; the peer saw it complete
+LANDED_UNSEEN = 3  # a FAILED transfer that landed: the peer never learns that it ended
+KILLED = 4  # fenced before it landed: it never touches memory
+
+TO_PEER, TO_LEDGER = 0, 1
+
+
+@attrs.frozen(slots=True)
+class ReqSide:
+    key: str
+    phase: str  # LIVE / FINISHED / REJECTED / RELEASED
+    blocks: tuple[int, ...]  # what allocate returned
+    grants: tuple[int, ...]  # env grant indices, one per peer granted
+
+
+@attrs.frozen(slots=True)
+class GrantSide:
+    """One grant as the peer and the wire see it (the ledger keeps its own record)."""
+
+    grant: Grant = attrs.field(eq=False)
+    req: int  # index in Env.reqs
+    peer: int
+    transfers: tuple[int, ...] = ()  # status per sequence number (seq = index + 1)
+    cancelled: bool = False  # the peer received a cancel
+    stopped: bool = False  # the peer stopped scheduling (and said so)
+    quiesced_sent: bool = False  # TransferQuiesced / TransferCompleted sent
+    lease_fired: bool = False
+    retries: int = 0
+
+
+@attrs.frozen(slots=True)
+class PeerSide:
+    crashed: bool = False
+    fenced: bool = False
+    lost_reported: bool = False
+
+
+@attrs.frozen(slots=True)
+class Msg:
+    dest: int  # TO_PEER (a cancel) or TO_LEDGER (evidence)
+    peer: int
+    kind: str  # "Cancel" or an evidence class name
+    grant: int  # env grant index
+    value: int  # last_seq / through_seq; 0 otherwise
+    dupable: bool = True  # a message is duplicated at most once
+    delayed: bool = False  # held back: it no longer has to arrive before anything else
+
+
+@attrs.frozen(slots=True)
+class Env:
+    reqs: tuple[ReqSide, ...] = ()
+    grants: tuple[GrantSide, ...] = ()
+    msgs: tuple[Msg, ...] = ()
+    peers: tuple[PeerSide, ...] = ()
+    admitted: int = 0
+    dups_left: int = 0
+    delays_left: int = 0
+    losses_left: int = 0
+    crashes_left: int = 0
+
+
+class Snap:
+    """A ledger that no one mutates any more, with the queries the explorer keeps asking."""
+
+    __slots__ = ("_proofs", "_states", "_stale", "ledger")
+
+    def __init__(self, ledger: BlockLedger) -> None:
+        self.ledger = ledger
+        self._states: dict[str, str] = {}
+        self._proofs: dict[int, tuple[Any, ...]] = {}
+        self._stale: dict[int, bool] = {}
+
+    def state(self, key: str) -> str:
+        s = self._states.get(key)
+        if s is None:
+            s = self.ledger.state(key).value
+            self._states[key] = s
+        return s
+
+    def proof(self, g: Grant) -> tuple[Any, ...]:
+        """The grant's proof as a hashable value with one type per position."""
+        p = self._proofs.get(g.id.serial)
+        if p is None:
+            pr = self.ledger.proof_of(g)
+            cr, last, through, revoked, suspect = pr.key()
+            p = (cr, -1 if last is None else last, through, revoked, suspect or "", pr.closed)
+            self._proofs[g.id.serial] = p
+        return p
+
+    def stale(self, g: Grant) -> bool:
+        """Whether a write for ``g`` would now touch a later generation of its blocks."""
+        s = self._stale.get(g.id.serial)
+        if s is None:
+            s = not np.array_equal(self.ledger.generation(g.blocks), g.generations)
+            self._stale[g.id.serial] = s
+        return s
+
+
+@attrs.frozen(slots=True)
+class State:
+    snap: Snap = attrs.field(eq=False)
+    env: Env
+
+
+@attrs.frozen(slots=True)
+class Event:
+    """One step of the environment. ``a``/``b`` index into the state it is taken from."""
+
+    kind: str
+    a: int = -1
+    b: int = -1
+
+    def to_list(self) -> list[Any]:
+        return [self.kind, self.a, self.b]
+
+
+@attrs.frozen(slots=True)
+class Violation:
+    invariant: str  # isolation / exclusivity / no_leak / progress / ledger_error
+    message: str
+
+
+class Broken(Exception):
+    """Raised inside a step when an invariant breaks; the explorer turns it into a Violation."""
+
+    def __init__(self, invariant: str, message: str) -> None:
+        self.violation = Violation(invariant, message)
+        self.notes: list[str] = []  # what the breaking step did, up to the break
+        super().__init__(message)
+
+
+INVARIANTS: dict[str, str] = {
+    "isolation": "no transfer for generation g touches a block after g was released",
+    "exclusivity": "no block is owned by two requests",
+    "no_leak": "in a quiet state every block is free, or quarantined with a reason",
+    "progress": "a request whose grants are all closed can be released",
+    "ledger_error": "the ledger refuses a call the contract allows (a kvlifetime bug)",
+}
+
+
+def peer_name(i: int) -> str:
+    return f"p{i + 1}"
+
+
+def initial(config: Config, *, checked: bool = False) -> State:
+    ledger = BlockLedger(config.blocks, checked=checked, incarnation=INCARNATION)
+    env = Env(
+        peers=tuple(PeerSide() for _ in range(config.peers)),
+        dups_left=config.max_duplicates if Fault.DUPLICATE in config.faults else 0,
+        delays_left=config.max_delays if Fault.DELAY in config.faults else 0,
+        losses_left=config.max_losses if Fault.LOSS in config.faults else 0,
+        crashes_left=config.max_crashes if Fault.CRASH in config.faults else 0,
+    )
+    return State(Snap(ledger), env)
+
+
+# ------------------------------------------------------------------ which events are enabled
+
+
+def _deliverable(env: Env, reorder: bool) -> list[int]:
+    """Indices of messages that may be delivered (or lost, or duplicated) now."""
+    out: list[int] = []
+    seen: set[Any] = set()
+    for i, m in enumerate(env.msgs):
+        chan = (m.dest, m.peer)
+        if reorder:
+            ident: Any = (m.dest, m.peer, m.kind, m.grant, m.value, m.dupable, m.delayed)
+        else:
+            ident = chan  # FIFO: only the head of each channel
+        if ident in seen:
+            continue
+        seen.add(ident)
+        out.append(i)
+    return out
+
+
+def enabled(state: State, config: Config) -> list[Event]:
+    env = state.env
+    faults = config.faults
+    msg_events: list[Event] = []
+    prompt = False
+    for i in _deliverable(env, Fault.REORDER in faults):
+        m = env.msgs[i]
+        prompt |= not m.delayed
+        msg_events.append(Event("deliver", i))
+        if env.losses_left:
+            msg_events.append(Event("lose", i))
+        if env.dups_left and m.dupable:
+            msg_events.append(Event("duplicate", i))
+        if env.delays_left and not m.delayed:
+            msg_events.append(Event("delay", i))
+    if prompt:
+        # A message that was not delayed arrives before anything else happens: the delay
+        # fault is what lets one of them wait (bounded by max_delays), the others are prompt.
+        return msg_events
+    out = msg_events
+    snap = state.snap
+    held = sum(len(r.blocks) for r in env.reqs if r.phase != RELEASED)
+    if env.admitted < config.requests and config.blocks - held >= config.blocks_per_request:
+        out.append(Event("admit"))
+    for ri, r in enumerate(env.reqs):
+        if r.phase == LIVE:
+            granted = {env.grants[gi].peer for gi in r.grants}
+            for p in range(config.peers):
+                if p not in granted:
+                    out.append(Event("grant", ri, p))
+            out.append(Event("finish", ri))
+            out.append(Event("reject", ri))
+    leases: list[Event] = []
+    for gi, g in enumerate(env.grants):
+        req = env.reqs[g.req]
+        peer = env.peers[g.peer]
+        for seq, st in enumerate(g.transfers):
+            if st in (IN_FLIGHT, FAILED):
+                out.append(Event("land", gi, seq))
+            if st == IN_FLIGHT and Fault.FAIL in faults and not peer.crashed:
+                out.append(Event("fail", gi, seq))
+        if req.phase in (FINISHED, REJECTED):
+            if not snap.proof(g.grant)[-1]:  # still open in the ledger
+                if not g.lease_fired:
+                    leases.append(Event("lease", gi))
+                if (
+                    req.phase == REJECTED
+                    and Fault.RETRY in faults
+                    and g.retries < config.max_retries
+                    and not any(m.dest == TO_PEER and m.grant == gi for m in env.msgs)
+                ):
+                    out.append(Event("retry", gi))
+        if peer.crashed:
+            continue
+        if not g.stopped and len(g.transfers) < config.transfers_per_grant:
+            out.append(Event("post", gi))
+        all_seen = all(st == LANDED for st in g.transfers)
+        if g.cancelled and not g.stopped:
+            out.append(Event("stop", gi))
+        if g.stopped and not g.quiesced_sent and g.transfers and all_seen:
+            out.append(Event("quiesce", gi))
+        if not g.cancelled and not g.stopped and all_seen:
+            out.append(Event("complete", gi))
+    for pi, p in enumerate(env.peers):
+        if not p.crashed and env.crashes_left:
+            out.append(Event("crash", pi))
+        if p.crashed and not p.lost_reported:
+            out.append(Event("peer_lost", pi))
+        if p.crashed and not p.fenced and Fault.FENCE in faults:
+            out.append(Event("fence", pi))
+    if Fault.TIMEOUT in faults:
+        out.extend(leases)
+    elif not out:
+        # Without the timeout fault a deadline is generous: it passes only when nothing else can
+        # happen any more (the proof that was coming has come, or never will).
+        out.extend(leases)
+    return out
+
+
+# ------------------------------------------------------------------ taking a step
+
+
+class _Step:
+    """The mutable scratch of one step: a ledger copy made on first need, and the notes."""
+
+    def __init__(self, state: State, config: Config, policy: Policy) -> None:
+        self.parent = state
+        self.config = config
+        self.policy = policy
+        self.env = state.env
+        self._ledger: BlockLedger | None = None
+        self.notes: list[str] = []
+
+    @property
+    def ledger(self) -> BlockLedger:
+        if self._ledger is None:
+            self._ledger = self.parent.snap.ledger.copy()
+        return self._ledger
+
+    @property
+    def view(self) -> BlockLedger:
+        """The ledger for queries: the copy if one was made, else the parent's."""
+        return self._ledger if self._ledger is not None else self.parent.snap.ledger
+
+    def call(self, what: str, fn: Any, *args: Any, **kw: Any) -> Any:
+        try:
+            return fn(*args, **kw)
+        except KVLifetimeError as e:
+            raise Broken(
+                "ledger_error", f"{what} raised {type(e).__name__}: {' '.join(str(e).split())}"
+            ) from e
+
+    def set_req(self, ri: int, **changes: Any) -> None:
+        reqs = list(self.env.reqs)
+        reqs[ri] = attrs.evolve(reqs[ri], **changes)
+        self.env = attrs.evolve(self.env, reqs=tuple(reqs))
+
+    def set_grant(self, gi: int, **changes: Any) -> None:
+        grants = list(self.env.grants)
+        grants[gi] = attrs.evolve(grants[gi], **changes)
+        self.env = attrs.evolve(self.env, grants=tuple(grants))
+
+    def set_peer(self, pi: int, **changes: Any) -> None:
+        peers = list(self.env.peers)
+        peers[pi] = attrs.evolve(peers[pi], **changes)
+        self.env = attrs.evolve(self.env, peers=tuple(peers))
+
+    def send(self, msg: Msg) -> None:
+        self.env = attrs.evolve(self.env, msgs=(*self.env.msgs, msg))
+
+    def take_msg(self, i: int) -> Msg:
+        msgs = self.env.msgs
+        self.env = attrs.evolve(self.env, msgs=msgs[:i] + msgs[i + 1 :])
+        return msgs[i]
+
+    def apply(self, ev: Evidence, what: str) -> None:
+        try:
+            self.ledger.apply(ev)
+        except StaleEvidence:
+            self.notes.append(f"ledger refuses {what}: stale (its request was released)")
+        except EvidenceError as e:
+            raise Broken(
+                "ledger_error", f"honest evidence {what} refused: {type(e).__name__}: {e}"
+            ) from e
+        except KVLifetimeError as e:
+            raise Broken("ledger_error", f"apply({what}) raised {type(e).__name__}: {e}") from e
+
+    def release_as(self, ri: int, ids: Any, how: str) -> None:
+        self.set_req(ri, phase=RELEASED)
+        self.notes.append(f"{how} {self.env.reqs[ri].key}: blocks {list(map(int, ids))} to the pool")
+
+
+def _evidence(kind: str, g: Grant, value: int) -> Evidence:
+    if kind == "CancelReceived":
+        return CancelReceived.of(g)
+    if kind == "SchedulingStopped":
+        return SchedulingStopped.of(g, value)
+    if kind == "TransferQuiesced":
+        return TransferQuiesced.of(g, value)
+    if kind == "TransferCompleted":
+        return TransferCompleted.of(g, value)
+    raise ValueError(f"not an acknowledgement: {kind}")
+
+
+def msg_text(env: Env, m: Msg) -> str:
+    g = env.grants[m.grant]
+    name = f"grant #{g.grant.id.serial}"
+    if m.kind == "Cancel":
+        return f"Cancel({name}) to {peer_name(m.peer)}"
+    if m.kind in ("SchedulingStopped", "TransferCompleted"):
+        return f"{m.kind}({name}, last_seq={m.value}) from {peer_name(m.peer)}"
+    if m.kind == "TransferQuiesced":
+        return f"{m.kind}({name}, through_seq={m.value}) from {peer_name(m.peer)}"
+    return f"{m.kind}({name}) from {peer_name(m.peer)}"
+
+
+def _strongest_ack(g: GrantSide) -> tuple[str, int]:
+    """What a peer truthfully answers to a cancel, given what it knows now."""
+    n = len(g.transfers)
+    if g.quiesced_sent:
+        return "TransferCompleted", n
+    if g.stopped:
+        return "SchedulingStopped", n
+    return "CancelReceived", 0
+
+
+def step(state: State, event: Event, config: Config, policy: Policy) -> tuple[State, list[str]]:
+    """Take ``event`` from ``state``. Raises ``Broken`` when an invariant breaks in the step."""
+    s = _Step(state, config, policy)
+    try:
+        if _do(s, event):
+            _settle(s)
+            _check_progress(s)
+    except Broken as b:
+        b.notes = s.notes
+        raise
+    snap = state.snap if s._ledger is None else Snap(s._ledger)
+    return State(snap, s.env), s.notes
+
+
+def _do(s: _Step, ev: Event) -> bool:
+    """Perform the event; return whether the ledger may have changed."""
+    env = s.env
+    k = ev.kind
+    if k == "admit":
+        key = f"r{env.admitted + 1}"
+        n = s.config.blocks_per_request
+        ids = s.call(f"allocate({key!r}, {n})", s.ledger.allocate, key, n)
+        blocks = tuple(int(b) for b in ids)
+        s.env = attrs.evolve(
+            env, reqs=(*env.reqs, ReqSide(key, LIVE, blocks, ())), admitted=env.admitted + 1
+        )
+        gens = s.ledger.generation(ids).tolist()
+        s.notes.append(f"{key} admitted: allocates blocks {list(blocks)} (generations {gens})")
+        _check_exclusive(s, len(s.env.reqs) - 1)
+        return True
+    if k == "grant":
+        req, p = env.reqs[ev.a], ev.b
+        g = s.call(
+            f"grant({req.key!r}, {peer_name(p)!r})",
+            s.ledger.grant,
+            req.key,
+            peer_name(p),
+            np.array(req.blocks, dtype=np.int64),
+            Access.WRITE,
+        )
+        gi = len(env.grants)
+        s.env = attrs.evolve(env, grants=(*env.grants, GrantSide(g, ev.a, p)))
+        s.set_req(ev.a, grants=(*req.grants, gi))
+        s.notes.append(
+            f"{req.key} grants blocks {g.blocks.tolist()} (generations "
+            f"{g.generations.tolist()}) to {peer_name(p)} for writing: grant #{g.id.serial}"
+        )
+        return True
+    if k == "finish":
+        req = env.reqs[ev.a]
+        s.call(f"finish({req.key!r})", s.ledger.finish, req.key)
+        s.set_req(ev.a, phase=FINISHED)
+        s.notes.append(f"{req.key} finished on the owner's side")
+        return True
+    if k == "reject":
+        req = env.reqs[ev.a]
+        s.call(f"reject({req.key!r})", s.ledger.reject, req.key, "abort")
+        s.set_req(ev.a, phase=REJECTED)
+        s.notes.append(f"{req.key} rejected / aborted: error response sent")
+        for gi in req.grants:
+            g = env.grants[gi]
+            s.send(Msg(TO_PEER, g.peer, "Cancel", gi, 0))
+            s.notes.append(f"owner sends Cancel(grant #{g.grant.id.serial}) to {peer_name(g.peer)}")
+        if s.policy is Policy.NAIVE:
+            ids = s.call(
+                f"force_release({req.key!r})", s.ledger.force_release, req.key, "naive: rejected"
+            )
+            s.release_as(ev.a, ids, "naive policy releases")
+        return True
+    if k == "retry":
+        g = env.grants[ev.a]
+        s.set_grant(ev.a, retries=g.retries + 1)
+        s.send(Msg(TO_PEER, g.peer, "Cancel", ev.a, 0))
+        s.notes.append(
+            f"owner re-sends Cancel(grant #{g.grant.id.serial}) to {peer_name(g.peer)} (retry)"
+        )
+        return False
+    if k == "post":
+        g = env.grants[ev.a]
+        s.set_grant(ev.a, transfers=(*g.transfers, IN_FLIGHT))
+        s.notes.append(
+            f"{peer_name(g.peer)} posts transfer {len(g.transfers) + 1} of grant "
+            f"#{g.grant.id.serial} (writes blocks {g.grant.blocks.tolist()} at generations "
+            f"{g.grant.generations.tolist()})"
+        )
+        return False
+    if k == "fail":
+        g = env.grants[ev.a]
+        tr = list(g.transfers)
+        tr[ev.b] = FAILED
+        s.set_grant(ev.a, transfers=tuple(tr))
+        s.notes.append(
+            f"transfer {ev.b + 1} of grant #{g.grant.id.serial} reports FAILED "
+            "(its bytes may still land)"
+        )
+        return False
+    if k == "land":
+        g = env.grants[ev.a]
+        tr = list(g.transfers)
+        tr[ev.b] = LANDED if tr[ev.b] == IN_FLIGHT else LANDED_UNSEEN
+        s.set_grant(ev.a, transfers=tuple(tr))
+        now = s.view.generation(g.grant.blocks)
+        s.notes.append(
+            f"transfer {ev.b + 1} of grant #{g.grant.id.serial} lands in blocks "
+            f"{g.grant.blocks.tolist()} (written for generations {g.grant.generations.tolist()}, "
+            f"blocks now at {now.tolist()})"
+        )
+        if not np.array_equal(now, g.grant.generations):
+            holders = [
+                r.key
+                for r in s.env.reqs
+                if r.phase != RELEASED and set(r.blocks) & set(g.grant.blocks.tolist())
+            ]
+            raise Broken(
+                "isolation",
+                f"a write for {g.grant.request} (grant #{g.grant.id.serial}, generations "
+                f"{g.grant.generations.tolist()}) touched blocks {g.grant.blocks.tolist()} at "
+                f"generations {now.tolist()}, after the old generation was released"
+                + (f"; they now belong to {', '.join(holders)}" if holders else ""),
+            )
+        return False
+    if k == "stop":
+        g = env.grants[ev.a]
+        s.set_grant(ev.a, stopped=True)
+        m = Msg(TO_LEDGER, g.peer, "SchedulingStopped", ev.a, len(g.transfers))
+        s.send(m)
+        s.notes.append(f"{peer_name(g.peer)} stops scheduling; sends {msg_text(s.env, m)}")
+        return False
+    if k == "quiesce":
+        g = env.grants[ev.a]
+        s.set_grant(ev.a, quiesced_sent=True)
+        m = Msg(TO_LEDGER, g.peer, "TransferQuiesced", ev.a, len(g.transfers))
+        s.send(m)
+        s.notes.append(f"{peer_name(g.peer)} saw every transfer end; sends {msg_text(s.env, m)}")
+        return False
+    if k == "complete":
+        g = env.grants[ev.a]
+        s.set_grant(ev.a, stopped=True, quiesced_sent=True)
+        m = Msg(TO_LEDGER, g.peer, "TransferCompleted", ev.a, len(g.transfers))
+        s.send(m)
+        s.notes.append(f"{peer_name(g.peer)} is done with the grant; sends {msg_text(s.env, m)}")
+        return False
+    if k in ("deliver", "lose", "duplicate", "delay"):
+        m = env.msgs[ev.a]
+        text = msg_text(env, m)
+        if k == "lose":
+            s.take_msg(ev.a)
+            s.env = attrs.evolve(s.env, losses_left=s.env.losses_left - 1)
+            s.notes.append(f"lost: {text}")
+            return False
+        if k == "delay":
+            msgs = list(env.msgs)
+            msgs[ev.a] = attrs.evolve(m, delayed=True)
+            s.env = attrs.evolve(env, msgs=tuple(msgs), delays_left=env.delays_left - 1)
+            s.notes.append(f"delayed: {text} (it may now arrive after anything else)")
+            return False
+        if k == "duplicate":
+            # Delivered now, and a copy (never duplicated again) stays on the wire for later.
+            msgs = list(env.msgs)
+            msgs[ev.a] = attrs.evolve(m, dupable=False, delayed=True)
+            s.env = attrs.evolve(env, msgs=tuple(msgs), dups_left=env.dups_left - 1)
+            s.notes.append(f"duplicated on the wire: {text}; the copy arrives later")
+        else:
+            s.take_msg(ev.a)
+        g = env.grants[m.grant]
+        if m.dest == TO_PEER:
+            if env.peers[m.peer].crashed:
+                s.notes.append(f"{text} reaches a crashed peer: no answer")
+                return False
+            s.set_grant(m.grant, cancelled=True)
+            kind, value = _strongest_ack(s.env.grants[m.grant])
+            ack = Msg(TO_LEDGER, m.peer, kind, m.grant, value)
+            s.send(ack)
+            s.notes.append(f"{peer_name(m.peer)} receives the cancel; answers {msg_text(s.env, ack)}")
+            return False
+        s.notes.append(f"ledger receives {text}")
+        s.apply(_evidence(m.kind, g.grant, m.value), text)
+        return True
+    if k == "lease":
+        g = env.grants[ev.a]
+        s.set_grant(ev.a, lease_fired=True)
+        s.notes.append(f"the lease of grant #{g.grant.id.serial} expires: LeaseExpired")
+        s.apply(LeaseExpired.of(g.grant), f"LeaseExpired(grant #{g.grant.id.serial})")
+        return True
+    if k == "crash":
+        s.set_peer(ev.a, crashed=True)
+        s.env = attrs.evolve(s.env, crashes_left=s.env.crashes_left - 1)
+        s.notes.append(f"{peer_name(ev.a)} crashes (its transfers in flight may still land)")
+        return False
+    if k == "peer_lost":
+        s.set_peer(ev.a, lost_reported=True)
+        s.notes.append(f"heartbeats to {peer_name(ev.a)} fail: PeerLost({peer_name(ev.a)})")
+        s.apply(PeerLost(peer_name(ev.a)), f"PeerLost({peer_name(ev.a)})")
+        return True
+    if k == "fence":
+        s.set_peer(ev.a, fenced=True)
+        for gi, g in enumerate(s.env.grants):
+            if g.peer == ev.a and any(t in (IN_FLIGHT, FAILED) for t in g.transfers):
+                tr = tuple(KILLED if t in (IN_FLIGHT, FAILED) else t for t in g.transfers)
+                s.set_grant(gi, transfers=tr)
+        s.notes.append(
+            f"{peer_name(ev.a)} is fenced (its transfers in flight are stopped): AccessRevoked"
+        )
+        s.apply(AccessRevoked(peer_name(ev.a)), f"AccessRevoked({peer_name(ev.a)})")
+        return True
+    raise ValueError(f"unknown event kind {k!r}")
+
+
+def _settle(s: _Step) -> None:
+    """The engine's release policy, run after every step that may have changed the ledger."""
+    if s._ledger is None:
+        return
+    led = s._ledger
+    if s.policy is Policy.TIMEOUT:
+        for ri, r in enumerate(s.env.reqs):
+            if r.phase in (FINISHED, REJECTED) and led.state(r.key) is RequestState.QUARANTINED:
+                ids = s.call(
+                    f"force_release({r.key!r})", led.force_release, r.key, "lease reaper"
+                )
+                s.release_as(ri, ids, "lease reaper (timeout policy) releases")
+    freed = s.call("collect_releasable()", led.collect_releasable)
+    for key, ids in freed.items():
+        ri = next(i for i, r in enumerate(s.env.reqs) if r.key == key)
+        s.release_as(ri, ids, "collect_releasable releases")
+
+
+def _check_progress(s: _Step) -> None:
+    led = s.view
+    for r in s.env.reqs:
+        if r.phase in (FINISHED, REJECTED) and not led.open_grants(r.key):
+            raise Broken(
+                "progress",
+                f"{r.key} has every grant closed but is still held in state "
+                f"{led.state(r.key).value}: collect_releasable did not release it",
+            )
+
+
+def _check_exclusive(s: _Step, ri: int) -> None:
+    new = s.env.reqs[ri]
+    for other in s.env.reqs:
+        if other is new or other.phase == RELEASED:
+            continue
+        both = set(other.blocks) & set(new.blocks)
+        if both:
+            raise Broken(
+                "exclusivity",
+                f"blocks {sorted(both)} handed to {new.key} while {other.key} still holds them",
+            )
+
+
+def check_quiet(state: State) -> Violation | None:
+    """No leak: in a state where nothing can happen any more, every block is free or
+    quarantined with a reason."""
+    led = state.snap.ledger
+    bs = led.block_state(np.arange(led.num_blocks))
+    bad = [
+        (b, BlockState(int(c)).label)
+        for b, c in enumerate(bs.tolist())
+        if c not in (BlockState.FREE, BlockState.QUARANTINED)
+    ]
+    if bad:
+        return Violation(
+            "no_leak",
+            "quiet state with blocks neither free nor quarantined: "
+            + ", ".join(f"block {b} {lab}" for b, lab in bad),
+        )
+    for q in led.stats().quarantined:
+        if not q.reason:
+            return Violation("no_leak", f"{q.request} quarantined without a reason")
+    return None
+
+
+def describe_event(state: State, event: Event) -> str:
+    """A short label for ``event`` taken from ``state`` (the notes say what it did)."""
+    env = state.env
+    k = event.kind
+    if k in ("deliver", "lose", "duplicate", "delay"):
+        return f"{k} {msg_text(env, env.msgs[event.a])}"
+    if k in ("grant",):
+        return f"grant {env.reqs[event.a].key} -> {peer_name(event.b)}"
+    if k in ("finish", "reject"):
+        return f"{k} {env.reqs[event.a].key}"
+    if k in ("land", "fail"):
+        g = env.grants[event.a]
+        return f"{k} transfer {event.b + 1} of grant #{g.grant.id.serial}"
+    if k in ("post", "stop", "quiesce", "complete", "retry", "lease"):
+        return f"{k} grant #{env.grants[event.a].grant.id.serial}"
+    if k in ("crash", "peer_lost", "fence"):
+        return f"{k} {peer_name(event.a)}"
+    return k
+
+
+def run_events(
+    config: Config, policy: Policy, events: Iterable[Event], *, checked: bool = True
+) -> tuple[State, list[list[str]], Violation | None]:
+    """Replay ``events`` from the initial state (on a fresh, by default checked, ledger).
+
+    Returns the last state reached, the notes of each step, and the violation the last step
+    produced (or the quiet-state violation of the final state), if any.
+    """
+    state = initial(config, checked=checked)
+    notes: list[list[str]] = []
+    evs: Sequence[Event] = list(events)
+    for i, ev in enumerate(evs):
+        if ev not in enabled(state, config):
+            raise ValueError(f"step {i + 1}: {ev} is not enabled")
+        try:
+            state, n = step(state, ev, config, policy)
+        except Broken as b:
+            return state, [*notes, b.notes], b.violation
+        notes.append(n)
+    if not enabled(state, config):
+        return state, notes, check_quiet(state)
+    return state, notes, None
