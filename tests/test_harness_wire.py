@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import msgpack
 import pytest
 from hypothesis import given, settings
@@ -59,7 +61,7 @@ def _frame(**body: object) -> bytes:
         _frame(t="abort", request=1, grant=["inc", 0]),
         _frame(t="abort", request=1, grant="inc#1"),
         _frame(t="evidence", evidence={"type": "TransferCompleted", "last_seq": -1}),
-        _frame(t="evidence", evidence={"type": "Pickle"}),
+        _frame(t="evidence", evidence={"type": "Unheard"}),
         _frame(
             t="assign",
             request=1,
@@ -80,10 +82,8 @@ def test_malformed_frames_are_refused(frame: bytes) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200))
 def test_random_bytes_only_raise_malformed(frame: bytes) -> None:
-    try:
+    with contextlib.suppress(wire.MalformedMessage):
         wire.decode(frame)
-    except wire.MalformedMessage:
-        pass
 
 
 _json = st.recursive(
@@ -100,10 +100,8 @@ _json = st.recursive(
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(sorted(wire._SCHEMA)), st.dictionaries(st.text(max_size=10), _json))
 def test_random_fields_only_raise_malformed(kind: str, fields: dict[str, object]) -> None:
-    try:
+    with contextlib.suppress(wire.MalformedMessage):
         wire.decode(_frame(**{**fields, "t": kind}))
-    except wire.MalformedMessage:
-        pass
 
 
 def test_garbage_from_the_faulty_link_is_refused() -> None:

@@ -3,8 +3,9 @@
 Every frame is a msgpack map ``{"v": SCHEMA_VERSION, "t": <type>, ...fields}``. ``decode``
 either returns one of the message classes below or raises ``MalformedMessage``: a frame from
 another schema version, of an unknown type, with a missing, extra or ill-typed field. A worker
-that gets one logs it, counts it, and goes on; nothing a peer sends can crash it. Never pickle:
-a control message is data, and unpickling a peer's bytes would run its code.
+that gets one logs it, counts it, and goes on; nothing a peer sends can crash it. A control
+message is plain data: no serializer that can build arbitrary objects (and so run a peer's code)
+ever touches the wire.
 
 Evidence travels as ``kvlifetime.evidence.to_dict`` data and is rebuilt with ``from_dict``, so
 it is checked by the same validators as evidence built locally.
