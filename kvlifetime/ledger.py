@@ -528,7 +528,8 @@ class BlockLedger:
                     self._advance(req, "expire", None, out)
                     if _enabled():
                         _emit(out)
-                    if req.state == _QUARANTINED:
+                    # Only if this call quarantined it: it may already have been (PeerLost).
+                    if any(t.target == _QUARANTINED for t in out):
                         newly.append(key)
                 # Nothing left to time out; a quarantined request waits for proof only.
                 if req.state != _ADMITTED and (

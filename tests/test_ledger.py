@@ -1208,6 +1208,20 @@ def test_expire_ignores_closed_grants_and_proof_keeps_it_out() -> None:
     assert L.state("b") is R.TRANSFER_QUIESCED
 
 
+def test_expire_does_not_report_a_request_quarantined_earlier() -> None:
+    # Regression: expire() returned a request PeerLost had already quarantined, as soon as
+    # it marked another of its grants.
+    L = ledger(2)
+    L.acquire("a", [0], deadline=1.0)
+    L.grant("a", "p", [0], Access.READ)
+    L.grant("a", "q", [0], Access.READ)
+    L.finish("a")
+    assert L.apply(PeerLost("p"))[-1].target == "quarantined"
+    assert L.expire(2.0) == []
+    (info,) = L.stats(now=3.0).quarantined
+    assert (info.reason, info.since, info.age) == ("peer_lost", None, None)
+
+
 def test_set_deadline() -> None:
     L = ledger(2)
     L.acquire("a", [0])
