@@ -280,7 +280,9 @@ def _run_verify(args: argparse.Namespace) -> int:
 
 
 def _add_replay(p: argparse.ArgumentParser) -> None:
-    p.add_argument("log", metavar="LOG.jsonl", help="structlog JSON lines (or '-' for stdin)")
+    p.add_argument(
+        "log_path", metavar="LOG.jsonl", help="structlog JSON lines (or '-' for stdin)"
+    )
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--context", type=int, default=10, help="steps shown before an illegal one")
 
@@ -289,10 +291,10 @@ def _run_replay(args: argparse.Namespace) -> int:
     from kvlifetime.verify.replay import read_log, replay
 
     try:
-        if args.log == "-":
+        if args.log_path == "-":
             records = read_log(sys.stdin)
         else:
-            with open(args.log, encoding="utf-8") as f:
+            with open(args.log_path, encoding="utf-8") as f:
                 records = read_log(f)
     except ValueError as e:
         print(f"kvlifetime replay: error: {e}", file=sys.stderr)
