@@ -280,9 +280,7 @@ def _run_verify(args: argparse.Namespace) -> int:
 
 
 def _add_replay(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "log_path", metavar="LOG.jsonl", help="structlog JSON lines (or '-' for stdin)"
-    )
+    p.add_argument("log_path", metavar="LOG.jsonl", help="structlog JSON lines (or '-' for stdin)")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--context", type=int, default=10, help="steps shown before an illegal one")
 

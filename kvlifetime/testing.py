@@ -114,7 +114,8 @@ def adversarial_evidence(
     grants: Sequence[Grant], *, max_seq: int = 3, max_size: int = 24
 ) -> SearchStrategy[list[Evidence]]:
     """Sequences of evidence about ``grants``: honest, duplicated, reordered, stale (pass grants
-    of requests the test releases to get evidence about an old generation), forged (another request, peer or incarnation, a grant never issued),
+    of requests the test releases to get evidence about an old generation), forged (another
+    request, peer or incarnation, a grant never issued),
     contradictory (two ``last_seq``), suspicion only (``LeaseExpired``, ``PeerLost``).
 
     Whatever a sequence holds, a ledger must refuse what is wrong with a typed error and never

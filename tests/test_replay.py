@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,8 @@ def _session() -> list[dict[str, Any]]:
         led.apply(SchedulingStopped.of(g, 1))
         led.apply(TransferQuiesced.of(g, 1))
         led.collect_releasable()
-        try:
+        with contextlib.suppress(Exception):
             led.apply(TransferQuiesced.of(g, 1))
-        except Exception:
-            pass
         ids2 = led.allocate("b", 1)
         led.grant("b", "p2", ids2)
         led.finish("b")
@@ -103,7 +102,9 @@ def test_transition_only_log_legal_and_illegal() -> None:
     rep = replay(list(enumerate(bad, 1)))
     assert not rep.ok and rep.illegal is not None and rep.illegal.line == 4
     # No such row: released straight from rejected.
-    rep = replay(list(enumerate([good[0], _t("x", "released", "rejected", "released", "release")], 1)))
+    rep = replay(
+        list(enumerate([good[0], _t("x", "released", "rejected", "released", "release")], 1))
+    )
     assert not rep.ok and "no transition" in rep.illegal.reason  # type: ignore[union-attr]
 
 

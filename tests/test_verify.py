@@ -23,7 +23,7 @@ from kvlifetime.verify import (
     parse_faults,
     run_events,
 )
-from kvlifetime.verify.model import IN_FLIGHT, FAILED, RELEASED, enabled, initial, step
+from kvlifetime.verify.model import FAILED, IN_FLIGHT, RELEASED, enabled, initial, step
 
 SMALL = Config(requests=2, peers=2, blocks=2, faults=ALL_FAULTS)
 

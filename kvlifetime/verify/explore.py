@@ -103,7 +103,12 @@ class Result:
                 "message": self.violation.message,
             },
             "trace": [
-                {"step": s.number, "event": s.event.to_list(), "label": s.label, "notes": list(s.notes)}
+                {
+                    "step": s.number,
+                    "event": s.event.to_list(),
+                    "label": s.label,
+                    "notes": list(s.notes),
+                }
                 for s in self.trace
             ],
         }

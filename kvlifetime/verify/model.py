@@ -218,7 +218,7 @@ class Env:
 class Snap:
     """A ledger that no one mutates any more, with the queries the explorer keeps asking."""
 
-    __slots__ = ("_proofs", "_states", "_stale", "ledger")
+    __slots__ = ("_proofs", "_stale", "_states", "ledger")
 
     def __init__(self, ledger: BlockLedger) -> None:
         self.ledger = ledger
@@ -371,17 +371,16 @@ def enabled(state: State, config: Config) -> list[Event]:
                 out.append(Event("land", gi, seq))
             if st == IN_FLIGHT and Fault.FAIL in faults and not peer.crashed:
                 out.append(Event("fail", gi, seq))
-        if req.phase in (FINISHED, REJECTED):
-            if not snap.proof(g.grant)[-1]:  # still open in the ledger
-                if not g.lease_fired:
-                    leases.append(Event("lease", gi))
-                if (
-                    req.phase == REJECTED
-                    and Fault.RETRY in faults
-                    and g.retries < config.max_retries
-                    and not any(m.dest == TO_PEER and m.grant == gi for m in env.msgs)
-                ):
-                    out.append(Event("retry", gi))
+        if req.phase in (FINISHED, REJECTED) and not snap.proof(g.grant)[-1]:  # still open
+            if not g.lease_fired:
+                leases.append(Event("lease", gi))
+            if (
+                req.phase == REJECTED
+                and Fault.RETRY in faults
+                and g.retries < config.max_retries
+                and not any(m.dest == TO_PEER and m.grant == gi for m in env.msgs)
+            ):
+                out.append(Event("retry", gi))
         if peer.crashed:
             continue
         if not g.stopped and len(g.transfers) < config.transfers_per_grant:
@@ -393,12 +392,12 @@ def enabled(state: State, config: Config) -> list[Event]:
             out.append(Event("quiesce", gi))
         if not g.cancelled and not g.stopped and all_seen:
             out.append(Event("complete", gi))
-    for pi, p in enumerate(env.peers):
-        if not p.crashed and env.crashes_left:
+    for pi, ps in enumerate(env.peers):
+        if not ps.crashed and env.crashes_left:
             out.append(Event("crash", pi))
-        if p.crashed and not p.lost_reported:
+        if ps.crashed and not ps.lost_reported:
             out.append(Event("peer_lost", pi))
-        if p.crashed and not p.fenced and Fault.FENCE in faults:
+        if ps.crashed and not ps.fenced and Fault.FENCE in faults:
             out.append(Event("fence", pi))
     if Fault.TIMEOUT in faults:
         out.extend(leases)
@@ -479,7 +478,9 @@ class _Step:
 
     def release_as(self, ri: int, ids: Any, how: str) -> None:
         self.set_req(ri, phase=RELEASED)
-        self.notes.append(f"{how} {self.env.reqs[ri].key}: blocks {list(map(int, ids))} to the pool")
+        self.notes.append(
+            f"{how} {self.env.reqs[ri].key}: blocks {list(map(int, ids))} to the pool"
+        )
 
 
 def _evidence(kind: str, g: Grant, value: int) -> Evidence:
@@ -689,7 +690,9 @@ def _do(s: _Step, ev: Event) -> bool:
             kind, value = _strongest_ack(s.env.grants[m.grant])
             ack = Msg(TO_LEDGER, m.peer, kind, m.grant, value)
             s.send(ack)
-            s.notes.append(f"{peer_name(m.peer)} receives the cancel; answers {msg_text(s.env, ack)}")
+            s.notes.append(
+                f"{peer_name(m.peer)} receives the cancel; answers {msg_text(s.env, ack)}"
+            )
             return False
         s.notes.append(f"ledger receives {text}")
         s.apply(_evidence(m.kind, g.grant, m.value), text)
@@ -714,8 +717,8 @@ def _do(s: _Step, ev: Event) -> bool:
         s.set_peer(ev.a, fenced=True)
         for gi, g in enumerate(s.env.grants):
             if g.peer == ev.a and any(t in (IN_FLIGHT, FAILED) for t in g.transfers):
-                tr = tuple(KILLED if t in (IN_FLIGHT, FAILED) else t for t in g.transfers)
-                s.set_grant(gi, transfers=tr)
+                killed = tuple(KILLED if t in (IN_FLIGHT, FAILED) else t for t in g.transfers)
+                s.set_grant(gi, transfers=killed)
         s.notes.append(
             f"{peer_name(ev.a)} is fenced (its transfers in flight are stopped): AccessRevoked"
         )
@@ -732,9 +735,7 @@ def _settle(s: _Step) -> None:
     if s.policy is Policy.TIMEOUT:
         for ri, r in enumerate(s.env.reqs):
             if r.phase in (FINISHED, REJECTED) and led.state(r.key) is RequestState.QUARANTINED:
-                ids = s.call(
-                    f"force_release({r.key!r})", led.force_release, r.key, "lease reaper"
-                )
+                ids = s.call(f"force_release({r.key!r})", led.force_release, r.key, "lease reaper")
                 s.release_as(ri, ids, "lease reaper (timeout policy) releases")
     freed = s.call("collect_releasable()", led.collect_releasable)
     for key, ids in freed.items():

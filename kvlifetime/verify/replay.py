@@ -343,12 +343,16 @@ class _Full:
         elif cause in ("release", "collect_releasable"):
             ids = led.release(req)
             self.released[repr(req)] = ids.tolist()
-            self.expected.append(Transition(req, "released", str(rec.get("from_state")), "released", cause))
+            self.expected.append(
+                Transition(req, "released", str(rec.get("from_state")), "released", cause)
+            )
         else:
             source = led.state(req).value
             ids = led.force_release(req, "replay")
             self.released[repr(req)] = ids.tolist()
-            event = "released" if source == RequestState.TRANSFER_QUIESCED.value else "force_released"
+            event = (
+                "released" if source == RequestState.TRANSFER_QUIESCED.value else "force_released"
+            )
             self.expected.append(Transition(req, event, source, "released", cause))
 
     def finish(self) -> str | None:
