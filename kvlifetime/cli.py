@@ -163,6 +163,13 @@ def _run_docs(args: argparse.Namespace) -> int:
 def _add_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("out"), metavar="DIR")
     p.add_argument("--backend", choices=DEMO_BACKENDS, default="inproc")
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests per harness run (default: the acceptance size)",
+    )
 
 
 def _section(title: str, body: str, stream: TextIO) -> None:
@@ -176,11 +183,11 @@ def run_demo(
     log: Logger | None = None,
     harness_requests: int | None = None,
 ) -> int:
-    """The demo: the contract as tables and pictures, then (later) a run of the harness.
+    """The demo: the contract as tables and pictures, then the harness, policy by policy.
 
     Step 1 prints what the specification allows and what each piece of evidence proves, and
-    writes the diagrams to ``out``. The harness adds its simulation on ``backend`` as a further
-    step below; the steps share nothing but ``out`` and ``stream``.
+    writes the diagrams to ``out``. Step 2 runs the disaggregation harness on ``backend`` with
+    the naive, timeout and proof policies side by side and writes the report to ``out``.
     """
     stream = sys.stdout if stream is None else stream
     log = library_logger() if log is None else log
@@ -205,7 +212,7 @@ def run_demo(
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    return run_demo(args.out, args.backend, log=args.log)
+    return run_demo(args.out, args.backend, log=args.log, harness_requests=args.requests)
 
 
 # --------------------------------------------------------------------------- simulate

@@ -174,7 +174,9 @@ def test_docs_needs_out(capsys: Capsys) -> None:
 @pytest.mark.parametrize("backend", ["inproc", "mooncake"])
 def test_demo(capsys: Capsys, tmp_path: Path, backend: str) -> None:
     out_dir = tmp_path / "out"
-    status, out, _ = run(capsys, "demo", "--out", str(out_dir), "--backend", backend)
+    status, out, _ = run(
+        capsys, "demo", "--out", str(out_dir), "--backend", backend, "--requests", "200"
+    )
     assert status == 0
     assert f"backend: {backend}" in out
     assert table_for("request").to_markdown() in out
@@ -183,6 +185,9 @@ def test_demo(capsys: Capsys, tmp_path: Path, backend: str) -> None:
     assert sorted(p.name for p in out_dir.iterdir()) == [
         "block.md",
         "block.mmd",
+        "harness-table.md",
+        "report.json",
+        "report.txt",
         "request.md",
         "request.mmd",
     ]
@@ -199,7 +204,7 @@ def test_demo_rejects_unknown_backend(capsys: Capsys, tmp_path: Path) -> None:
 
 def test_run_demo_writes_to_given_stream(tmp_path: Path) -> None:
     buf = io.StringIO()
-    assert run_demo(tmp_path, "inproc", buf) == 0
+    assert run_demo(tmp_path, "inproc", buf, harness_requests=100) == 0
     assert "==== evidence and claims ====" in buf.getvalue()
 
 
