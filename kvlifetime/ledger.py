@@ -701,7 +701,8 @@ class BlockLedger:
             else:
                 self._releasable.pop(req.key, None)
         if rec is None:
-            out.append(Transition(req.key, event, source, target, cause, None, None, False))
+            unsafe = event == "force_released"  # never the normal path: flagged in the log
+            out.append(Transition(req.key, event, source, target, cause, None, None, unsafe))
         else:
             out.append(Transition(req.key, event, source, target, cause, rec.label, rec.peer))
 
