@@ -434,7 +434,8 @@ class BlockLedger:
         ):
             rec = self._grant_record(ev)
             rec.check(ev)
-            changed = rec.record(ev)
+            # A closed grant of a live request: checked for contradictions above, else a no-op.
+            changed = rec.grant.id.serial in rec.req.open and rec.record(ev)
             if changed:
                 self._proven(rec, ev, out)
         elif isinstance(ev, AccessRevoked | PeerLost):

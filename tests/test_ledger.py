@@ -643,12 +643,6 @@ def test_duplicates_are_idempotent(checked: bool) -> None:
     assert_whole_state(L, requests={"a": R.TRANSFER_QUIESCED}, blocks=[F, F, Q, Q])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ledger bug: evidence for a closed grant of a live request is recorded "
-    "(AccessRevoked sets revoked, a higher TransferQuiesced raises through_seq), so the "
-    "fingerprint changes; DESIGN §3 says it is a no-op",
-)
 @pytest.mark.parametrize("late", ["revoked", "higher-quiesced", "completed-after-revoke"])
 def test_evidence_for_closed_grant_of_live_request_is_a_noop(late: str) -> None:
     L, g = rejected_with_grant()
