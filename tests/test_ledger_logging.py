@@ -184,6 +184,9 @@ def test_refused_evidence_is_logged_at_warning_and_counted(
     for ev, exc in bad:
         with pytest.raises(exc):
             L.apply(ev)
+    assert [(e["event"], e["log_level"], e["error"], e["evidence"]) for e in logs] == [
+        ("evidence_refused", "warning", exc.kind, to_dict(ev)) for ev, exc in bad
+    ]
     L.apply(TransferQuiesced.of(g, 1))
     L.release("a")
     logs.clear()
