@@ -276,6 +276,8 @@ class BlockLedger:
                 raise IllegalTransition("request", request, req.state, "allocate")
             if req is None:
                 req = self._admit(request, deadline)
+            elif deadline is not None:
+                self._set_deadline(req, deadline)
             top = self._free_top - n
             # The stack's top holds the lowest ids: hand them out in ascending order.
             ids = stack[top : self._free_top][::-1].astype(np.int64)
@@ -1049,15 +1051,16 @@ class BlockLedger:
             if any(np.isin(arr, s, assume_unique=True).any() for s in r.shared):
                 involved.append(r)
         for r in involved:
-            if r.state != _ADMITTED and r.open:
-                raise BlockUnavailable(
-                    f"blocks of request {r.key!r} are draining or quarantined: not shareable"
-                )
+            # Only grants touching these blocks matter: draining = ended holder + open grant.
             for rec in r.open.values():
-                if (
-                    rec.grant.access is Access.WRITE
-                    and np.isin(arr, rec.grant.blocks, assume_unique=True).any()
-                ):
+                if not np.isin(arr, rec.grant.blocks, assume_unique=True).any():
+                    continue
+                if r.state != _ADMITTED:
+                    raise BlockUnavailable(
+                        f"blocks of request {r.key!r} are draining or quarantined "
+                        f"(grant {rec.grant.id} is open): not shareable"
+                    )
+                if rec.grant.access is Access.WRITE:
                     raise BlockUnavailable(
                         f"an open write grant ({rec.grant.id}) may still change these blocks"
                     )

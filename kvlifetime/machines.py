@@ -311,10 +311,13 @@ class BlockLifecycle(StateMachine):
     quarantined = State()
 
     ev_acquired = Event(free.to(owned), id="acquired")
-    # A prefix-cache hit: another request takes the block read-only.
+    # A prefix-cache hit: another request takes the block read-only. A quiesced block's content
+    # is settled (its holders ended, no grant is open), so it may be shared too, and has a
+    # running holder again.
     ev_shared = Event(
         owned.to(owned, cond="no_open_write_grant", internal=True)
-        | exposed.to(exposed, cond="no_open_write_grant", internal=True),
+        | exposed.to(exposed, cond="no_open_write_grant", internal=True)
+        | quiesced.to(owned, cond="no_open_write_grant"),
         id="shared",
     )
     ev_exposed = Event(

@@ -398,6 +398,8 @@ class LedgerMachine(RuleBasedStateMachine):
         if r is None:
             r = m.reqs[key] = SReq(key, set(), dl)
             m.released_keys.discard(key)
+        elif dl is not None:
+            r.deadline = dl  # a deadline given with more blocks replaces the request's
         r.excl |= set(ids)
 
     @rule(data=st.data())

@@ -64,6 +64,7 @@ EXPECTED_BLOCK: dict[Pair, list[Rule]] = {
     ("free", "acquired"): [("owned", None)],
     ("owned", "shared"): [("owned", "no_open_write_grant")],
     ("exposed", "shared"): [("exposed", "no_open_write_grant")],
+    ("quiesced", "shared"): [("owned", "no_open_write_grant")],
     ("owned", "exposed"): [("exposed", "write_needs_single_holder")],
     ("exposed", "exposed"): [("exposed", "write_needs_single_holder")],
     ("exposed", "grant_closed"): [("owned", "no_open_grant"), ("exposed", "has_open_grant")],

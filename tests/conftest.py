@@ -1,0 +1,21 @@
+"""Shared test hygiene.
+
+``structlog.testing.capture_logs`` configures structlog and leaves it configured when it exits,
+so a later test in the same process would see kvlifetime's events printed to stdout (and a CLI
+test reading JSON from stdout would read them too). Every test starts and ends with structlog
+unconfigured, as an application that never configured it would be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import structlog
+
+
+@pytest.fixture(autouse=True)
+def _structlog_unconfigured() -> Iterator[None]:
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()
