@@ -110,6 +110,12 @@ class Config:
     max_losses: int = 1  # lost messages, in the whole run
     max_crashes: int = 1  # crashed peers, in the whole run
     max_retries: int = 1  # re-sent cancels per grant
+    # At most this many fault events of any kind in one run (None: only the per-kind bounds).
+    # Counted: lose, duplicate, delay, a reordered delivery (a message overtaking an earlier one
+    # on its channel), crash, fail, retry, and a lease that expires while anything else could
+    # still happen (an early deadline). Not counted: what follows a crash (PeerLost, fencing),
+    # and a lease that expires when nothing else can happen (every policy's generous deadline).
+    max_faults: int | None = None
 
     def __attrs_post_init__(self) -> None:
         for name in ("requests", "peers", "blocks", "blocks_per_request"):
@@ -127,6 +133,10 @@ class Config:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        if self.max_faults is not None and (
+            not isinstance(self.max_faults, int) or self.max_faults < 0
+        ):
+            raise ValueError(f"max_faults must be None or an int >= 0, got {self.max_faults!r}")
         if self.blocks_per_request > self.blocks:
             raise ValueError("blocks_per_request must be <= blocks")
 
@@ -143,6 +153,7 @@ class Config:
             "max_losses": self.max_losses,
             "max_crashes": self.max_crashes,
             "max_retries": self.max_retries,
+            "max_faults": self.max_faults,
         }
 
 
@@ -213,6 +224,7 @@ class Env:
     delays_left: int = 0
     losses_left: int = 0
     crashes_left: int = 0
+    faults_left: int = -1  # Config.max_faults still unspent; -1: no total bound
 
 
 class Snap:
@@ -306,6 +318,7 @@ def initial(config: Config, *, checked: bool = False) -> State:
         delays_left=config.max_delays if Fault.DELAY in config.faults else 0,
         losses_left=config.max_losses if Fault.LOSS in config.faults else 0,
         crashes_left=config.max_crashes if Fault.CRASH in config.faults else 0,
+        faults_left=-1 if config.max_faults is None else config.max_faults,
     )
     return State(Snap(ledger), env)
 
@@ -313,32 +326,63 @@ def initial(config: Config, *, checked: bool = False) -> State:
 # ------------------------------------------------------------------ which events are enabled
 
 
-def _deliverable(env: Env, reorder: bool) -> list[int]:
-    """Indices of messages that may be delivered (or lost, or duplicated) now."""
-    out: list[int] = []
+def _deliverable(env: Env, reorder: bool) -> list[tuple[int, bool]]:
+    """Messages that may be delivered (or lost, or duplicated) now: (index, head of its channel).
+
+    FIFO: only the head of each channel. With reordering, any message (one of each identical
+    kind), and a message that is not its channel's head overtakes an earlier one.
+    """
+    out: list[tuple[int, bool]] = []
     seen: set[Any] = set()
+    heads: set[tuple[int, int]] = set()
     for i, m in enumerate(env.msgs):
         chan = (m.dest, m.peer)
-        if reorder:
-            ident: Any = (m.dest, m.peer, m.kind, m.grant, m.value, m.dupable, m.delayed)
-        else:
-            ident = chan  # FIFO: only the head of each channel
-        if ident in seen:
+        head = chan not in heads
+        heads.add(chan)
+        if not reorder and not head:
             continue
-        seen.add(ident)
-        out.append(i)
+        if reorder and not head:
+            ident: Any = (m.dest, m.peer, m.kind, m.grant, m.value, m.dupable, m.delayed)
+            if ident in seen:
+                continue
+            seen.add(ident)
+        elif reorder:
+            seen.add((m.dest, m.peer, m.kind, m.grant, m.value, m.dupable, m.delayed))
+        out.append((i, head))
     return out
+
+
+def is_fault(env: Env, event: Event) -> int:
+    """How many units of ``Config.max_faults`` ``event`` spends (see ``Config.max_faults``)."""
+    k = event.kind
+    if k in ("deliver", "lose", "duplicate", "delay"):
+        m = env.msgs[event.a]
+        chan = (m.dest, m.peer)
+        head = next(i for i, x in enumerate(env.msgs) if (x.dest, x.peer) == chan)
+        return (head != event.a) + (k != "deliver")
+    if k in ("crash", "fail", "retry"):
+        return 1
+    if k == "lease":
+        return 1 if event.b == 1 else 0
+    return 0
 
 
 def enabled(state: State, config: Config) -> list[Event]:
     env = state.env
     faults = config.faults
+    budget = env.faults_left  # -1: unbounded
     msg_events: list[Event] = []
     prompt = False
-    for i in _deliverable(env, Fault.REORDER in faults):
+    reorder = Fault.REORDER in faults and budget != 0
+    for i, head in _deliverable(env, reorder):
         m = env.msgs[i]
+        cost = 0 if head else 1  # overtaking an earlier message is a (reorder) fault
+        if budget >= 0 and cost > budget:
+            continue
         prompt |= not m.delayed
         msg_events.append(Event("deliver", i))
+        if budget >= 0 and cost + 1 > budget:
+            continue
         if env.losses_left:
             msg_events.append(Event("lose", i))
         if env.dups_left and m.dupable:
@@ -369,7 +413,7 @@ def enabled(state: State, config: Config) -> list[Event]:
         for seq, st in enumerate(g.transfers):
             if st in (IN_FLIGHT, FAILED):
                 out.append(Event("land", gi, seq))
-            if st == IN_FLIGHT and Fault.FAIL in faults and not peer.crashed:
+            if st == IN_FLIGHT and Fault.FAIL in faults and not peer.crashed and budget:
                 out.append(Event("fail", gi, seq))
         if req.phase in (FINISHED, REJECTED) and not snap.proof(g.grant)[-1]:  # still open
             if not g.lease_fired:
@@ -378,6 +422,7 @@ def enabled(state: State, config: Config) -> list[Event]:
                 req.phase == REJECTED
                 and Fault.RETRY in faults
                 and g.retries < config.max_retries
+                and budget
                 and not any(m.dest == TO_PEER and m.grant == gi for m in env.msgs)
             ):
                 out.append(Event("retry", gi))
@@ -393,14 +438,15 @@ def enabled(state: State, config: Config) -> list[Event]:
         if not g.cancelled and not g.stopped and all_seen:
             out.append(Event("complete", gi))
     for pi, ps in enumerate(env.peers):
-        if not ps.crashed and env.crashes_left:
+        if not ps.crashed and env.crashes_left and budget:
             out.append(Event("crash", pi))
         if ps.crashed and not ps.lost_reported:
             out.append(Event("peer_lost", pi))
         if ps.crashed and not ps.fenced and Fault.FENCE in faults:
             out.append(Event("fence", pi))
-    if Fault.TIMEOUT in faults:
-        out.extend(leases)
+    if Fault.TIMEOUT in faults and out and budget:
+        # An early deadline: it passes while something else could still happen (a fault).
+        out.extend(Event("lease", e.a, 1) for e in leases)
     elif not out:
         # Without the timeout fault a deadline is generous: it passes only when nothing else can
         # happen any more (the proof that was coming has come, or never will).
@@ -520,6 +566,10 @@ def _strongest_ack(g: GrantSide) -> tuple[str, int]:
 def step(state: State, event: Event, config: Config, policy: Policy) -> tuple[State, list[str]]:
     """Take ``event`` from ``state``. Raises ``Broken`` when an invariant breaks in the step."""
     s = _Step(state, config, policy)
+    if s.env.faults_left > 0:
+        cost = is_fault(s.env, event)
+        if cost:
+            s.env = attrs.evolve(s.env, faults_left=s.env.faults_left - cost)
     try:
         if _do(s, event):
             _settle(s)
