@@ -61,6 +61,18 @@ def baseline_allocator() -> float:
     return time.perf_counter() - t0
 
 
+def _reject_and_prove(
+    ledger: BlockLedger, grants: list[Any], release: Callable[[int], Any] | None = None
+) -> None:
+    """The early end of every request, then the peer's proof; optionally release each."""
+    for r, g in enumerate(grants):
+        ledger.reject(r, "abort")
+        ledger.apply(SchedulingStopped.of(g, 3))
+        ledger.apply(TransferQuiesced.of(g, 3))
+        if release is not None:
+            release(r)
+
+
 def guarded_acquire() -> float:
     """Same allocator, every request through the full guarded lifecycle (acquire path)."""
     ledger = BlockLedger(REQUESTS * BLOCKS)
@@ -70,10 +82,7 @@ def guarded_acquire() -> float:
     for r in range(REQUESTS):
         _, ids = pool.get_new_blocks(r, BLOCKS)
         grants.append(ledger.grant(r, "prefill-0", ids, Access.WRITE))
-    for r, g in enumerate(grants):
-        ledger.reject(r, "abort")
-        ledger.apply(SchedulingStopped.of(g, 3))
-        ledger.apply(TransferQuiesced.of(g, 3))
+    _reject_and_prove(ledger, grants)
     pool.step()  # one collect_releasable per scheduler step
     dt = time.perf_counter() - t0
     assert pool.free_queue.num_free == REQUESTS * BLOCKS
@@ -84,14 +93,11 @@ def guarded_allocate() -> float:
     """The ledger owns the free list: allocate -> grant -> reject -> evidence -> collect."""
     ledger = BlockLedger(REQUESTS * BLOCKS)
     t0 = time.perf_counter()
-    grants = []
-    for r in range(REQUESTS):
-        ids = ledger.allocate(r, BLOCKS)
-        grants.append(ledger.grant(r, "prefill-0", ids, Access.WRITE))
-    for r, g in enumerate(grants):
-        ledger.reject(r, "abort")
-        ledger.apply(SchedulingStopped.of(g, 3))
-        ledger.apply(TransferQuiesced.of(g, 3))
+    grants = [
+        ledger.grant(r, "prefill-0", ledger.allocate(r, BLOCKS), Access.WRITE)
+        for r in range(REQUESTS)
+    ]
+    _reject_and_prove(ledger, grants)
     ledger.collect_releasable()
     dt = time.perf_counter() - t0
     assert ledger.free_count() == REQUESTS * BLOCKS
@@ -107,11 +113,7 @@ def per_request_release() -> float:
     for r in range(REQUESTS):
         _, ids = pool.get_new_blocks(r, BLOCKS)
         grants.append(ledger.grant(r, "prefill-0", ids, Access.WRITE))
-    for r, g in enumerate(grants):
-        ledger.reject(r, "abort")
-        ledger.apply(SchedulingStopped.of(g, 3))
-        ledger.apply(TransferQuiesced.of(g, 3))
-        pool.release(r)
+    _reject_and_prove(ledger, grants, pool.release)
     return time.perf_counter() - t0
 
 
