@@ -282,7 +282,7 @@ class BlockLedger:
             # The stack's top holds the lowest ids: hand them out in ascending order.
             ids = stack[top : self._free_top][::-1].astype(np.int64)
             self._free_top = top
-            self._owner.put(ids, req.slot)
+            self._owner[ids] = req.slot
             ids.flags.writeable = False
             req.excl.append(ids)
             return ids
@@ -322,14 +322,14 @@ class BlockLedger:
                     self._set_deadline(req, deadline)
             except BaseException:
                 if not shared:
-                    self._owner.put(arr, FREE)
+                    self._owner[arr] = FREE
                 raise
             if shared:
                 self._sharers[arr] += 1
                 self._shared_holds += 1
                 req.shared.append(arr)
             else:
-                self._owner.put(arr, req.slot)
+                self._owner[arr] = req.slot
                 req.excl.append(arr)
 
     # =================================================================== grants
@@ -617,7 +617,7 @@ class BlockLedger:
             if self._shared_holds and len(excl):
                 still = self._sharers.take(excl) > 0
                 if still.any():
-                    owner.put(excl[still], ORPHANED)
+                    owner[excl[still]] = ORPHANED
                     excl = excl[~still]
             if len(back):
                 excl = np.concatenate([excl, back])
@@ -626,7 +626,7 @@ class BlockLedger:
         if excl_all:
             ids = excl_all[0] if len(excl_all) == 1 else np.concatenate(excl_all)
             if len(ids):
-                owner.put(ids, FREE)
+                owner[ids] = FREE
                 self._generation[ids] += 1
                 if self._free_stack is not None:
                     top = self._free_top
@@ -992,9 +992,9 @@ class BlockLedger:
         # A distinct marker per position, read back: a repeated id keeps only its last marker.
         # Two scatters and a gather, no sort and no ufunc; the caller's owner write follows.
         marks = self._markers(k)
-        owner.put(arr, marks)
+        owner[arr] = marks
         if owner.take(arr).tobytes() != marks.tobytes():
-            owner.put(arr, FREE)
+            owner[arr] = FREE
             raise BlockOutOfRange(f"duplicate block ids in one batch: {arr.tolist()[:32]}")
 
     def _markers(self, k: int) -> npt.NDArray[np.int32]:
