@@ -154,7 +154,7 @@ class _GrantRecord(GrantProof):
     """A live grant and what has been proven about it (the record *is* its proof, so the
     guards can read a request's open records directly)."""
 
-    __slots__ = ("deadline", "grant", "label", "peer", "req")
+    __slots__ = ("deadline", "grant", "is_open", "label", "peer", "req")
 
     def __init__(self, grant: Grant, req: _Request, deadline: float | None) -> None:
         super().__init__()
@@ -163,6 +163,7 @@ class _GrantRecord(GrantProof):
         self.deadline = deadline  # caller's clock; None: only the request's deadline applies
         self.label = str(grant.id)  # formatted once: every transition it causes names it
         self.peer = grant.peer
+        self.is_open = True  # False once closed; then it is only in req.grants
 
 
 class _Request:
@@ -434,10 +435,14 @@ class BlockLedger:
         if isinstance(ev, GrantEvidence) or (
             isinstance(ev, AccessRevoked) and ev.grant_id is not None
         ):
-            rec = self._grant_record(ev)
+            gid = ev.grant_id
+            assert gid is not None  # AccessRevoked about one grant names it
+            rec = self._grants.get(gid.serial) if gid.incarnation == self.incarnation else None
+            if rec is None or ev.request != rec.grant.request or ev.peer != rec.peer:
+                rec = self._grant_record(ev)  # raises the precise error
             rec.check(ev)
             # A closed grant of a live request: checked for contradictions above, else a no-op.
-            changed = rec.grant.id.serial in rec.req.open and rec.record(ev)
+            changed = rec.is_open and rec.record(ev)
             if changed:
                 self._proven(rec, ev, out)
         elif isinstance(ev, AccessRevoked | PeerLost):
@@ -459,7 +464,7 @@ class BlockLedger:
     def _proven(self, rec: _GrantRecord, ev: Evidence, out: list[Transition]) -> None:
         """Something new was proven about ``rec``: close it if it now is, advance its request."""
         req = rec.req
-        if rec.closed and rec.grant.id.serial in req.open:
+        if rec.is_open and rec.closed:
             self._close(rec)
         if req.state != _ADMITTED:
             self._advance(req, type(ev).__name__, rec, out)
@@ -494,6 +499,7 @@ class BlockLedger:
         return rec
 
     def _close(self, rec: _GrantRecord) -> None:
+        rec.is_open = False
         serial = rec.grant.id.serial
         del rec.req.open[serial]
         peer_open = self._by_peer[rec.grant.peer]
@@ -865,6 +871,7 @@ class BlockLedger:
                 for serial, orec in old.grants.items():
                     rec = _GrantRecord(orec.grant, req, orec.deadline)
                     rec.assign(orec)
+                    rec.is_open = orec.is_open
                     req.grants[serial] = rec
                     new._grants[serial] = rec
                     if serial in old.open:

@@ -51,7 +51,8 @@ class GrantProof:
 
     @property
     def cancel_acknowledged(self) -> bool:
-        return self.cancel_received or self.scheduling_stopped
+        # Spelled out rather than via scheduling_stopped: the guards call this on the hot path.
+        return self.cancel_received or self.revoked or self.last_seq is not None
 
     @property
     def closed(self) -> bool:
