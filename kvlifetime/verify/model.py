@@ -454,6 +454,37 @@ def enabled(state: State, config: Config) -> list[Event]:
     return out
 
 
+def stubborn(state: State, config: Config, events: list[Event]) -> list[Event]:
+    """A stubborn subset of ``events`` (the events enabled in ``state``): see ``explore.py``.
+
+    The one reduction: in a *transient* state (a message that was not delayed is in flight, so
+    only message events are enabled), the delivery of a Cancel ``m`` to a peer is expanded alone
+    when nothing else can happen to ``m`` (no loss, duplicate, delay or overtaking of ``m`` is
+    enabled: budgets only shrink) and no other message of its channel can overtake it (it is
+    the only one there, or the channel is FIFO in this state). Every other event is returned
+    unchanged. The argument that this preserves every violation is in ``explore.py``.
+    """
+    env = state.env
+    if not env.msgs or len(events) < 2:
+        return events
+    if not any(not m.delayed for m in env.msgs):
+        return events  # a stable state: no reduction
+    alts: dict[int, int] = {}
+    for e in events:
+        alts[e.a] = alts.get(e.a, 0) + 1
+    fifo = Fault.REORDER not in config.faults or env.faults_left == 0
+    for e in events:
+        if e.kind != "deliver" or alts[e.a] != 1:
+            continue
+        m = env.msgs[e.a]
+        if m.dest != TO_PEER or m.delayed:
+            continue
+        same = [i for i, x in enumerate(env.msgs) if x.dest == TO_PEER and x.peer == m.peer]
+        if same[0] == e.a and (fifo or len(same) == 1):
+            return [e]
+    return events
+
+
 # ------------------------------------------------------------------ taking a step
 
 
