@@ -248,6 +248,13 @@ def _add_verify(p: argparse.ArgumentParser) -> None:
     p.add_argument("--blocks-per-request", type=int, default=1)
     p.add_argument("--max-states", type=int, default=None, help="stop after this many states")
     p.add_argument(
+        "--max-faults",
+        type=int,
+        default=None,
+        metavar="K",
+        help="at most K fault events per run, over every kind (default: no total cap)",
+    )
+    p.add_argument(
         "--no-reduction", action="store_true", help="key states concretely (measures the factor)"
     )
     p.add_argument("--checked", action="store_true", help="mirror into the specification too")
@@ -265,6 +272,7 @@ def _run_verify(args: argparse.Namespace) -> int:
             faults=parse_faults(args.faults),
             transfers_per_grant=args.transfers,
             blocks_per_request=args.blocks_per_request,
+            max_faults=args.max_faults,
         )
     except ValueError as e:
         print(f"kvlifetime verify: error: {e}", file=sys.stderr)

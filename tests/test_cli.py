@@ -220,6 +220,23 @@ def test_no_command_is_a_usage_error(capsys: Capsys) -> None:
     assert "usage: kvlifetime" in err
 
 
+def test_verify_max_faults_bounds_the_search(capsys: Capsys) -> None:
+    common = ("verify", "--requests", "2", "--peers", "2", "--blocks", "2", "--faults", "all")
+    status, out, _ = run(
+        capsys, *common, "--max-faults", "0", "--policy", "timeout", "--format", "json"
+    )
+    assert status == 0, out
+    unbudgeted = json.loads(out)
+    assert unbudgeted["verdict"] == "pass"  # no fault may happen: the lease never fires early
+    status, out, _ = run(
+        capsys, *common, "--max-faults", "1", "--policy", "timeout", "--format", "json"
+    )
+    assert status == 1
+    refuted = json.loads(out)
+    assert refuted["violation"]["invariant"] == "isolation"
+    assert len(refuted["trace"]) == 6
+
+
 def test_help_lists_every_command(capsys: Capsys) -> None:
     status, out, _ = run(capsys, "--help")
     assert status == 0
