@@ -44,9 +44,9 @@ def checked_ledger(num_blocks: int = 16, *, name: str = "ledger") -> Any:
     """A pytest fixture giving a fresh checked ledger per test.
 
     In a ``conftest.py``: ``ledger = kvlifetime.testing.checked_ledger(64)``; a test then takes
-    ``ledger`` as an argument. At teardown the fixture checks that no evidence the test did not
-    expect was refused silently (refusals are counted in ``stats().refused_evidence``; a test
-    that provokes them on purpose reads them itself).
+    ``ledger`` as an argument. Any disagreement between the compiled tables and the
+    specification raises ``SpecDisagreement`` inside the call that caused it; refused evidence
+    is counted in ``stats().refused_evidence`` for the test to read.
     """
     import pytest  # test-only dependency
 
