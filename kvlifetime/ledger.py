@@ -373,7 +373,10 @@ class BlockLedger:
             req.grants[serial] = rec
             req.open[serial] = rec
             self._grants[serial] = rec
-            self._by_peer.setdefault(peer, {})[serial] = rec
+            peer_open = self._by_peer.get(peer)
+            if peer_open is None:
+                peer_open = self._by_peer[peer] = {}
+            peer_open[serial] = rec
             if deadline is not None:
                 self._timed[request] = None
             if _enabled():
