@@ -28,32 +28,44 @@ the owner's phase, the grant and peer flags, lease_fired, retries, the fault bud
 removes a message and sends at most one acknowledgement, which itself sends nothing, and cancels
 are bounded by rejects plus retries). So no cycle proviso is needed. Every violation is turned,
 for the argument, into a reachable *deadlock*: a step that breaks an invariant sets a sticky
-"broken" bit and the run goes on (the explorer stops at the first one instead; the reduced set
-chosen in a state never looks at that bit), and every run of a finite acyclic graph ends in a
-deadlock, so "a violation is reachable" iff "a broken or leaking deadlock is reachable". Stubborn
-sets (Valmari: D0, D1 and D2 for every enabled member) preserve every reachable deadlock, with no
-visibility condition, provided the interference relation also covers "changes whether the other
-step breaks". Symmetry keys compose with this: the set is computed on the concrete state that
-is expanded, and symmetric states have symmetric futures (induction on the height of the state).
+"broken" bit and the run goes on (the explorer stops at the first one instead; the set chosen in
+a state never looks at that bit), and every run of a finite acyclic graph ends in a deadlock, so
+"a violation is reachable" iff "a broken or leaking deadlock is reachable". Stubborn sets
+(Valmari: D0; D1, every member commutes with every path of non-members; D2, a key member stays
+enabled along them) preserve every reachable deadlock, with no visibility condition, provided
+"commutes" also covers "changes whether the other step breaks". Commuting is up to renaming
+grants, messages and free-list order, which the ledger and the environment treat as names.
+Symmetry keys compose with this: the set is computed on the concrete state that is expanded,
+and symmetric states have symmetric futures (induction on the height of the state).
 
-The only stubborn set used is a singleton, in a *transient* state (a message that was not delayed
-is in flight, so by the model's prompt rule only message events are enabled): the delivery of a
-Cancel ``m`` to peer ``p`` for grant ``g``, when no other event on ``m`` is enabled (no loss,
-duplicate, delay or overtaking: the budgets only shrink) and no other message can overtake it on
-its channel. Its footprint: it reads ``p``'s crash flag and ``g``'s stopped / quiesced flags, sets
-``g.cancelled``, appends one acknowledgement to the FIFO channel ``(ledger, p)``; it never touches
-the ledger, the owner's request phases or the budgets, and never breaks an invariant. While ``m``
-is in flight and not delayed the state stays transient, so every path that avoids it is made of
-message events on other messages: Cancels to other peers (disjoint grants and channels; a peer's
-Cancels to other grants stay behind ``m``), evidence deliveries (they write the ledger, the
-request phases and the head of ``(ledger, p)``: removing a head commutes with appending to the
-tail of a non-empty channel), losses / duplicates / delays of other messages (budgets and other
-messages only). None of them disables ``m``'s delivery, none reads what it writes, and its
-delivery disables none of them (D1, D2); no crash, stop or fence can happen before it. Every
-other state is fully expanded: in a stable state the prompt rule makes every message-sending
-event disable every non-message event, and every grant's local steps conflict with a step that
-reaches the ledger (post vs complete / stop, fail vs land, land vs any release), so a sound
-stubborn set there is, with these footprints, almost always the whole enabled set.
+The set is *the events of one request* ``r`` (``model.owner``: its finish / reject / grants, its
+grants' post / fail / land / stop / quiesce / complete / retry / lease, its messages), and the
+model is built so that a request's lifecycle touches the others only through named shared
+events: the control channel is FIFO per grant and direction (every per-peer FIFO order is one of
+its interleavings), the prompt rule holds per request (a non-delayed message of ``r`` blocks
+only ``r``'s other events), and a lease is generous or early by what ``r`` and the peers can
+still do, not by what other requests can. What ``r``'s events read and write is then ``r``'s
+owner phase, its grants, its messages, its ledger record and its blocks' generations, plus the
+budgets and the crash / fence flags of its peers. ``r``'s set is used only when ``r`` is
+*isolated*: (a) no peer ``r`` holds a grant on, or any peer while ``r`` is live (it may grant
+one), can still crash, report PeerLost or be fenced, so no peer-wide event touches ``r`` on any
+path; (b) while an admission can still happen, no enabled event of ``r`` releases blocks (its
+successor is computed and compared): a release changes what ``admit`` allocates and checks; (c)
+``r`` has an enabled event that reads no budget and is no lease (the key: it depends only on
+``r``'s own state, so D2 holds). Then D1: another request's events and admissions write nothing
+``r`` reads — settling releases only requests whose own records changed (after every ledger
+step nothing releasable is left), and a release bumps only the released blocks' generations;
+the budgets are counters, so when a path of others and then a budgeted event of ``r`` both fit,
+they fit in the other order too and end in the same state; ``r``'s sends block no one else; a
+lease of ``r`` stays early-only while the key is enabled, and ``r`` never changes whether
+another request's lease is early (budget aside, which again fits). The broken checks follow the
+footprints: isolation is checked at ``land`` from ``r``'s grant and blocks (a release bumps the
+generation, so "stale" is monotone), exclusivity at ``admit`` (never in a chosen set, and (b)
+keeps the blocks it reads fixed), progress is a per-request predicate of ``r``'s ledger record
+and phase, checked after every ledger step and changed only by ``r``'s own ledger steps (or by
+peer-wide ones, excluded by (a)), and no-leak at deadlocks, which are preserved. Every other
+state, among them every one where a crash is still possible on a peer a live request could use,
+is fully expanded.
 
 Breadth first over the reduced graph may in principle give a longer counterexample than the
 shortest one; on every configuration the tests compare (``test_verify.py``) the lengths are
@@ -231,8 +243,9 @@ def canonical_key(state: State, config: Config, perms: list[tuple[int, ...]]) ->
             (m.dest, perm[m.peer], m.kind, cidx[m.grant], m.value, m.dupable, m.delayed)
             for m in env.msgs
         ]
-        # FIFO channels keep their order; which channel comes first does not matter.
-        msgs.sort() if reorder else msgs.sort(key=lambda m: (m[0], m[1]))
+        # FIFO channels (one per grant and direction) keep their order; which channel comes
+        # first does not matter.
+        msgs.sort() if reorder else msgs.sort(key=lambda m: (m[0], m[3]))
         inv = [0] * len(perm)
         for old, new in enumerate(perm):
             inv[new] = old
@@ -325,13 +338,28 @@ def explore(
             continue
         if found is not None:
             continue  # only quiet states of this depth can still give a shorter one
+        succ: dict[Event, State | Broken] = {}
+
+        def after(
+            ev: Event, state: State = state, succ: dict[Event, State | Broken] = succ
+        ) -> State | None:
+            got = succ.get(ev)
+            if got is None:
+                try:
+                    got = step(state, ev, config, policy)[0]
+                except Broken as exc:
+                    got = exc
+                succ[ev] = got
+            return None if isinstance(got, Broken) else got
+
         if por:
-            events = stubborn(state, config, events)
+            events = stubborn(state, config, events, after)
         for ev in events:
             transitions += 1
-            try:
-                nxt, _notes = step(state, ev, config, policy)
-            except Broken as b:
+            nxt = after(ev)
+            if nxt is None:
+                b = succ[ev]
+                assert isinstance(b, Broken)
                 found = (b.violation, key, ev, b.notes, depth + 1)
                 break
             nkey = keyf(nxt, config, perms)

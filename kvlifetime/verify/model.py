@@ -26,7 +26,7 @@ successors cost no ledger copy at all.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -63,7 +63,7 @@ class Fault(enum.Enum):
 
     REORDER = "reorder"  # messages overtake each other (else FIFO per channel)
     DUPLICATE = "duplicate"  # a message is delivered twice
-    DELAY = "delay"  # a message waits while anything else happens (else delivered first)
+    DELAY = "delay"  # a message waits while its request moves on (else delivered first)
     LOSS = "loss"  # a message is dropped
     CRASH = "crash"  # a peer stops; its transfers in flight still land; PeerLost may follow
     FENCE = "fence"  # a crashed peer is fenced: AccessRevoked, its transfers never land
@@ -210,7 +210,7 @@ class Msg:
     grant: int  # env grant index
     value: int  # last_seq / through_seq; 0 otherwise
     dupable: bool = True  # a message is duplicated at most once
-    delayed: bool = False  # held back: it no longer has to arrive before anything else
+    delayed: bool = False  # held back: its request may move on before it arrives
 
 
 @attrs.frozen(slots=True)
@@ -329,14 +329,15 @@ def initial(config: Config, *, checked: bool = False) -> State:
 def _deliverable(env: Env, reorder: bool) -> list[tuple[int, bool]]:
     """Messages that may be delivered (or lost, or duplicated) now: (index, head of its channel).
 
-    FIFO: only the head of each channel. With reordering, any message (one of each identical
-    kind), and a message that is not its channel's head overtakes an earlier one.
+    A channel is one grant's direction (``(dest, grant)``): FIFO within it, independent of the
+    others. FIFO: only the head of each channel. With reordering, any message (one of each
+    identical kind), and a message that is not its channel's head overtakes an earlier one.
     """
     out: list[tuple[int, bool]] = []
     seen: set[Any] = set()
     heads: set[tuple[int, int]] = set()
     for i, m in enumerate(env.msgs):
-        chan = (m.dest, m.peer)
+        chan = (m.dest, m.grant)
         head = chan not in heads
         heads.add(chan)
         if not reorder and not head:
@@ -357,8 +358,8 @@ def is_fault(env: Env, event: Event) -> int:
     k = event.kind
     if k in ("deliver", "lose", "duplicate", "delay"):
         m = env.msgs[event.a]
-        chan = (m.dest, m.peer)
-        head = next(i for i, x in enumerate(env.msgs) if (x.dest, x.peer) == chan)
+        chan = (m.dest, m.grant)
+        head = next(i for i, x in enumerate(env.msgs) if (x.dest, x.grant) == chan)
         return (head != event.a) + (k != "deliver")
     if k in ("crash", "fail", "retry"):
         return 1
@@ -367,47 +368,72 @@ def is_fault(env: Env, event: Event) -> int:
     return 0
 
 
+MSG_EVENTS = frozenset({"deliver", "lose", "duplicate", "delay"})
+GRANT_EVENTS = frozenset({"post", "fail", "land", "stop", "quiesce", "complete", "retry", "lease"})
+PEER_EVENTS = frozenset({"crash", "peer_lost", "fence"})
+
+
+def owner(env: Env, event: Event) -> int:
+    """The request whose lifecycle ``event`` belongs to; -1 for the shared events (admit and
+    the peer-wide crash / peer_lost / fence)."""
+    k = event.kind
+    if k in MSG_EVENTS:
+        return env.grants[env.msgs[event.a].grant].req
+    if k in GRANT_EVENTS:
+        return env.grants[event.a].req
+    if k in ("grant", "finish", "reject"):
+        return event.a
+    return -1
+
+
 def enabled(state: State, config: Config) -> list[Event]:
+    """The events enabled in ``state``.
+
+    The prompt rule is per request: while a message of request ``r`` that was not delayed is on
+    the wire, nothing else *of r* happens (its messages may still be delivered, lost,
+    duplicated, delayed); other requests, admissions and peer crashes go on. The delay fault is
+    what lets such a message wait while ``r`` itself moves on.
+    """
     env = state.env
     faults = config.faults
     budget = env.faults_left  # -1: unbounded
-    msg_events: list[Event] = []
-    prompt = False
+    out: list[Event] = []
+    active: set[int] = set()  # requests with an enabled event other than a lease
     reorder = Fault.REORDER in faults and budget != 0
+    blocked = {env.grants[m.grant].req for m in env.msgs if not m.delayed}
     for i, head in _deliverable(env, reorder):
         m = env.msgs[i]
         cost = 0 if head else 1  # overtaking an earlier message is a (reorder) fault
         if budget >= 0 and cost > budget:
             continue
-        prompt |= not m.delayed
-        msg_events.append(Event("deliver", i))
+        active.add(env.grants[m.grant].req)
+        out.append(Event("deliver", i))
         if budget >= 0 and cost + 1 > budget:
             continue
         if env.losses_left:
-            msg_events.append(Event("lose", i))
+            out.append(Event("lose", i))
         if env.dups_left and m.dupable:
-            msg_events.append(Event("duplicate", i))
+            out.append(Event("duplicate", i))
         if env.delays_left and not m.delayed:
-            msg_events.append(Event("delay", i))
-    if prompt:
-        # A message that was not delayed arrives before anything else happens: the delay
-        # fault is what lets one of them wait (bounded by max_delays), the others are prompt.
-        return msg_events
-    out = msg_events
+            out.append(Event("delay", i))
     snap = state.snap
     held = sum(len(r.blocks) for r in env.reqs if r.phase != RELEASED)
     if env.admitted < config.requests and config.blocks - held >= config.blocks_per_request:
         out.append(Event("admit"))
     for ri, r in enumerate(env.reqs):
-        if r.phase == LIVE:
+        if r.phase == LIVE and ri not in blocked:
             granted = {env.grants[gi].peer for gi in r.grants}
             for p in range(config.peers):
                 if p not in granted:
                     out.append(Event("grant", ri, p))
             out.append(Event("finish", ri))
             out.append(Event("reject", ri))
-    leases: list[Event] = []
+            active.add(ri)
+    leases: dict[int, list[int]] = {}
     for gi, g in enumerate(env.grants):
+        if g.req in blocked:
+            continue
+        n = len(out)
         req = env.reqs[g.req]
         peer = env.peers[g.peer]
         for seq, st in enumerate(g.transfers):
@@ -417,7 +443,7 @@ def enabled(state: State, config: Config) -> list[Event]:
                 out.append(Event("fail", gi, seq))
         if req.phase in (FINISHED, REJECTED) and not snap.proof(g.grant)[-1]:  # still open
             if not g.lease_fired:
-                leases.append(Event("lease", gi))
+                leases.setdefault(g.req, []).append(gi)
             if (
                 req.phase == REJECTED
                 and Fault.RETRY in faults
@@ -426,17 +452,19 @@ def enabled(state: State, config: Config) -> list[Event]:
                 and not any(m.dest == TO_PEER and m.grant == gi for m in env.msgs)
             ):
                 out.append(Event("retry", gi))
-        if peer.crashed:
-            continue
-        if not g.stopped and len(g.transfers) < config.transfers_per_grant:
-            out.append(Event("post", gi))
-        all_seen = all(st == LANDED for st in g.transfers)
-        if g.cancelled and not g.stopped:
-            out.append(Event("stop", gi))
-        if g.stopped and not g.quiesced_sent and g.transfers and all_seen:
-            out.append(Event("quiesce", gi))
-        if not g.cancelled and not g.stopped and all_seen:
-            out.append(Event("complete", gi))
+        if not peer.crashed:
+            if not g.stopped and len(g.transfers) < config.transfers_per_grant:
+                out.append(Event("post", gi))
+            all_seen = all(st == LANDED for st in g.transfers)
+            if g.cancelled and not g.stopped:
+                out.append(Event("stop", gi))
+            if g.stopped and not g.quiesced_sent and g.transfers and all_seen:
+                out.append(Event("quiesce", gi))
+            if not g.cancelled and not g.stopped and all_seen:
+                out.append(Event("complete", gi))
+        if len(out) > n:
+            active.add(g.req)
+    n = len(out)
     for pi, ps in enumerate(env.peers):
         if not ps.crashed and env.crashes_left and budget:
             out.append(Event("crash", pi))
@@ -444,45 +472,89 @@ def enabled(state: State, config: Config) -> list[Event]:
             out.append(Event("peer_lost", pi))
         if ps.crashed and not ps.fenced and Fault.FENCE in faults:
             out.append(Event("fence", pi))
-    if Fault.TIMEOUT in faults and out and budget:
-        # An early deadline: it passes while something else could still happen (a fault).
-        out.extend(Event("lease", e.a, 1) for e in leases)
-    elif not out:
-        # Without the timeout fault a deadline is generous: it passes only when nothing else can
-        # happen any more (the proof that was coming has come, or never will).
-        out.extend(leases)
+    peer_events = len(out) > n
+    early = Fault.TIMEOUT in faults and budget != 0
+    for ri, gis in leases.items():
+        if ri in active or peer_events:
+            # An early deadline: it passes while something else could still happen to the
+            # request (a step of its own, or of a peer): a fault.
+            if early:
+                out.extend(Event("lease", gi, 1) for gi in gis)
+        else:
+            # Without the timeout fault a deadline is generous: it passes only when nothing
+            # else can happen to the request any more (the proof that was coming has come, or
+            # never will).
+            out.extend(Event("lease", gi) for gi in gis)
     return out
 
 
-def stubborn(state: State, config: Config, events: list[Event]) -> list[Event]:
-    """A stubborn subset of ``events`` (the events enabled in ``state``): see ``explore.py``.
+# Events that read or spend a shared fault budget (a deliver that overtakes spends one too).
+_BUDGETED = frozenset({"fail", "retry", "lose", "duplicate", "delay", "lease"})
 
-    The one reduction: in a *transient* state (a message that was not delayed is in flight, so
-    only message events are enabled), the delivery of a Cancel ``m`` to a peer is expanded alone
-    when nothing else can happen to ``m`` (no loss, duplicate, delay or overtaking of ``m`` is
-    enabled: budgets only shrink) and no other message of its channel can overtake it (it is
-    the only one there, or the channel is FIFO in this state). Every other event is returned
-    unchanged. The argument that this preserves every violation is in ``explore.py``.
+
+def _peer_may_act(env: Env, config: Config, p: int) -> bool:
+    """Whether a crash, PeerLost or fencing of peer ``p`` is enabled now or may be later."""
+    ps = env.peers[p]
+    if not ps.crashed:
+        return bool(env.crashes_left) and env.faults_left != 0
+    return not ps.lost_reported or (Fault.FENCE in config.faults and not ps.fenced)
+
+
+def stubborn(
+    state: State,
+    config: Config,
+    events: list[Event],
+    after: Callable[[Event], State | None],
+) -> list[Event]:
+    """A persistent subset of ``events`` (those enabled in ``state``): see ``explore.py``.
+
+    The events of one request ``r`` are expanded alone when ``r`` is *isolated*: no peer that
+    ``r`` holds a grant on (or, while ``r`` is live, any peer) can still crash, report PeerLost
+    or be fenced; ``r`` has an enabled event that reads no shared budget and is no lease (the
+    key); and, while an admission may still happen, none of ``r``'s enabled events releases a
+    request (``after(e)`` is the successor of ``e``, ``None`` when the step breaks an
+    invariant). Among isolated requests the one with the fewest enabled events is chosen;
+    when there is none, every enabled event is returned.
     """
     env = state.env
-    if not env.msgs or len(events) < 2:
+    if len(env.reqs) < 2 or len(events) < 2:
         return events
-    if not any(not m.delayed for m in env.msgs):
-        return events  # a stable state: no reduction
-    alts: dict[int, int] = {}
+    mine: dict[int, list[Event]] = {}
     for e in events:
-        alts[e.a] = alts.get(e.a, 0) + 1
-    fifo = Fault.REORDER not in config.faults or env.faults_left == 0
-    for e in events:
-        if e.kind != "deliver" or alts[e.a] != 1:
+        mine.setdefault(owner(env, e), []).append(e)
+    may_admit = env.admitted < config.requests
+    best: list[Event] | None = None
+    for ri, evs in mine.items():
+        if ri < 0 or len(evs) == len(events) or (best is not None and len(evs) >= len(best)):
             continue
-        m = env.msgs[e.a]
-        if m.dest != TO_PEER or m.delayed:
+        r = env.reqs[ri]
+        peers: Iterable[int] = (
+            range(config.peers) if r.phase == LIVE else {env.grants[gi].peer for gi in r.grants}
+        )
+        if any(_peer_may_act(env, config, p) for p in peers):
             continue
-        same = [i for i, x in enumerate(env.msgs) if x.dest == TO_PEER and x.peer == m.peer]
-        if same[0] == e.a and (fifo or len(same) == 1):
-            return [e]
-    return events
+        if not any(e.kind not in _BUDGETED and not _overtakes(env, e) for e in evs):
+            continue
+        if may_admit and any(_releases(env, e, after) for e in evs):
+            continue
+        best = evs
+    return events if best is None else best
+
+
+def _overtakes(env: Env, e: Event) -> bool:
+    return e.kind == "deliver" and is_fault(env, e) > 0
+
+
+def _releases(env: Env, e: Event, after: Callable[[Event], State | None]) -> bool:
+    """Whether ``e`` gives blocks back to the pool (or breaks an invariant)."""
+    if e.kind not in ("finish", "reject", "deliver", "duplicate", "lease"):
+        return False  # no ledger change: no release
+    nxt = after(e)
+    if nxt is None:
+        return True
+    return sum(r.phase == RELEASED for r in nxt.env.reqs) != sum(
+        r.phase == RELEASED for r in env.reqs
+    )
 
 
 # ------------------------------------------------------------------ taking a step
