@@ -285,28 +285,41 @@ def main() -> None:
         f"kvlifetime ledger bench — {platform.processor() or platform.machine()}, "
         f"Python {platform.python_version()}, numpy {np.__version__}"
     )
-    base = best_of(baseline_allocator)
-    acq = best_of(guarded_acquire)
-    alloc = best_of(guarded_allocate)
-    per_req = best_of(per_request_release)
+    # The variants run interleaved, one of each per round, and every ratio is taken within a
+    # round: this machine's speed drifts by up to 1.6x over a minute (measured), so a ratio of
+    # medians taken minutes apart would mostly measure the drift.
+    variants: dict[str, Callable[[], float]] = {
+        "baseline": baseline_allocator,
+        "acquire": guarded_acquire,
+        "per_req": per_request_release,
+        "allocate": guarded_allocate,
+    }
+    rounds: list[dict[str, float]] = []
+    for _ in range(REPEATS):
+        rounds.append({k: best_of(fn, 1) for k, fn in variants.items()})
+    med = {k: statistics.median(r[k] for r in rounds) for k in variants}
+    ratio = {k: statistics.median(r[k] / r["baseline"] for r in rounds) for k in variants}
+    spread = {
+        k: (min(r[k] / r["baseline"] for r in rounds), max(r[k] / r["baseline"] for r in rounds))
+        for k in variants
+    }
+    base, acq = med["baseline"], med["acquire"]
     nb = REQUESTS * BLOCKS
-    print(f"\n1. full lifecycle, {REQUESTS} requests x {BLOCKS} blocks")
     print(
-        f"   baseline vLLM-style alloc+free     {base * 1e3:8.2f} ms  "
-        f"({base / nb * 1e9:6.1f} ns/block)  1.00x"
+        f"\n1. full lifecycle, {REQUESTS} requests x {BLOCKS} blocks "
+        f"(median of {REPEATS} interleaved rounds; ratio range in brackets)"
     )
-    print(
-        f"   guarded, acquire + collect          {acq * 1e3:8.2f} ms  "
-        f"({acq / nb * 1e9:6.1f} ns/block)  {acq / base:.2f}x   (target <= 1.5x)"
-    )
-    print(
-        f"   guarded, acquire + release per req  {per_req * 1e3:8.2f} ms  "
-        f"({per_req / nb * 1e9:6.1f} ns/block)  {per_req / base:.2f}x"
-    )
-    print(
-        f"   ledger owns free list (allocate)   {alloc * 1e3:8.2f} ms  "
-        f"({alloc / nb * 1e9:6.1f} ns/block)  {alloc / base:.2f}x"
-    )
+    for key, label, note in (
+        ("baseline", "baseline vLLM-style alloc+free    ", ""),
+        ("acquire", "guarded, acquire + collect         ", "   (target <= 1.5x)"),
+        ("per_req", "guarded, acquire + release per req ", ""),
+        ("allocate", "ledger owns free list (allocate)   ", "   (target <= 1.5x)"),
+    ):
+        lo, hi = spread[key]
+        print(
+            f"   {label} {med[key] * 1e3:8.2f} ms  ({med[key] / nb * 1e9:6.1f} ns/block)  "
+            f"{ratio[key]:.2f}x [{lo:.2f}-{hi:.2f}]{note}"
+        )
     print(f"   ledger overhead per request (acquire path): {(acq - base) / REQUESTS * 1e6:.2f} us")
     prof = lifecycle_profile()
     print(
