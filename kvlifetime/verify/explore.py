@@ -47,25 +47,56 @@ only ``r``'s other events), and a lease is generous or early by what ``r`` and t
 still do, not by what other requests can. What ``r``'s events read and write is then ``r``'s
 owner phase, its grants, its messages, its ledger record and its blocks' generations, plus the
 budgets and the crash / fence flags of its peers. ``r``'s set is used only when ``r`` is
-*isolated*: (a) no peer ``r`` holds a grant on, or any peer while ``r`` is live (it may grant
-one), can still crash, report PeerLost or be fenced, so no peer-wide event touches ``r`` on any
-path; (b) while an admission can still happen, no enabled event of ``r`` releases blocks (its
-successor is computed and compared): a release changes what ``admit`` allocates and checks; (c)
-``r`` has an enabled event that reads no budget and is no lease (the key: it depends only on
-``r``'s own state, so D2 holds). Then D1: another request's events and admissions write nothing
-``r`` reads — settling releases only requests whose own records changed (after every ledger
-step nothing releasable is left), and a release bumps only the released blocks' generations;
-the budgets are counters, so when a path of others and then a budgeted event of ``r`` both fit,
-they fit in the other order too and end in the same state; ``r``'s sends block no one else; a
-lease of ``r`` stays early-only while the key is enabled, and ``r`` never changes whether
-another request's lease is early (budget aside, which again fits). The broken checks follow the
-footprints: isolation is checked at ``land`` from ``r``'s grant and blocks (a release bumps the
-generation, so "stale" is monotone), exclusivity at ``admit`` (never in a chosen set, and (b)
-keeps the blocks it reads fixed), progress is a per-request predicate of ``r``'s ledger record
-and phase, checked after every ledger step and changed only by ``r``'s own ledger steps (or by
-peer-wide ones, excluded by (a)), and no-leak at deadlocks, which are preserved. Every other
-state, among them every one where a crash is still possible on a peer a live request could use,
-is fully expanded.
+*isolated*. (a) Every crash / PeerLost / fencing that may still happen commutes with every
+enabled event of ``r``. Under the timeout policy (PeerLost quarantines, the reaper then frees)
+this is taken in its strict form: no peer ``r`` holds a grant on (any peer while ``r`` is
+live) can still crash, report PeerLost or be fenced. Under proof and naive, case by case
+(``model._isolated``; "may" means on some path of other events, a fencing after a crash
+within the crash budgets): a crash of ``p`` only sets a flag, so it commutes with everything
+of ``r`` except a Cancel delivered to ``p`` (answered before, not after: (a1) no such enabled
+event while ``p`` may crash); ``p``'s peer-side steps (post / fail / stop / quiesce /
+complete) are disabled by it and a landing on ``p`` by a fencing, so "crash (fence) then that
+step" is no path and D1 holds vacuously for them (D2 is (c) below). PeerLost(``p``) marks
+``r``'s *open* grants on ``p`` suspect and, if ``r`` has ended, quarantines it; it never
+closes or frees anything (under proof and naive). AccessRevoked(``p``) closes ``r``'s open
+grants on ``p`` (the evidence after it is then a no-op) and may release ``r``. Neither
+touches a closed grant or a released request. So: (a2) while ``r`` is live, no enabled grant
+to a peer that may still be lost or fenced (granted before, the grant is marked / revoked;
+after, not); (a3) while ``r`` is live and an admission may still happen, ``finish`` /
+``reject`` is not enabled when fencings may revoke every open grant of ``r`` (they release
+``r`` after ``finish``, ``finish`` releases it after them: not at the same point among the
+admissions); once ``r`` has ended: (a4) ``r`` is quarantined iff an open grant of it is
+suspect (checked, else full expansion); (a5) no enabled landing while fencings alone may
+release ``r``; (a6) no enabled delivery that closes a grant on ``p`` (without releasing ``r``)
+while ``r`` is not quarantined and PeerLost(``p``) may still come (it would quarantine ``r``
+before the delivery, not after); (a7) while an admission may still happen, no enabled
+delivery that closes a grant of ``r`` when fencings may then revoke the rest. Every other pair
+commutes: a non-closing delivery and PeerLost end with ``r`` quarantined (if ended) and the
+same proofs either way; a delivery and AccessRevoked end with the grant closed and ``r`` in the
+same state (the request guards read only *open* grants' proofs, and the chain is monotone
+in them); a lease and PeerLost both mark the grant suspect (the reason differs: a label); a
+lease or a retry is disabled by the fencing that closes its grant. "The same" is up to the key:
+the key forgets a closed grant's facts and a suspect grant's reason, which nothing reads
+again (a closed grant's facts serve only the contradiction check, and the model's peers are
+honest: every last_seq a grant's peer sends is ``len(transfers)`` after it stopped, which no
+longer changes). (b) While an admission can still happen, no enabled event of ``r`` releases
+blocks (its successor is computed and compared): a release changes what ``admit`` allocates
+and checks. (c) ``r`` has an enabled *key* that nothing outside ``r`` can disable: it reads no
+budget, is no lease and no overtaking delivery, is not a peer-side step on a peer that may
+crash, and not a landing on a peer that may be fenced (so D2 holds).
+
+Then D1: another request's events and admissions write nothing ``r`` reads — settling releases
+only requests whose own records changed (after every ledger step nothing releasable is left),
+and a release bumps only the released blocks' generations; the budgets are counters, so when a
+path of others and then a budgeted event of ``r`` both fit, they fit in the other order too and
+end in the same state; ``r``'s sends block no one else; a lease of ``r`` stays early-only while
+the key is enabled, and ``r`` never changes whether another request's lease is early (budget
+aside, which again fits). The broken checks follow the footprints: isolation is checked at
+``land`` from ``r``'s grant and blocks (a release bumps the generation, so "stale" is monotone),
+exclusivity at ``admit`` (never in a chosen set, and (b) keeps the blocks it reads fixed),
+progress is a per-request predicate of ``r``'s ledger record and phase, checked after every
+ledger step and changed only by ``r``'s own ledger steps (or by peer-wide ones, which (a)
+orders), and no-leak at deadlocks, which are preserved. Every other state is fully expanded.
 
 Breadth first over the reduced graph may in principle give a longer counterexample than the
 shortest one; on every configuration the tests compare (``test_verify.py``) the lengths are
@@ -201,6 +232,9 @@ def _perms(n: int) -> list[tuple[int, ...]]:
     return list(itertools.permutations(range(n)))
 
 
+_CLOSED: tuple[Any, ...] = (False, -1, 0, False, "", True)
+
+
 def canonical_key(state: State, config: Config, perms: list[tuple[int, ...]]) -> Any:
     """The state up to renaming requests, blocks and peers (see the module docstring)."""
     env = state.env
@@ -211,7 +245,13 @@ def canonical_key(state: State, config: Config, perms: list[tuple[int, ...]]) ->
     base: list[tuple[Any, ...]] = []
     for g in env.grants:
         req = env.reqs[g.req]
-        proof = () if req.phase == RELEASED else snap.proof(g.grant)
+        if req.phase == RELEASED:
+            proof: tuple[Any, ...] = ()
+        else:
+            pr = snap.proof(g.grant)
+            # A closed grant's facts are never read again (see the module docstring), and a
+            # suspect grant's reason is only a label: neither is part of the state.
+            proof = _CLOSED if pr[-1] else (*pr[:4], "s" if pr[4] else "", False)
         base.append(
             (
                 g.transfers,
@@ -353,7 +393,7 @@ def explore(
             return None if isinstance(got, Broken) else got
 
         if por:
-            events = stubborn(state, config, events, after)
+            events = stubborn(state, config, events, after, policy)
         for ev in events:
             transitions += 1
             nxt = after(ev)

@@ -490,14 +490,41 @@ def enabled(state: State, config: Config) -> list[Event]:
 
 # Events that read or spend a shared fault budget (a deliver that overtakes spends one too).
 _BUDGETED = frozenset({"fail", "retry", "lose", "duplicate", "delay", "lease"})
+# Peer-side steps: a crash of their peer disables them.
+_PEER_SIDE = frozenset({"post", "stop", "quiesce", "complete"})
+
+
+def _crash_possible(env: Env, p: int) -> bool:
+    """Whether peer ``p`` may still crash (now or later)."""
+    return not env.peers[p].crashed and bool(env.crashes_left) and env.faults_left != 0
+
+
+def _lost_possible(env: Env, p: int) -> bool:
+    """Whether a ``PeerLost`` of peer ``p`` may still be reported (now or after a crash)."""
+    ps = env.peers[p]
+    return (ps.crashed and not ps.lost_reported) or _crash_possible(env, p)
+
+
+def _fence_possible(env: Env, config: Config, p: int) -> bool:
+    """Whether peer ``p`` may still be fenced (now or after a crash)."""
+    ps = env.peers[p]
+    if Fault.FENCE not in config.faults or ps.fenced:
+        return False
+    return ps.crashed or _crash_possible(env, p)
 
 
 def _peer_may_act(env: Env, config: Config, p: int) -> bool:
     """Whether a crash, PeerLost or fencing of peer ``p`` is enabled now or may be later."""
-    ps = env.peers[p]
-    if not ps.crashed:
-        return bool(env.crashes_left) and env.faults_left != 0
-    return not ps.lost_reported or (Fault.FENCE in config.faults and not ps.fenced)
+    return _lost_possible(env, p) or _fence_possible(env, config, p)
+
+
+def _fences_may_close(env: Env, config: Config, peers: set[int]) -> bool:
+    """Whether one path of crashes and fencings may fence every peer in ``peers`` (nonempty):
+    every one can still be fenced, and the crash budgets cover those not yet crashed."""
+    if not peers or not all(_fence_possible(env, config, p) for p in peers):
+        return False
+    need = sum(not env.peers[p].crashed for p in peers)
+    return need <= env.crashes_left and (env.faults_left < 0 or need <= env.faults_left)
 
 
 def stubborn(
@@ -505,40 +532,132 @@ def stubborn(
     config: Config,
     events: list[Event],
     after: Callable[[Event], State | None],
+    policy: Policy | None = None,
 ) -> list[Event]:
     """A persistent subset of ``events`` (those enabled in ``state``): see ``explore.py``.
 
-    The events of one request ``r`` are expanded alone when ``r`` is *isolated*: no peer that
-    ``r`` holds a grant on (or, while ``r`` is live, any peer) can still crash, report PeerLost
-    or be fenced; ``r`` has an enabled event that reads no shared budget and is no lease (the
-    key); and, while an admission may still happen, none of ``r``'s enabled events releases a
-    request (``after(e)`` is the successor of ``e``, ``None`` when the step breaks an
-    invariant). Among isolated requests the one with the fewest enabled events is chosen;
-    when there is none, every enabled event is returned.
+    The events of one request ``r`` are expanded alone when ``r`` is *isolated* (conditions
+    (a) to (c) of ``explore.py``; ``after(e)`` is the successor of ``e``, ``None`` when the step
+    breaks an invariant). Among isolated requests the one with the fewest enabled events is
+    chosen; when there is none, every enabled event is returned. ``policy`` ``None`` or
+    ``TIMEOUT``: condition (a) in its strict form (no peer ``r`` may use can still act).
     """
     env = state.env
-    if len(env.reqs) < 2 or len(events) < 2:
+    if not env.reqs or len(events) < 2:
         return events
     mine: dict[int, list[Event]] = {}
     for e in events:
         mine.setdefault(owner(env, e), []).append(e)
     may_admit = env.admitted < config.requests
+    strict = policy is None or policy is Policy.TIMEOUT
     best: list[Event] | None = None
     for ri, evs in mine.items():
         if ri < 0 or len(evs) == len(events) or (best is not None and len(evs) >= len(best)):
             continue
-        r = env.reqs[ri]
-        peers: Iterable[int] = (
-            range(config.peers) if r.phase == LIVE else {env.grants[gi].peer for gi in r.grants}
-        )
-        if any(_peer_may_act(env, config, p) for p in peers):
+        if strict:
+            if not _isolated_strict(state, config, ri):
+                continue
+        elif not _isolated(state, config, ri, evs, after, may_admit):
             continue
-        if not any(e.kind not in _BUDGETED and not _overtakes(env, e) for e in evs):
+        if not any(_is_key(env, config, e) for e in evs):
             continue
         if may_admit and any(_releases(env, e, after) for e in evs):
             continue
         best = evs
     return events if best is None else best
+
+
+def _isolated_strict(state: State, config: Config, ri: int) -> bool:
+    """Condition (a), strict: no peer ``r`` holds a grant on (any peer while ``r`` is live)
+    can still crash, report PeerLost or be fenced."""
+    env = state.env
+    r = env.reqs[ri]
+    peers: Iterable[int] = (
+        range(config.peers) if r.phase == LIVE else {env.grants[gi].peer for gi in r.grants}
+    )
+    return not any(_peer_may_act(env, config, p) for p in peers)
+
+
+def _isolated(
+    state: State,
+    config: Config,
+    ri: int,
+    evs: list[Event],
+    after: Callable[[Event], State | None],
+    may_admit: bool,
+) -> bool:
+    """Condition (a), relaxed (policies proof and naive): no peer-wide event that may still
+    happen fails to commute with an enabled event of ``r`` (the cases of ``explore.py``)."""
+    env = state.env
+    snap = state.snap
+    r = env.reqs[ri]
+    # (a1) A cancel to a peer that may still crash: delivered before the crash it is answered,
+    # after it not.
+    for e in evs:
+        if e.kind in ("deliver", "duplicate"):
+            m = env.msgs[e.a]
+            if m.dest == TO_PEER and _crash_possible(env, m.peer):
+                return False
+    if r.phase == RELEASED:
+        return True  # the ledger forgot r: PeerLost and AccessRevoked do not touch it
+    open_gs = [gi for gi in r.grants if not snap.proof(env.grants[gi].grant)[-1]]
+    open_peers = {env.grants[gi].peer for gi in open_gs}
+    if r.phase == LIVE:
+        # (a2) A grant to a peer that may still be lost or fenced: granted before, the new
+        # grant is marked suspect / revoked; after, it is not.
+        if any(e.kind == "grant" and _peer_may_act(env, config, e.b) for e in evs):
+            return False
+        # (a3) Fencings that may revoke every open grant of r: after finish / reject they
+        # release r, before it finish does: not the same admissions in between.
+        return not (
+            may_admit
+            and any(e.kind in ("finish", "reject") for e in evs)
+            and _fences_may_close(env, config, open_peers)
+        )
+    # r has ended (finished or rejected) and is not released.
+    st = snap.state(r.key)
+    quarantined = st == RequestState.QUARANTINED.value
+    if not quarantined and any(snap.proof(env.grants[gi].grant)[4] for gi in open_gs):
+        return False  # (a4) outside what the argument covers (an ended request with a
+        # suspect open grant is quarantined): expand in full
+    # (a5) Fencings alone may release r: a landing of r must not be moved past them.
+    if any(e.kind == "land" for e in evs) and _fences_may_close(env, config, open_peers):
+        return False
+    for e in evs:
+        if e.kind not in ("deliver", "duplicate") or env.msgs[e.a].dest != TO_LEDGER:
+            continue
+        gi = env.msgs[e.a].grant
+        if gi not in open_gs:
+            continue
+        nxt = after(e)
+        if nxt is None:
+            return False
+        if nxt.env.reqs[ri].phase == RELEASED:
+            continue  # closes the last open grant; (b) keeps it out while admissions remain
+        if not nxt.snap.proof(env.grants[gi].grant)[-1]:
+            continue  # does not close its grant
+        p = env.grants[gi].peer
+        # (a6) It closes grant gi: PeerLost(p) before it quarantines r, after it not.
+        if not quarantined and _lost_possible(env, p):
+            return False
+        # (a7) After it fencings may release r at another point than before it.
+        rest = open_peers - {p}
+        if may_admit and rest and _fences_may_close(env, config, rest):
+            return False
+    return True
+
+
+def _is_key(env: Env, config: Config, e: Event) -> bool:
+    """Whether ``e`` may be the key (D2): enabled whatever the other requests and the peers
+    do. Not a budgeted event, a lease or an overtaking delivery (a budget may run out), not a
+    peer-side step of a peer that may crash, not a landing on a peer that may be fenced."""
+    if e.kind in _BUDGETED or _overtakes(env, e):
+        return False
+    if e.kind in _PEER_SIDE:
+        return not _crash_possible(env, env.grants[e.a].peer)
+    if e.kind == "land":
+        return not _fence_possible(env, config, env.grants[e.a].peer)
+    return True
 
 
 def _overtakes(env: Env, e: Event) -> bool:
