@@ -2,6 +2,8 @@
 
 - ``checked_ledger`` — a pytest fixture factory: a ``BlockLedger(checked=True)`` that mirrors
   every transition into the specification and fails loudly on disagreement;
+- ``captured_logs`` — ``structlog.testing.capture_logs`` that leaves structlog unconfigured
+  again afterwards (so kvlifetime goes back to emitting nothing);
 - ``assert_transitions`` — a captured log (``structlog.testing.capture_logs``) follows an
   expected sequence of named transitions for one request;
 - ``adversarial_evidence`` — a hypothesis strategy of stale, forged, duplicated, reordered and
@@ -13,8 +15,9 @@ them is called, so importing this module never requires them.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvlifetime.evidence import (
@@ -56,6 +59,27 @@ def checked_ledger(num_blocks: int = 16, *, name: str = "ledger") -> Any:
         yield ledger
 
     return _fixture
+
+
+@contextlib.contextmanager
+def captured_logs() -> Iterator[list[MutableMapping[str, Any]]]:
+    """``structlog.testing.capture_logs()``, leaving structlog as it found it.
+
+    ``capture_logs`` configures structlog and leaves it configured when it exits; kvlifetime
+    logs only once structlog is configured, so afterwards it would print its events to stdout
+    for the rest of the process. This restores the unconfigured default when that is what it
+    found.
+    """
+    import structlog
+    from structlog.testing import capture_logs
+
+    was_configured = structlog.is_configured()
+    try:
+        with capture_logs() as logs:
+            yield logs
+    finally:
+        if not was_configured:
+            structlog.reset_defaults()
 
 
 def transitions_of(captured: Sequence[Mapping[str, Any]], request: RequestKey) -> list[str]:

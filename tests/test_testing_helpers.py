@@ -93,3 +93,20 @@ def _closed_by(g: Grant, evs: list[Evidence]) -> bool:
     stops = [e.last_seq for e in mine if isinstance(e, SchedulingStopped)]
     quiet = max((e.through_seq for e in mine if isinstance(e, TransferQuiesced)), default=0)
     return bool(stops) and quiet >= stops[0]
+
+
+def test_captured_logs_captures_then_leaves_structlog_unconfigured() -> None:
+    import structlog
+
+    from kvlifetime.ledger import BlockLedger
+    from kvlifetime.testing import assert_transitions, captured_logs
+
+    assert not structlog.is_configured()
+    ledger = BlockLedger(4)
+    with captured_logs() as logs:
+        ledger.allocate("a", 1)
+        ledger.reject("a")
+    assert_transitions(
+        logs, "a", ["rejected", "cancel_received", "scheduling_stopped", "transfer_quiesced"]
+    )
+    assert not structlog.is_configured()
