@@ -251,6 +251,22 @@ EVIDENCE_CLASSES: tuple[type[Evidence], ...] = (
 BY_NAME: Mapping[str, type[Evidence]] = {c.__name__: c for c in EVIDENCE_CLASSES}
 
 
+def about(grant: Grant, kind: str, seq: int = 0) -> Evidence:
+    """The evidence class named ``kind`` about ``grant``; ``seq`` is its ``last_seq`` /
+    ``through_seq`` where it has one. ``PeerLost`` names the grant's peer."""
+    if kind in ("SchedulingStopped", "TransferQuiesced", "TransferCompleted"):
+        cls = BY_NAME[kind]
+        assert issubclass(cls, SchedulingStopped | TransferQuiesced | TransferCompleted)
+        return cls.of(grant, seq)
+    if kind in ("CancelReceived", "AccessRevoked", "LeaseExpired"):
+        single = BY_NAME[kind]
+        assert issubclass(single, CancelReceived | AccessRevoked | LeaseExpired)
+        return single.of(grant)
+    if kind == "PeerLost":
+        return PeerLost(grant.peer)
+    raise InvalidField(f"unknown evidence kind {kind!r} (known: {', '.join(BY_NAME)})")
+
+
 def not_proven(cls: type[Evidence]) -> str:
     """The "Does not prove:" paragraph of an evidence class, as one line."""
     return _paragraph(cls, "Does not prove:")

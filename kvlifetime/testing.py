@@ -21,14 +21,11 @@ from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvlifetime.evidence import (
-    AccessRevoked,
     CancelReceived,
     Evidence,
-    LeaseExpired,
-    PeerLost,
     SchedulingStopped,
-    TransferCompleted,
     TransferQuiesced,
+    about,
     to_dict,
 )
 from kvlifetime.grant import Grant, GrantId, RequestKey
@@ -134,6 +131,18 @@ def _forge(g: Grant, how: str) -> Evidence:
     return TransferQuiesced(GrantId(g.id.incarnation, g.id.serial + 10_000), g.request, g.peer, 1)
 
 
+# The strategy's short names for the evidence a peer may honestly send about its grant.
+_HONEST_KINDS = {
+    "cancel": "CancelReceived",
+    "stopped": "SchedulingStopped",
+    "quiesced": "TransferQuiesced",
+    "completed": "TransferCompleted",
+    "revoked": "AccessRevoked",
+    "lease": "LeaseExpired",
+    "peer_lost": "PeerLost",
+}
+
+
 def adversarial_evidence(
     grants: Sequence[Grant], *, max_seq: int = 3, max_size: int = 24
 ) -> SearchStrategy[list[Evidence]]:
@@ -153,20 +162,8 @@ def adversarial_evidence(
     grant = st.sampled_from(list(grants))
 
     def one(g: Grant, kind: str, n: int) -> Evidence:
-        if kind == "cancel":
-            return CancelReceived.of(g)
-        if kind == "stopped":
-            return SchedulingStopped.of(g, n)
-        if kind == "quiesced":
-            return TransferQuiesced.of(g, n)
-        if kind == "completed":
-            return TransferCompleted.of(g, n)
-        if kind == "revoked":
-            return AccessRevoked.of(g)
-        if kind == "lease":
-            return LeaseExpired.of(g)
-        if kind == "peer_lost":
-            return PeerLost(g.peer)
+        if kind in _HONEST_KINDS:
+            return about(g, _HONEST_KINDS[kind], n)
         return _forge(g, kind)
 
     kinds = st.sampled_from(

@@ -290,3 +290,20 @@ def test_claims_matrix_spot_checks() -> None:
     cancel_claims = by["CancelReceived"]["claims"]
     assert isinstance(cancel_claims, dict)
     assert cancel_claims["scheduling_stopped"] is False
+
+
+def test_about_builds_each_kind_for_a_grant_and_refuses_unknown_kinds() -> None:
+    from kvlifetime.errors import InvalidField
+    from kvlifetime.evidence import EVIDENCE_CLASSES, about
+    from kvlifetime.grant import Access, Grant, GrantId
+
+    g = Grant(GrantId("inc", 3), "r", "p", [1, 2], [0, 0], Access.WRITE)
+    for cls in EVIDENCE_CLASSES:
+        ev = about(g, cls.__name__, 4)
+        assert type(ev) is cls
+        assert getattr(ev, "peer") == "p"  # noqa: B009 - every evidence class has a peer
+        if hasattr(ev, "grant_id"):
+            assert getattr(ev, "grant_id") == g.id  # noqa: B009
+    assert about(g, "SchedulingStopped", 4) == SchedulingStopped.of(g, 4)
+    with pytest.raises(InvalidField, match="unknown evidence kind"):
+        about(g, "Ack2")

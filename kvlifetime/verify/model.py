@@ -35,13 +35,10 @@ import numpy as np
 from kvlifetime.errors import EvidenceError, KVLifetimeError, StaleEvidence
 from kvlifetime.evidence import (
     AccessRevoked,
-    CancelReceived,
     Evidence,
     LeaseExpired,
     PeerLost,
-    SchedulingStopped,
-    TransferCompleted,
-    TransferQuiesced,
+    about,
 )
 from kvlifetime.grant import Access, Grant
 from kvlifetime.ledger import BlockLedger
@@ -752,15 +749,9 @@ class _Step:
 
 
 def _evidence(kind: str, g: Grant, value: int) -> Evidence:
-    if kind == "CancelReceived":
-        return CancelReceived.of(g)
-    if kind == "SchedulingStopped":
-        return SchedulingStopped.of(g, value)
-    if kind == "TransferQuiesced":
-        return TransferQuiesced.of(g, value)
-    if kind == "TransferCompleted":
-        return TransferCompleted.of(g, value)
-    raise ValueError(f"not an acknowledgement: {kind}")
+    if kind not in ("CancelReceived", "SchedulingStopped", "TransferQuiesced", "TransferCompleted"):
+        raise ValueError(f"not an acknowledgement: {kind}")
+    return about(g, kind, value)
 
 
 def msg_text(env: Env, m: Msg) -> str:
