@@ -73,8 +73,9 @@ def _reject_and_prove(
             release(r)
 
 
-def guarded_acquire() -> float:
-    """Same allocator, every request through the full guarded lifecycle (acquire path)."""
+def _layered(per_request_release: bool) -> float:
+    """The vLLM-style pool with the ledger layered on it (acquire), every request through the
+    full guarded lifecycle; released once per step, or per request."""
     ledger = BlockLedger(REQUESTS * BLOCKS)
     pool = BlockPool(REQUESTS * BLOCKS, ledger)
     t0 = time.perf_counter()
@@ -82,11 +83,17 @@ def guarded_acquire() -> float:
     for r in range(REQUESTS):
         _, ids = pool.get_new_blocks(r, BLOCKS)
         grants.append(ledger.grant(r, "prefill-0", ids, Access.WRITE))
-    _reject_and_prove(ledger, grants)
-    pool.step()  # one collect_releasable per scheduler step
+    _reject_and_prove(ledger, grants, pool.release if per_request_release else None)
+    if not per_request_release:
+        pool.step()  # one collect_releasable per scheduler step
     dt = time.perf_counter() - t0
     assert pool.free_queue.num_free == REQUESTS * BLOCKS
     return dt
+
+
+def guarded_acquire() -> float:
+    """Same allocator, every request through the full guarded lifecycle (acquire path)."""
+    return _layered(per_request_release=False)
 
 
 def guarded_allocate() -> float:
@@ -106,15 +113,7 @@ def guarded_allocate() -> float:
 
 def per_request_release() -> float:
     """Like guarded_acquire, but release() per request instead of one batch per step."""
-    ledger = BlockLedger(REQUESTS * BLOCKS)
-    pool = BlockPool(REQUESTS * BLOCKS, ledger)
-    t0 = time.perf_counter()
-    grants = []
-    for r in range(REQUESTS):
-        _, ids = pool.get_new_blocks(r, BLOCKS)
-        grants.append(ledger.grant(r, "prefill-0", ids, Access.WRITE))
-    _reject_and_prove(ledger, grants, pool.release)
-    return time.perf_counter() - t0
+    return _layered(per_request_release=True)
 
 
 def lifecycle_profile() -> dict[str, float]:
