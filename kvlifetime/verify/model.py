@@ -794,6 +794,19 @@ def step(state: State, event: Event, config: Config, policy: Policy) -> tuple[St
     return State(snap, s.env), s.notes
 
 
+# A peer's own acknowledgements: event -> (evidence it sends, grant flags it sets, what it did).
+# Each carries the number of transfers the peer posted for the grant.
+_PEER_ACKS: dict[str, tuple[str, dict[str, bool], str]] = {
+    "stop": ("SchedulingStopped", {"stopped": True}, "stops scheduling"),
+    "quiesce": ("TransferQuiesced", {"quiesced_sent": True}, "saw every transfer end"),
+    "complete": (
+        "TransferCompleted",
+        {"stopped": True, "quiesced_sent": True},
+        "is done with the grant",
+    ),
+}
+
+
 def _do(s: _Step, ev: Event) -> bool:
     """Perform the event; return whether the ledger may have changed."""
     env = s.env
@@ -901,26 +914,13 @@ def _do(s: _Step, ev: Event) -> bool:
                 + (f"; they now belong to {', '.join(holders)}" if holders else ""),
             )
         return False
-    if k == "stop":
+    if k in _PEER_ACKS:
+        kind, flags, what = _PEER_ACKS[k]
         g = env.grants[ev.a]
-        s.set_grant(ev.a, stopped=True)
-        m = Msg(TO_LEDGER, g.peer, "SchedulingStopped", ev.a, len(g.transfers))
+        s.set_grant(ev.a, **flags)
+        m = Msg(TO_LEDGER, g.peer, kind, ev.a, len(g.transfers))
         s.send(m)
-        s.notes.append(f"{peer_name(g.peer)} stops scheduling; sends {msg_text(s.env, m)}")
-        return False
-    if k == "quiesce":
-        g = env.grants[ev.a]
-        s.set_grant(ev.a, quiesced_sent=True)
-        m = Msg(TO_LEDGER, g.peer, "TransferQuiesced", ev.a, len(g.transfers))
-        s.send(m)
-        s.notes.append(f"{peer_name(g.peer)} saw every transfer end; sends {msg_text(s.env, m)}")
-        return False
-    if k == "complete":
-        g = env.grants[ev.a]
-        s.set_grant(ev.a, stopped=True, quiesced_sent=True)
-        m = Msg(TO_LEDGER, g.peer, "TransferCompleted", ev.a, len(g.transfers))
-        s.send(m)
-        s.notes.append(f"{peer_name(g.peer)} is done with the grant; sends {msg_text(s.env, m)}")
+        s.notes.append(f"{peer_name(g.peer)} {what}; sends {msg_text(s.env, m)}")
         return False
     if k in ("deliver", "lose", "duplicate", "delay"):
         m = env.msgs[ev.a]
