@@ -114,13 +114,19 @@ from typing import Any
 import attrs
 
 from kvlifetime.verify.model import (
+    FAILED,
+    IN_FLIGHT,
     INVARIANTS,
+    LANDED,
+    LIVE,
     RELEASED,
     Broken,
     Config,
     Event,
     Fault,
+    GrantSide,
     Policy,
+    Snap,
     State,
     Violation,
     check_quiet,
@@ -242,9 +248,15 @@ def canonical_key(state: State, config: Config, perms: list[tuple[int, ...]]) ->
     reorder = Fault.REORDER in config.faults
     best: Any = None
     # What does not depend on the peer renaming, once.
-    base: list[tuple[Any, ...]] = []
-    for g in env.grants:
+    base: list[tuple[Any, ...] | None] = []
+    talking = {m.grant for m in env.msgs}
+    for gi, g in enumerate(env.grants):
         req = env.reqs[g.req]
+        if req.phase != LIVE and _dead(env, snap, g, gi in talking):
+            # Nothing of this grant can happen any more, and nothing reads it (see "dead
+            # grants" in the module docstring): only its peer is kept, for an ended request.
+            base.append(None)
+            continue
         if req.phase == RELEASED:
             proof: tuple[Any, ...] = ()
         else:
@@ -266,12 +278,15 @@ def canonical_key(state: State, config: Config, perms: list[tuple[int, ...]]) ->
         )
     rstates = [(r.phase, "" if r.phase == RELEASED else snap.state(r.key)) for r in env.reqs]
     for perm in perms:
-        gdesc = [(perm[g.peer], *base[gi]) for gi, g in enumerate(env.grants)]
+        gdesc = [
+            (perm[g.peer], *b) if b is not None else (perm[g.peer],)
+            for g, b in zip(env.grants, base, strict=True)
+        ]
         reqs: list[tuple[Any, list[int]]] = []
         orphans: list[tuple[Any, int]] = []
         for ri, r in enumerate(env.reqs):
             if r.phase == RELEASED:
-                orphans.extend((gdesc[gi], gi) for gi in r.grants)
+                orphans.extend((gdesc[gi], gi) for gi in r.grants if base[gi] is not None)
                 continue
             gs = sorted(r.grants, key=lambda gi: gdesc[gi])
             reqs.append(((*rstates[ri], len(r.blocks), tuple(gdesc[gi] for gi in gs)), gs))
@@ -306,6 +321,22 @@ def canonical_key(state: State, config: Config, perms: list[tuple[int, ...]]) ->
         if best is None or key < best:
             best = key
     return best
+
+
+def _dead(env: Env, snap: Snap, g: GrantSide, talking: bool) -> bool:
+    """Whether no event of grant ``g`` (of an ended or released request) can happen any more:
+    no message of it on the wire, no write still to land, the ledger has closed it (or
+    forgotten its request), and its peer can neither post nor answer (stopped, or crashed)."""
+    if talking or any(t in (IN_FLIGHT, FAILED) for t in g.transfers):
+        return False
+    if env.reqs[g.req].phase != RELEASED and not snap.proof(g.grant)[-1]:
+        return False
+    if env.peers[g.peer].crashed:
+        return True
+    if not g.stopped:
+        return False
+    # A stopped peer still reports quiescence once every transfer it saw has landed.
+    return g.quiesced_sent or not g.transfers or not all(t == LANDED for t in g.transfers)
 
 
 def concrete_key(state: State, config: Config, perms: list[tuple[int, ...]]) -> Any:
@@ -351,8 +382,13 @@ def explore(
     max_states: int | None = None,
     checked: bool = False,
     progress: Callable[[int, int, float], None] | None = None,
+    quiet: set[Any] | None = None,
 ) -> Result:
-    """Explore every state reachable under ``config``; stop at the shortest violation."""
+    """Explore every state reachable under ``config``; stop at the shortest violation.
+
+    ``quiet``, when given, receives the key of every quiet state (no event enabled) reached:
+    the partial-order reduction must reach the same ones as the full search (the tests check).
+    """
     t0 = time.perf_counter()
     perms = _perms(config.peers) if reduce else [tuple(range(config.peers))]
     keyf = canonical_key if reduce else concrete_key
@@ -371,6 +407,8 @@ def explore(
         max_depth = max(max_depth, depth)
         events = enabled(state, config)
         if not events:
+            if quiet is not None:
+                quiet.add(key)
             v = check_quiet(state)
             if v is not None:
                 found = (v, key, None, [], depth)

@@ -370,6 +370,16 @@ GRANT_EVENTS = frozenset({"post", "fail", "land", "stop", "quiesce", "complete",
 PEER_EVENTS = frozenset({"crash", "peer_lost", "fence"})
 
 
+def grant_of(env: Env, event: Event) -> int:
+    """The grant whose lifecycle ``event`` belongs to; -1 for request-level and shared events."""
+    k = event.kind
+    if k in MSG_EVENTS:
+        return env.msgs[event.a].grant
+    if k in GRANT_EVENTS:
+        return event.a
+    return -1
+
+
 def owner(env: Env, event: Event) -> int:
     """The request whose lifecycle ``event`` belongs to; -1 for the shared events (admit and
     the peer-wide crash / peer_lost / fence)."""
@@ -386,10 +396,11 @@ def owner(env: Env, event: Event) -> int:
 def enabled(state: State, config: Config) -> list[Event]:
     """The events enabled in ``state``.
 
-    The prompt rule is per request: while a message of request ``r`` that was not delayed is on
-    the wire, nothing else *of r* happens (its messages may still be delivered, lost,
-    duplicated, delayed); other requests, admissions and peer crashes go on. The delay fault is
-    what lets such a message wait while ``r`` itself moves on.
+    The prompt rule is per grant: while a message of grant ``g`` (of request ``r``) that was not
+    delayed is on the wire, nothing else *of g* happens (its messages may still be delivered,
+    lost, duplicated, delayed) and the owner takes no decision about ``r`` (grant, finish,
+    reject); ``r``'s other grants, other requests, admissions and peer crashes go on. The delay
+    fault is what lets such a message wait while ``g`` itself moves on.
     """
     env = state.env
     faults = config.faults
@@ -397,7 +408,8 @@ def enabled(state: State, config: Config) -> list[Event]:
     out: list[Event] = []
     active: set[int] = set()  # requests with an enabled event other than a lease
     reorder = Fault.REORDER in faults and budget != 0
-    blocked = {env.grants[m.grant].req for m in env.msgs if not m.delayed}
+    prompt = {m.grant for m in env.msgs if not m.delayed}  # grants with a prompt message
+    blocked = {env.grants[gi].req for gi in prompt}
     for i, head in _deliverable(env, reorder):
         m = env.msgs[i]
         cost = 0 if head else 1  # overtaking an earlier message is a (reorder) fault
@@ -428,7 +440,7 @@ def enabled(state: State, config: Config) -> list[Event]:
             active.add(ri)
     leases: dict[int, list[int]] = {}
     for gi, g in enumerate(env.grants):
-        if g.req in blocked:
+        if gi in prompt:
             continue
         n = len(out)
         req = env.reqs[g.req]
@@ -547,20 +559,51 @@ def stubborn(
         mine.setdefault(owner(env, e), []).append(e)
     may_admit = env.admitted < config.requests
     strict = policy is None or policy is Policy.TIMEOUT
-    best: list[Event] | None = None
+    # Candidates: the events of one request; for a request that has ended, also the events of
+    # one of its grants with the leases of its other grants (explore.py, "grant-level sets").
+    candidates: list[tuple[int, list[Event], bool]] = []
     for ri, evs in mine.items():
-        if ri < 0 or len(evs) == len(events) or (best is not None and len(evs) >= len(best)):
+        if ri < 0:
+            continue
+        candidates.append((ri, evs, False))
+        if env.reqs[ri].phase not in (FINISHED, REJECTED) or len(env.reqs[ri].grants) < 2:
+            continue
+        per_grant: dict[int, list[Event]] = {}
+        leases: list[Event] = []
+        for e in evs:
+            per_grant.setdefault(grant_of(env, e), []).append(e)
+            if e.kind == "lease":
+                leases.append(e)
+        if len(per_grant) < 2:
+            continue
+        for gi, gevs in per_grant.items():
+            candidates.append((ri, gevs + [e for e in leases if e.a != gi], True))
+    best: list[Event] | None = None
+    for ri, evs, per_grant_set in sorted(candidates, key=lambda c: (c[0], len(c[1]))):
+        if len(evs) == len(events):
             continue
         if strict:
             if not _isolated_strict(state, config, ri):
                 continue
         elif not _isolated(state, config, ri, evs, after, may_admit):
             continue
-        if not any(_is_key(env, config, e) for e in evs):
+        keys = [e for e in evs if e.kind != "lease" and _is_key(env, config, e)]
+        if not keys:
             continue
-        if may_admit and any(_releases(env, e, after) for e in evs):
+        if per_grant_set:
+            gi = grant_of(env, keys[0])
+            # (g1) a closed grant with a write still to land: the last closing of another
+            # grant would release r under it; (g2) a member that releases r: a write of
+            # another grant may be landing after it.
+            g = env.grants[gi]
+            if state.snap.proof(g.grant)[-1] and any(t in (IN_FLIGHT, FAILED) for t in g.transfers):
+                continue
+            if any(_releases(env, e, after) for e in evs):
+                continue
+        elif may_admit and any(_releases(env, e, after) for e in evs):
             continue
         best = evs
+        break
     return events if best is None else best
 
 
