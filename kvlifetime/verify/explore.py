@@ -122,6 +122,7 @@ from kvlifetime.verify.model import (
     RELEASED,
     Broken,
     Config,
+    Env,
     Event,
     Fault,
     GrantSide,
