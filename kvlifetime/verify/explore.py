@@ -278,6 +278,23 @@ def canonical_key(state: State, config: Config, perms: list[tuple[int, ...]]) ->
             )
         )
     rstates = [(r.phase, "" if r.phase == RELEASED else snap.state(r.key)) for r in env.reqs]
+    if len(perms) > 1:
+        # Only the renamings that list the peers in the order of a name-free signature can
+        # give the least key; when the signatures differ, that is one renaming.
+        gsig: list[list[Any]] = [[] for _ in env.peers]
+        msig: list[list[Any]] = [[] for _ in env.peers]
+        for gi, g in enumerate(env.grants):
+            if base[gi] is not None or env.reqs[g.req].phase != RELEASED:
+                gsig[g.peer].append((rstates[g.req], base[gi] or ()))  # what the key lists
+        for m in env.msgs:
+            msig[m.peer].append((m.dest, m.kind, m.value, m.dupable, m.delayed))
+        sig = [
+            (ps.crashed, ps.fenced, ps.lost_reported, sorted(gs), sorted(ms))
+            for ps, gs, ms in zip(env.peers, gsig, msig, strict=True)
+        ]
+        n = len(sig)
+        less = [(a, b) for a in range(n) for b in range(n) if sig[a] < sig[b]]
+        perms = [perm for perm in perms if all(perm[a] < perm[b] for a, b in less)]
     for perm in perms:
         gdesc = [
             (perm[g.peer], *b) if b is not None else (perm[g.peer],)

@@ -227,10 +227,11 @@ class Env:
 class Snap:
     """A ledger that no one mutates any more, with the queries the explorer keeps asking."""
 
-    __slots__ = ("_proofs", "_stale", "_states", "ledger")
+    __slots__ = ("_gens", "_proofs", "_stale", "_states", "ledger")
 
     def __init__(self, ledger: BlockLedger) -> None:
         self.ledger = ledger
+        self._gens: list[int] | None = None
         self._states: dict[str, str] = {}
         self._proofs: dict[int, tuple[Any, ...]] = {}
         self._stale: dict[int, bool] = {}
@@ -256,7 +257,11 @@ class Snap:
         """Whether a write for ``g`` would now touch a later generation of its blocks."""
         s = self._stale.get(g.id.serial)
         if s is None:
-            s = not np.array_equal(self.ledger.generation(g.blocks), g.generations)
+            if self._gens is None:
+                self._gens = self.ledger.generation(np.arange(self.ledger.num_blocks)).tolist()
+            now = self._gens
+            pairs = zip(g.blocks.tolist(), g.generations.tolist(), strict=True)
+            s = any(now[b] != x for b, x in pairs)
             self._stale[g.id.serial] = s
         return s
 
