@@ -13,7 +13,15 @@ future, so states that differ only in names are explored once:
   numbers drop out;
 - **peers** are symmetric: the key is the least over every renaming of the peers;
 - **grants** are renumbered in the order of their requests' descriptors; messages refer to that
-  order.
+  order;
+- **dead grants** drop out: a grant of a request that has ended (or been released) with no
+  message on the wire, no write still to land, closed by the ledger (or forgotten with its
+  request) and a peer that can neither post nor answer (stopped, or crashed) can take part in
+  no event again, and nothing reads its flags (a cancel to it could only come from ``reject``,
+  which is over, or a retry, which needs an open grant): an ended request keeps only its peer
+  (it still counts as granted), a released one nothing. The peer renamings tried are only
+  those that list the peers in the order of a name-free signature of what the key keeps of
+  them (one renaming when the signatures differ).
 
 Two states with one key are the same state up to renaming requests, blocks and peers, and the
 ledger and the environment treat names only through equality: their futures are the same up to
@@ -39,12 +47,14 @@ Symmetry keys compose with this: the set is computed on the concrete state that 
 and symmetric states have symmetric futures (induction on the height of the state).
 
 The set is *the events of one request* ``r`` (``model.owner``: its finish / reject / grants, its
-grants' post / fail / land / stop / quiesce / complete / retry / lease, its messages), and the
-model is built so that a request's lifecycle touches the others only through named shared
-events: the control channel is FIFO per grant and direction (every per-peer FIFO order is one of
-its interleavings), the prompt rule holds per request (a non-delayed message of ``r`` blocks
-only ``r``'s other events), and a lease is generous or early by what ``r`` and the peers can
-still do, not by what other requests can. What ``r``'s events read and write is then ``r``'s
+grants' post / fail / land / stop / quiesce / complete / retry / lease, its messages), or, once
+``r`` has ended, *the events of one of its grants* ``g`` with the leases of its other grants
+(below), and the model is built so that a request's lifecycle touches the others only through
+named shared events: the control channel is FIFO per grant and direction (every per-peer FIFO
+order is one of its interleavings), the prompt rule holds per grant (a non-delayed message of
+``g`` blocks only ``g``'s other events and the owner's decisions about ``r``), and a lease is
+generous or early by what ``r`` and the peers can still do, not by what other requests can.
+What ``r``'s events read and write is then ``r``'s
 owner phase, its grants, its messages, its ledger record and its blocks' generations, plus the
 budgets and the crash / fence flags of its peers. ``r``'s set is used only when ``r`` is
 *isolated*. (a) Every crash / PeerLost / fencing that may still happen commutes with every
@@ -97,6 +107,29 @@ exclusivity at ``admit`` (never in a chosen set, and (b) keeps the blocks it rea
 progress is a per-request predicate of ``r``'s ledger record and phase, checked after every
 ledger step and changed only by ``r``'s own ledger steps (or by peer-wide ones, which (a)
 orders), and no-leak at deadlocks, which are preserved. Every other state is fully expanded.
+
+**Grant-level sets.** Once ``r`` has ended it has no owner decision left (grant, finish,
+reject); its grants then meet only in the ledger's record of ``r`` and in ``r``'s leases. Two
+pieces of evidence about different grants of ``r`` commute: the request guards read only open
+grants' proofs, the chain is monotone in them, and a grant's record changes only with its own
+evidence, so both orders end in the same record -- except when one of them *releases* ``r``
+(the last open grant closes): a write of another grant still in flight would land before the
+release in one order and after it in the other. So the set ``T`` of grant ``g`` (its events,
+plus every enabled lease of ``r``'s other grants) is used only when (g1) ``g`` is not a closed
+grant with a write still to land (another grant's closing could release ``r`` under it), (g2)
+no member releases ``r`` (``after`` is computed and compared), (a) and (c) hold for ``T`` as for
+a request, and ``T`` has a non-lease key. The other grants' leases are members because a lease
+is *early* (a fault) while ``r`` has another enabled event and *generous* (free) once it has
+none: with them inside, every lease of ``r`` stays early along any path of non-members (``g``'s
+key stays enabled, D2), so its budget does not depend on the order. A peer's steps for another
+grant write only that grant's side; its landings check only its own grant's generations, which
+only a release changes (excluded). The per-grant prompt rule gives each grant its own blocking.
+
+**Checked, not only argued.** ``test_verify.py`` compares the reduced search with the full one on
+every configuration small enough to run both ways: the same verdict, the same counterexample
+length, and *the same set of quiet states* (up to symmetry), which is what stubborn sets
+preserve. That comparison found a non-canonical key (a signature that counted dead grants the
+key drops) during development; it is part of the suite.
 
 Breadth first over the reduced graph may in principle give a longer counterexample than the
 shortest one; on every configuration the tests compare (``test_verify.py``) the lengths are

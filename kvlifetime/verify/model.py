@@ -552,9 +552,11 @@ def stubborn(
 
     The events of one request ``r`` are expanded alone when ``r`` is *isolated* (conditions
     (a) to (c) of ``explore.py``; ``after(e)`` is the successor of ``e``, ``None`` when the step
-    breaks an invariant). Among isolated requests the one with the fewest enabled events is
-    chosen; when there is none, every enabled event is returned. ``policy`` ``None`` or
-    ``TIMEOUT``: condition (a) in its strict form (no peer ``r`` may use can still act).
+    breaks an invariant); once ``r`` has ended, the events of one of its grants with the leases
+    of the others (conditions (g1), (g2)). Candidates are tried oldest request first (a run then
+    finishes one request before it turns to the next), smaller sets first within a request; when
+    none qualifies, every enabled event is returned. ``policy`` ``None`` or ``TIMEOUT``:
+    condition (a) in its strict form (no peer ``r`` may use can still act).
     """
     env = state.env
     if not env.reqs or len(events) < 2:
