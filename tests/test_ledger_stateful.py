@@ -501,16 +501,26 @@ class LedgerMachine(RuleBasedStateMachine):
         del m.reqs[r.key]
         m.released_keys.add(r.key)
 
-    @rule(data=st.data())
-    def release(self, data: st.DataObject) -> None:
-        key = self.key(data)
+    def _ended(self, key: RequestKey, call: Any, *args: Any) -> SReq | None:
+        """The model's request ``key`` if a release call may act on it; otherwise ``None``,
+        once ``call(key, *args)`` was checked to be refused (unknown, released, not ended)."""
         m = self.m
         r = m.reqs.get(key)
         if r is None:
             exc = errors.DoubleRelease if key in m.released_keys else errors.UnknownRequest
-            return self.refused(exc, self.L.release, key)
+            self.refused(exc, call, key, *args)
+            return None
         if r.state == "admitted":
-            return self.refused(errors.IllegalTransition, self.L.release, key)
+            self.refused(errors.IllegalTransition, call, key, *args)
+            return None
+        return r
+
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        key = self.key(data)
+        r = self._ended(key, self.L.release)
+        if r is None:
+            return
         if r.state != "transfer_quiesced":
             # Nothing is released without every grant proven closed.
             assert r.open()
@@ -554,12 +564,9 @@ class LedgerMachine(RuleBasedStateMachine):
     def force_release(self, data: st.DataObject) -> None:
         key = self.key(data)
         m = self.m
-        r = m.reqs.get(key)
+        r = self._ended(key, self.L.force_release, "test")
         if r is None:
-            exc = errors.DoubleRelease if key in m.released_keys else errors.UnknownRequest
-            return self.refused(exc, self.L.force_release, key, "test")
-        if r.state == "admitted":
-            return self.refused(errors.IllegalTransition, self.L.force_release, key, "test")
+            return
         if r.state != "transfer_quiesced":
             assert r.open()
             m.unsafe += 1

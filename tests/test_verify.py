@@ -182,18 +182,25 @@ def test_partial_order_reduction_keeps_every_verdict(
     r, p, b = shape
     budget = 1 if faults == "all" else None
     cfg = Config(r, p, b, faults=parse_faults(faults), max_faults=budget)
+    red, full = _reduced_and_full(cfg, policy)
+    assert (red.violation is None) == (full.violation is None)
+    if full.violation is None:
+        assert red.states <= full.states
+
+
+def _reduced_and_full(cfg: Config, policy: Policy) -> tuple[Result, Result]:
+    """Both searches, with the same verdict, and when refuted the same broken invariant and
+    counterexample length, the reduced one's trace replaying to the same violation."""
     red = explore(cfg, policy)
     full = explore(cfg, policy, por=False)
     assert red.verdict == full.verdict
-    assert (red.violation is None) == (full.violation is None)
     if full.violation is not None:
         assert red.violation is not None
         assert red.violation.invariant == full.violation.invariant
         assert len(red.trace) == len(full.trace)
         _s, _n, again = run_events(cfg, policy, [s.event for s in red.trace], checked=True)
         assert again == red.violation
-    else:
-        assert red.states <= full.states
+    return red, full
 
 
 _QUIET_CASES = [
@@ -265,14 +272,6 @@ def test_reduction_with_crashes_keeps_every_verdict(
 ) -> None:
     r, p, b = shape
     cfg = Config(r, p, b, faults=parse_faults(faults), max_faults=budget)
-    red = explore(cfg, policy)
-    full = explore(cfg, policy, por=False)
-    assert red.verdict == full.verdict
-    if full.violation is not None:
-        assert red.violation is not None
-        assert red.violation.invariant == full.violation.invariant
-        assert len(red.trace) == len(full.trace)
-        _s, _n, again = run_events(cfg, policy, [s.event for s in red.trace], checked=True)
-        assert again == red.violation
-    else:
+    red, full = _reduced_and_full(cfg, policy)
+    if full.violation is None:
         assert red.states < full.states

@@ -311,20 +311,23 @@ def canonical_key(state: State, config: Config, perms: list[tuple[int, ...]]) ->
             )
         )
     rstates = [(r.phase, "" if r.phase == RELEASED else snap.state(r.key)) for r in env.reqs]
+    # A dead grant of a released request is not in the key at all.
+    listed = [
+        b is not None or env.reqs[g.req].phase != RELEASED
+        for g, b in zip(env.grants, base, strict=True)
+    ]
+    pflags = [(ps.crashed, ps.fenced, ps.lost_reported) for ps in env.peers]
     if len(perms) > 1:
         # Only the renamings that list the peers in the order of a name-free signature can
         # give the least key; when the signatures differ, that is one renaming.
         gsig: list[list[Any]] = [[] for _ in env.peers]
         msig: list[list[Any]] = [[] for _ in env.peers]
         for gi, g in enumerate(env.grants):
-            if base[gi] is not None or env.reqs[g.req].phase != RELEASED:
-                gsig[g.peer].append((rstates[g.req], base[gi] or ()))  # what the key lists
+            if listed[gi]:
+                gsig[g.peer].append((rstates[g.req], base[gi] or ()))
         for m in env.msgs:
             msig[m.peer].append((m.dest, m.kind, m.value, m.dupable, m.delayed))
-        sig = [
-            (ps.crashed, ps.fenced, ps.lost_reported, sorted(gs), sorted(ms))
-            for ps, gs, ms in zip(env.peers, gsig, msig, strict=True)
-        ]
+        sig = [(*fl, sorted(gs), sorted(ms)) for fl, gs, ms in zip(pflags, gsig, msig, strict=True)]
         n = len(sig)
         less = [(a, b) for a in range(n) for b in range(n) if sig[a] < sig[b]]
         perms = [perm for perm in perms if all(perm[a] < perm[b] for a, b in less)]
@@ -337,7 +340,7 @@ def canonical_key(state: State, config: Config, perms: list[tuple[int, ...]]) ->
         orphans: list[tuple[Any, int]] = []
         for ri, r in enumerate(env.reqs):
             if r.phase == RELEASED:
-                orphans.extend((gdesc[gi], gi) for gi in r.grants if base[gi] is not None)
+                orphans.extend((gdesc[gi], gi) for gi in r.grants if listed[gi])
                 continue
             gs = sorted(r.grants, key=lambda gi: gdesc[gi])
             reqs.append(((*rstates[ri], len(r.blocks), tuple(gdesc[gi] for gi in gs)), gs))
@@ -355,9 +358,7 @@ def canonical_key(state: State, config: Config, perms: list[tuple[int, ...]]) ->
         inv = [0] * len(perm)
         for old, new in enumerate(perm):
             inv[new] = old
-        peers = tuple(
-            (env.peers[o].crashed, env.peers[o].fenced, env.peers[o].lost_reported) for o in inv
-        )
+        peers = tuple(pflags[o] for o in inv)
         key = (
             env.admitted,
             env.dups_left,
