@@ -128,15 +128,47 @@ def test_reduction_is_sound_and_smaller() -> None:
         assert a.verdict == b.verdict and len(a.trace) == len(b.trace)
 
 
-def test_fenced_peer_transfers_never_land() -> None:
+def test_a_write_arriving_after_the_fencing_touches_nothing() -> None:
     cfg = Config(1, 1, 1, faults=parse_faults("fence"))
     s = initial(cfg)
-    for ev in [Event("admit"), Event("grant", 0, 0), Event("post", 0), Event("crash", 0)]:
+    for ev in [Event("admit"), Event("grant", 0, 0), Event("post", 0), Event("reject", 0)]:
         assert ev in enabled(s, cfg)
         s, _ = step(s, ev, cfg, Policy.PROOF)
     s, notes = step(s, Event("fence", 0), cfg, Policy.PROOF)
-    assert not any(e.kind == "land" for e in enabled(s, cfg))
     assert any("AccessRevoked" in n for n in notes)
+    # The fencing closed the only grant: the block went back to the pool, generation bumped.
+    assert s.env.reqs[0].phase == RELEASED
+    while s.env.msgs:  # the cancel, its answer (stale: the request is gone)
+        s, _ = step(s, Event("deliver", 0), cfg, Policy.PROOF)
+    assert Event("land", 0, 0) in enabled(s, cfg)
+    s, notes = step(s, Event("land", 0, 0), cfg, Policy.PROOF)  # no Broken: nothing written
+    assert any("touches nothing" in n for n in notes)
+
+
+def test_a_crashed_peer_goes_silent_grant_by_grant() -> None:
+    cfg = Config(2, 1, 2, faults=parse_faults("crash"))
+    s = initial(cfg)
+    for ev in [Event("admit"), Event("admit"), Event("grant", 0, 0), Event("grant", 1, 0)]:
+        s, _ = step(s, ev, cfg, Policy.PROOF)
+    assert s.env.crashes_left == 1
+    s, notes = step(s, Event("silent", 0), cfg, Policy.PROOF)
+    assert s.env.peers[0].crashed and s.env.crashes_left == 0  # the first one spends the crash
+    assert any("crashes" in n for n in notes)
+    evs = enabled(s, cfg)
+    assert not any(e.a == 0 and e.kind in ("post", "complete", "silent") for e in evs)
+    assert Event("post", 1) in evs and Event("silent", 1) in evs  # free now: already crashed
+    assert Event("peer_lost", 0) in evs
+    # A cancel reaching the grant it went silent on gets no answer.
+    s, _ = step(s, Event("reject", 0), cfg, Policy.PROOF)
+    (i,) = [i for i, m in enumerate(s.env.msgs) if m.grant == 0]
+    s, notes = step(s, Event("deliver", i), cfg, Policy.PROOF)
+    assert not s.env.msgs and any("no answer" in n for n in notes)
+
+
+def test_only_the_first_peers_crash_in_the_reduced_search() -> None:
+    cfg = Config(2, 3, 2, faults=parse_faults("crash"), max_crashes=2)
+    assert [p.crashable for p in initial(cfg).env.peers] == [True, True, True]
+    assert [p.crashable for p in initial(cfg, crash_first=True).env.peers] == [True, True, False]
 
 
 def test_parse_faults() -> None:
@@ -239,7 +271,7 @@ def test_partial_order_reduction_pins_state_counts() -> None:
     assert red.verdict == full.verdict == "pass"
     assert (red.states, full.states) == (325, 6902)
     r = explore(Config(2, 2, 2, faults=frozenset()), Policy.PROOF)
-    assert r.verdict == "pass" and r.states == 486
+    assert r.verdict == "pass" and r.states == 325
 
 
 def test_max_faults_bounds_every_kind() -> None:

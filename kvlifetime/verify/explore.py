@@ -307,6 +307,7 @@ def canonical_key(state: State, config: Config, perms: list[tuple[int, ...]]) ->
                 g.quiesced_sent,
                 g.lease_fired,
                 g.retries,
+                g.silent,
                 proof,
             )
         )
@@ -316,7 +317,11 @@ def canonical_key(state: State, config: Config, perms: list[tuple[int, ...]]) ->
         b is not None or env.reqs[g.req].phase != RELEASED
         for g, b in zip(env.grants, base, strict=True)
     ]
-    pflags = [(ps.crashed, ps.fenced, ps.lost_reported) for ps in env.peers]
+    may_crash = env.crashes_left > 0 and env.faults_left != 0
+    pflags = [
+        (ps.crashable and may_crash and not ps.crashed, ps.crashed, ps.fenced, ps.lost_reported)
+        for ps in env.peers
+    ]
     if len(perms) > 1:
         # Only the renamings that list the peers in the order of a name-free signature can
         # give the least key; when the signatures differ, that is one renaming.
@@ -383,7 +388,7 @@ def _dead(env: Env, snap: Snap, g: GrantSide, talking: bool) -> bool:
         return False
     if env.reqs[g.req].phase != RELEASED and not snap.proof(g.grant)[-1]:
         return False
-    if env.peers[g.peer].crashed:
+    if g.silent:
         return True
     if not g.stopped:
         return False
@@ -405,6 +410,7 @@ def concrete_key(state: State, config: Config, perms: list[tuple[int, ...]]) -> 
             g.quiesced_sent,
             g.lease_fired,
             g.retries,
+            g.silent,
         )
         for g in env.grants
     )
@@ -444,7 +450,7 @@ def explore(
     t0 = time.perf_counter()
     perms = _perms(config.peers) if reduce else [tuple(range(config.peers))]
     keyf = canonical_key if reduce else concrete_key
-    root = initial(config, checked=checked)
+    root = initial(config, checked=checked, crash_first=por)
     rkey = keyf(root, config, perms)
     # key -> (parent key, event taken from the parent's stored state); the root maps to None.
     parents: dict[Any, tuple[Any, Event] | None] = {rkey: None}

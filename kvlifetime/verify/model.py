@@ -62,7 +62,9 @@ class Fault(enum.Enum):
     DUPLICATE = "duplicate"  # a message is delivered twice
     DELAY = "delay"  # a message waits while its request moves on (else delivered first)
     LOSS = "loss"  # a message is dropped
-    CRASH = "crash"  # a peer stops; its transfers in flight still land; PeerLost may follow
+    # A peer crashes: it goes silent on each of its grants (never posts, answers or reports for
+    # it again; its transfers in flight still land), and its heartbeat fails (PeerLost).
+    CRASH = "crash"
     FENCE = "fence"  # a crashed peer is fenced: AccessRevoked, its transfers never land
     TIMEOUT = "timeout"  # a lease expires while the peer may still be working
     RETRY = "retry"  # the owner re-sends a cancel; the peer answers with what it knows now
@@ -164,7 +166,6 @@ IN_FLIGHT = 0  # posted; will touch the blocks when it lands
 FAILED = 1  # reported FAILED, yet may still land (Mooncake: a FAILED batch keeps writing)
 LANDED = 2  # wrote and ended; the peer saw it complete
 LANDED_UNSEEN = 3  # a FAILED transfer that landed: the peer never learns that it ended
-KILLED = 4  # fenced before it landed: it never touches memory
 
 TO_PEER, TO_LEDGER = 0, 1
 
@@ -190,10 +191,14 @@ class GrantSide:
     quiesced_sent: bool = False  # TransferQuiesced / TransferCompleted sent
     lease_fired: bool = False
     retries: int = 0
+    silent: bool = False  # the peer crashed, as this grant sees it: it never acts on it again
 
 
 @attrs.frozen(slots=True)
 class PeerSide:
+    crashable: bool = False  # may crash (see ``initial``)
+    # Crashed: the crash budget is spent on it. From then on each of its grants may go silent,
+    # and its heartbeat may fail (PeerLost) and it may be fenced, at no further cost.
     crashed: bool = False
     fenced: bool = False
     lost_reported: bool = False
@@ -312,10 +317,19 @@ def peer_name(i: int) -> str:
     return f"p{i + 1}"
 
 
-def initial(config: Config, *, checked: bool = False) -> State:
+def initial(config: Config, *, checked: bool = False, crash_first: bool = False) -> State:
+    """The state before anything happened. ``crash_first``: only the first
+    ``config.max_crashes`` peers may crash (a reduction: see "which peers crash" in
+    ``explore.py``); else any peer may."""
     ledger = BlockLedger(config.blocks, checked=checked, incarnation=INCARNATION)
     env = Env(
-        peers=tuple(PeerSide() for _ in range(config.peers)),
+        peers=tuple(
+            PeerSide(
+                crashable=Fault.CRASH in config.faults
+                and (not crash_first or i < config.max_crashes)
+            )
+            for i in range(config.peers)
+        ),
         dups_left=config.max_duplicates if Fault.DUPLICATE in config.faults else 0,
         delays_left=config.max_delays if Fault.DELAY in config.faults else 0,
         losses_left=config.max_losses if Fault.LOSS in config.faults else 0,
@@ -363,16 +377,21 @@ def is_fault(env: Env, event: Event) -> int:
         chan = (m.dest, m.grant)
         head = next(i for i, x in enumerate(env.msgs) if (x.dest, x.grant) == chan)
         return (head != event.a) + (k != "deliver")
-    if k in ("crash", "fail", "retry"):
+    if k in ("fail", "retry"):
         return 1
+    if k in PEER_EVENTS or k == "silent":  # the first of them crashes the peer
+        p = env.grants[event.a].peer if k == "silent" else event.a
+        return 0 if env.peers[p].crashed else 1
     if k == "lease":
         return 1 if event.b == 1 else 0
     return 0
 
 
 MSG_EVENTS = frozenset({"deliver", "lose", "duplicate", "delay"})
-GRANT_EVENTS = frozenset({"post", "fail", "land", "stop", "quiesce", "complete", "retry", "lease"})
-PEER_EVENTS = frozenset({"crash", "peer_lost", "fence"})
+GRANT_EVENTS = frozenset(
+    {"post", "fail", "land", "stop", "quiesce", "complete", "retry", "lease", "silent"}
+)
+PEER_EVENTS = frozenset({"peer_lost", "fence"})
 
 
 def grant_of(env: Env, event: Event) -> int:
@@ -387,7 +406,7 @@ def grant_of(env: Env, event: Event) -> int:
 
 def owner(env: Env, event: Event) -> int:
     """The request whose lifecycle ``event`` belongs to; -1 for the shared events (admit and
-    the peer-wide crash / peer_lost / fence)."""
+    the peer-wide peer_lost / fence)."""
     k = event.kind
     if k in MSG_EVENTS:
         return env.grants[env.msgs[event.a].grant].req
@@ -438,7 +457,7 @@ def enabled(state: State, config: Config) -> list[Event]:
         if r.phase == LIVE and ri not in blocked:
             granted = {env.grants[gi].peer for gi in r.grants}
             for p in range(config.peers):
-                if p not in granted:
+                if p not in granted and not (env.peers[p].lost_reported or env.peers[p].fenced):
                     out.append(Event("grant", ri, p))
             out.append(Event("finish", ri))
             out.append(Event("reject", ri))
@@ -449,11 +468,10 @@ def enabled(state: State, config: Config) -> list[Event]:
             continue
         n = len(out)
         req = env.reqs[g.req]
-        peer = env.peers[g.peer]
         for seq, st in enumerate(g.transfers):
             if st in (IN_FLIGHT, FAILED):
                 out.append(Event("land", gi, seq))
-            if st == IN_FLIGHT and Fault.FAIL in faults and not peer.crashed and budget:
+            if st == IN_FLIGHT and Fault.FAIL in faults and not g.silent and budget:
                 out.append(Event("fail", gi, seq))
         if req.phase in (FINISHED, REJECTED) and not snap.proof(g.grant)[-1]:  # still open
             if not g.lease_fired:
@@ -466,7 +484,9 @@ def enabled(state: State, config: Config) -> list[Event]:
                 and not any(m.dest == TO_PEER and m.grant == gi for m in env.msgs)
             ):
                 out.append(Event("retry", gi))
-        if not peer.crashed:
+        if not g.silent:
+            if not (g.stopped and g.quiesced_sent) and _may_crash(env, g.peer):
+                out.append(Event("silent", gi))
             if not g.stopped and len(g.transfers) < config.transfers_per_grant:
                 out.append(Event("post", gi))
             all_seen = all(st == LANDED for st in g.transfers)
@@ -480,11 +500,11 @@ def enabled(state: State, config: Config) -> list[Event]:
             active.add(g.req)
     n = len(out)
     for pi, ps in enumerate(env.peers):
-        if not ps.crashed and env.crashes_left and budget:
-            out.append(Event("crash", pi))
-        if ps.crashed and not ps.lost_reported:
+        if not _may_crash(env, pi):
+            continue
+        if not ps.lost_reported:
             out.append(Event("peer_lost", pi))
-        if ps.crashed and not ps.fenced and Fault.FENCE in faults:
+        if not ps.fenced and Fault.FENCE in faults:
             out.append(Event("fence", pi))
     peer_events = len(out) > n
     early = Fault.TIMEOUT in faults and budget != 0
@@ -503,32 +523,31 @@ def enabled(state: State, config: Config) -> list[Event]:
 
 
 # Events that read or spend a shared fault budget (a deliver that overtakes spends one too).
-_BUDGETED = frozenset({"fail", "retry", "lose", "duplicate", "delay", "lease"})
-# Peer-side steps: a crash of their peer disables them.
-_PEER_SIDE = frozenset({"post", "stop", "quiesce", "complete"})
+_BUDGETED = frozenset({"fail", "retry", "lose", "duplicate", "delay", "lease", "silent"})
 
 
-def _crash_possible(env: Env, p: int) -> bool:
-    """Whether peer ``p`` may still crash (now or later)."""
-    return not env.peers[p].crashed and bool(env.crashes_left) and env.faults_left != 0
+def _may_crash(env: Env, p: int) -> bool:
+    """Whether peer ``p`` has crashed or may still (its crash events are then enabled): a
+    crashable peer, and the budgets still cover a crash if it has not happened yet."""
+    ps = env.peers[p]
+    if ps.crashed:
+        return True
+    return ps.crashable and bool(env.crashes_left) and env.faults_left != 0
 
 
 def _lost_possible(env: Env, p: int) -> bool:
-    """Whether a ``PeerLost`` of peer ``p`` may still be reported (now or after a crash)."""
-    ps = env.peers[p]
-    return (ps.crashed and not ps.lost_reported) or _crash_possible(env, p)
+    """Whether a ``PeerLost`` of peer ``p`` may still be reported (now or later)."""
+    return not env.peers[p].lost_reported and _may_crash(env, p)
 
 
 def _fence_possible(env: Env, config: Config, p: int) -> bool:
-    """Whether peer ``p`` may still be fenced (now or after a crash)."""
+    """Whether peer ``p`` may still be fenced (now or later)."""
     ps = env.peers[p]
-    if Fault.FENCE not in config.faults or ps.fenced:
-        return False
-    return ps.crashed or _crash_possible(env, p)
+    return Fault.FENCE in config.faults and not ps.fenced and _may_crash(env, p)
 
 
 def _peer_may_act(env: Env, config: Config, p: int) -> bool:
-    """Whether a crash, PeerLost or fencing of peer ``p`` is enabled now or may be later."""
+    """Whether a PeerLost or a fencing of peer ``p`` is enabled now or may be later."""
     return _lost_possible(env, p) or _fence_possible(env, config, p)
 
 
@@ -594,7 +613,10 @@ def stubborn(
                 continue
         elif not _isolated(state, config, ri, evs, after, may_admit):
             continue
-        keys = [e for e in evs if e.kind != "lease" and _is_key(env, config, e)]
+        # A grant-level set needs a key that is no lease (explore.py, "grant-level sets").
+        keys = [
+            e for e in evs if (e.kind != "lease" or not per_grant_set) and _is_key(env, config, e)
+        ]
         if not keys:
             continue
         if per_grant_set:
@@ -607,8 +629,6 @@ def stubborn(
                 continue
             if any(_releases(env, e, after) for e in evs):
                 continue
-        elif may_admit and any(_releases(env, e, after) for e in evs):
-            continue
         best = evs
         break
     return events if best is None else best
@@ -638,37 +658,23 @@ def _isolated(
     env = state.env
     snap = state.snap
     r = env.reqs[ri]
-    # (a1) A cancel to a peer that may still crash: delivered before the crash it is answered,
-    # after it not.
-    for e in evs:
-        if e.kind in ("deliver", "duplicate"):
-            m = env.msgs[e.a]
-            if m.dest == TO_PEER and _crash_possible(env, m.peer):
-                return False
     if r.phase == RELEASED:
         return True  # the ledger forgot r: PeerLost and AccessRevoked do not touch it
     open_gs = [gi for gi in r.grants if not snap.proof(env.grants[gi].grant)[-1]]
     open_peers = {env.grants[gi].peer for gi in open_gs}
     if r.phase == LIVE:
-        # (a2) A grant to a peer that may still be lost or fenced: granted before, the new
-        # grant is marked suspect / revoked; after, it is not.
-        if any(e.kind == "grant" and _peer_may_act(env, config, e.b) for e in evs):
-            return False
-        # (a3) Fencings that may revoke every open grant of r: after finish / reject they
-        # release r, before it finish does: not the same admissions in between.
-        return not (
-            may_admit
-            and any(e.kind in ("finish", "reject") for e in evs)
-            and _fences_may_close(env, config, open_peers)
-        )
+        return True
     # r has ended (finished or rejected) and is not released.
     st = snap.state(r.key)
     quarantined = st == RequestState.QUARANTINED.value
     if not quarantined and any(snap.proof(env.grants[gi].grant)[4] for gi in open_gs):
         return False  # (a4) outside what the argument covers (an ended request with a
         # suspect open grant is quarantined): expand in full
-    # (a5) Fencings alone may release r: a landing of r must not be moved past them.
-    if any(e.kind == "land" for e in evs) and _fences_may_close(env, config, open_peers):
+    # (a5) Fencings alone may release r: a landing on a peer they leave unfenced must not be
+    # moved past them (a landing on a fenced peer is killed: "fence, then land" is no path).
+    if any(
+        e.kind == "land" and env.grants[e.a].peer not in open_peers for e in evs
+    ) and _fences_may_close(env, config, open_peers):
         return False
     for e in evs:
         if e.kind not in ("deliver", "duplicate") or env.msgs[e.a].dest != TO_LEDGER:
@@ -687,10 +693,6 @@ def _isolated(
         # (a6) It closes grant gi: PeerLost(p) before it quarantines r, after it not.
         if not quarantined and _lost_possible(env, p):
             return False
-        # (a7) After it fencings may release r at another point than before it.
-        rest = open_peers - {p}
-        if may_admit and rest and _fences_may_close(env, config, rest):
-            return False
     return True
 
 
@@ -698,12 +700,14 @@ def _is_key(env: Env, config: Config, e: Event) -> bool:
     """Whether ``e`` may be the key (D2): enabled whatever the other requests and the peers
     do. Not a budgeted event, a lease or an overtaking delivery (a budget may run out), not a
     peer-side step of a peer that may crash, not a landing on a peer that may be fenced."""
+    if e.kind == "lease":
+        # A generous deadline (nothing else can happen to the request, and no peer can crash,
+        # be lost or be fenced any more) stays so: others' events never make it early again.
+        return e.b != 1
     if e.kind in _BUDGETED or _overtakes(env, e):
         return False
-    if e.kind in _PEER_SIDE:
-        return not _crash_possible(env, env.grants[e.a].peer)
-    if e.kind == "land":
-        return not _fence_possible(env, config, env.grants[e.a].peer)
+    if e.kind == "grant":
+        return not _peer_may_act(env, config, e.b)
     return True
 
 
@@ -770,6 +774,13 @@ class _Step:
         peers = list(self.env.peers)
         peers[pi] = attrs.evolve(peers[pi], **changes)
         self.env = attrs.evolve(self.env, peers=tuple(peers))
+
+    def crash(self, p: int) -> None:
+        """The first crash event of peer ``p`` (silent, PeerLost, fencing) spends a crash."""
+        if not self.env.peers[p].crashed:
+            self.set_peer(p, crashed=True)
+            self.env = attrs.evolve(self.env, crashes_left=self.env.crashes_left - 1)
+            self.notes.append(f"{peer_name(p)} crashes")
 
     def send(self, msg: Msg) -> None:
         self.env = attrs.evolve(self.env, msgs=(*self.env.msgs, msg))
@@ -944,6 +955,14 @@ def _do(s: _Step, ev: Event) -> bool:
         tr = list(g.transfers)
         tr[ev.b] = LANDED if tr[ev.b] == IN_FLIGHT else LANDED_UNSEEN
         s.set_grant(ev.a, transfers=tuple(tr))
+        if env.peers[g.peer].fenced:
+            # The same end for the transfer as had it landed before the fencing (so the two
+            # commute); the peer's later reports only reach grants the fencing closed.
+            s.notes.append(
+                f"transfer {ev.b + 1} of grant #{g.grant.id.serial} arrives after the fencing "
+                "of its peer: refused, it touches nothing"
+            )
+            return False
         now = s.view.generation(g.grant.blocks)
         s.notes.append(
             f"transfer {ev.b + 1} of grant #{g.grant.id.serial} lands in blocks "
@@ -996,8 +1015,8 @@ def _do(s: _Step, ev: Event) -> bool:
             s.take_msg(ev.a)
         g = env.grants[m.grant]
         if m.dest == TO_PEER:
-            if env.peers[m.peer].crashed:
-                s.notes.append(f"{text} reaches a crashed peer: no answer")
+            if g.silent:
+                s.notes.append(f"{text} reaches a peer silent on the grant: no answer")
                 return False
             s.set_grant(m.grant, cancelled=True)
             kind, value = _strongest_ack(s.env.grants[m.grant])
@@ -1016,24 +1035,27 @@ def _do(s: _Step, ev: Event) -> bool:
         s.notes.append(f"the lease of grant #{g.grant.id.serial} expires: LeaseExpired")
         s.apply(LeaseExpired.of(g.grant), f"LeaseExpired(grant #{g.grant.id.serial})")
         return True
-    if k == "crash":
-        s.set_peer(ev.a, crashed=True)
-        s.env = attrs.evolve(s.env, crashes_left=s.env.crashes_left - 1)
-        s.notes.append(f"{peer_name(ev.a)} crashes (its transfers in flight may still land)")
+    if k == "silent":
+        g = env.grants[ev.a]
+        s.crash(g.peer)
+        s.set_grant(ev.a, silent=True)
+        s.notes.append(
+            f"{peer_name(g.peer)} goes silent on grant #{g.grant.id.serial}: it never posts, "
+            "answers or reports for it again (its transfers in flight may still land)"
+        )
         return False
     if k == "peer_lost":
+        s.crash(ev.a)
         s.set_peer(ev.a, lost_reported=True)
         s.notes.append(f"heartbeats to {peer_name(ev.a)} fail: PeerLost({peer_name(ev.a)})")
         s.apply(PeerLost(peer_name(ev.a)), f"PeerLost({peer_name(ev.a)})")
         return True
     if k == "fence":
+        s.crash(ev.a)
         s.set_peer(ev.a, fenced=True)
-        for gi, g in enumerate(s.env.grants):
-            if g.peer == ev.a and any(t in (IN_FLIGHT, FAILED) for t in g.transfers):
-                killed = tuple(KILLED if t in (IN_FLIGHT, FAILED) else t for t in g.transfers)
-                s.set_grant(gi, transfers=killed)
         s.notes.append(
-            f"{peer_name(ev.a)} is fenced (its transfers in flight are stopped): AccessRevoked"
+            f"{peer_name(ev.a)} is fenced (no write of it touches memory from now on): "
+            "AccessRevoked"
         )
         s.apply(AccessRevoked(peer_name(ev.a)), f"AccessRevoked({peer_name(ev.a)})")
         return True
@@ -1115,9 +1137,9 @@ def describe_event(state: State, event: Event) -> str:
     if k in ("land", "fail"):
         g = env.grants[event.a]
         return f"{k} transfer {event.b + 1} of grant #{g.grant.id.serial}"
-    if k in ("post", "stop", "quiesce", "complete", "retry", "lease"):
+    if k in ("post", "stop", "quiesce", "complete", "retry", "lease", "silent"):
         return f"{k} grant #{env.grants[event.a].grant.id.serial}"
-    if k in ("crash", "peer_lost", "fence"):
+    if k in PEER_EVENTS:
         return f"{k} {peer_name(event.a)}"
     return k
 
