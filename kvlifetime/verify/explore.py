@@ -16,7 +16,7 @@ future, so states that differ only in names are explored once:
   order;
 - **dead grants** drop out: a grant of a request that has ended (or been released) with no
   message on the wire, no write still to land, closed by the ledger (or forgotten with its
-  request) and a peer that can neither post nor answer (stopped, or crashed) can take part in
+  request) and a peer that can neither post nor answer (stopped, or silent on it) can take part in
   no event again, and nothing reads its flags (a cancel to it could only come from ``reject``,
   which is over, or a retry, which needs an open grant): an ended request keeps only its peer
   (it still counts as granted), a released one nothing. The peer renamings tried are only
@@ -31,20 +31,21 @@ environment, which measures the reduction's factor on the same configuration.
 
 **Partial-order reduction** (``por=True``, the default; ``model.stubborn``). The state graph is
 acyclic: every event consumes a bounded budget or advances a monotone counter (admitted, grants
-issued, transfers posted, transfer status IN_FLIGHT -> FAILED -> LANDED_UNSEEN / LANDED / KILLED,
-the owner's phase, the grant and peer flags, lease_fired, retries, the fault budgets; a delivery
-removes a message and sends at most one acknowledgement, which itself sends nothing, and cancels
-are bounded by rejects plus retries). So no cycle proviso is needed. Every violation is turned,
-for the argument, into a reachable *deadlock*: a step that breaks an invariant sets a sticky
-"broken" bit and the run goes on (the explorer stops at the first one instead; the set chosen in
-a state never looks at that bit), and every run of a finite acyclic graph ends in a deadlock, so
-"a violation is reachable" iff "a broken or leaking deadlock is reachable". Stubborn sets
-(Valmari: D0; D1, every member commutes with every path of non-members; D2, a key member stays
-enabled along them) preserve every reachable deadlock, with no visibility condition, provided
-"commutes" also covers "changes whether the other step breaks". Commuting is up to renaming
-grants, messages and free-list order, which the ledger and the environment treat as names.
-Symmetry keys compose with this: the set is computed on the concrete state that is expanded,
-and symmetric states have symmetric futures (induction on the height of the state).
+issued, transfers posted, transfer status IN_FLIGHT -> FAILED -> LANDED_UNSEEN / LANDED, a grant
+going silent, the owner's phase, the grant and peer flags, lease_fired, retries, the fault
+budgets; a delivery removes a message and sends at most one acknowledgement, which itself sends
+nothing, and cancels are bounded by rejects plus retries). So no cycle proviso is needed. Every
+violation is turned, for the argument, into a reachable *deadlock*: a step that breaks an
+invariant sets a sticky "broken" bit and the run goes on (the explorer stops at the first one
+instead; the set chosen in a state never looks at that bit), and every run of a finite acyclic
+graph ends in a deadlock, so "a violation is reachable" iff "a broken or leaking deadlock is
+reachable". Stubborn sets (Valmari: D0; D1, every member commutes with every path of
+non-members; D2, a key member stays enabled along them) preserve every reachable deadlock, with
+no visibility condition, provided "commutes" also covers "changes whether the other step
+breaks". Commuting is up to renaming grants, messages and free-list order, which the ledger and
+the environment treat as names. Symmetry keys compose with this: the set is computed on the
+concrete state that is expanded, and symmetric states have symmetric futures (induction on the
+height of the state).
 
 The set is *the events of one request* ``r`` (``model.owner``: its finish / reject / grants, its
 grants' post / fail / land / stop / quiesce / complete / retry / lease, its messages), or, once
@@ -54,48 +55,66 @@ named shared events: the control channel is FIFO per grant and direction (every 
 order is one of its interleavings), the prompt rule holds per grant (a non-delayed message of
 ``g`` blocks only ``g``'s other events and the owner's decisions about ``r``), and a lease is
 generous or early by what ``r`` and the peers can still do, not by what other requests can.
-What ``r``'s events read and write is then ``r``'s
-owner phase, its grants, its messages, its ledger record and its blocks' generations, plus the
-budgets and the crash / fence flags of its peers. ``r``'s set is used only when ``r`` is
-*isolated*. (a) Every crash / PeerLost / fencing that may still happen commutes with every
-enabled event of ``r``. Under the timeout policy (PeerLost quarantines, the reaper then frees)
-this is taken in its strict form: no peer ``r`` holds a grant on (any peer while ``r`` is
-live) can still crash, report PeerLost or be fenced. Under proof and naive, case by case
-(``model._isolated``; "may" means on some path of other events, a fencing after a crash
-within the crash budgets): a crash of ``p`` only sets a flag, so it commutes with everything
-of ``r`` except a Cancel delivered to ``p`` (answered before, not after: (a1) no such enabled
-event while ``p`` may crash); ``p``'s peer-side steps (post / fail / stop / quiesce /
-complete) are disabled by it and a landing on ``p`` by a fencing, so "crash (fence) then that
-step" is no path and D1 holds vacuously for them (D2 is (c) below). PeerLost(``p``) marks
-``r``'s *open* grants on ``p`` suspect and, if ``r`` has ended, quarantines it; it never
-closes or frees anything (under proof and naive). AccessRevoked(``p``) closes ``r``'s open
-grants on ``p`` (the evidence after it is then a no-op) and may release ``r``. Neither
-touches a closed grant or a released request. So: (a2) while ``r`` is live, no enabled grant
-to a peer that may still be lost or fenced (granted before, the grant is marked / revoked;
-after, not); (a3) while ``r`` is live and an admission may still happen, ``finish`` /
-``reject`` is not enabled when fencings may revoke every open grant of ``r`` (they release
-``r`` after ``finish``, ``finish`` releases it after them: not at the same point among the
-admissions); once ``r`` has ended: (a4) ``r`` is quarantined iff an open grant of it is
-suspect (checked, else full expansion); (a5) no enabled landing while fencings alone may
-release ``r``; (a6) no enabled delivery that closes a grant on ``p`` (without releasing ``r``)
-while ``r`` is not quarantined and PeerLost(``p``) may still come (it would quarantine ``r``
-before the delivery, not after); (a7) while an admission may still happen, no enabled
-delivery that closes a grant of ``r`` when fencings may then revoke the rest. Every other pair
-commutes: a non-closing delivery and PeerLost end with ``r`` quarantined (if ended) and the
-same proofs either way; a delivery and AccessRevoked end with the grant closed and ``r`` in the
-same state (the request guards read only *open* grants' proofs, and the chain is monotone
-in them); a lease and PeerLost both mark the grant suspect (the reason differs: a label); a
-lease or a retry is disabled by the fencing that closes its grant. "The same" is up to the key:
-the key forgets a closed grant's facts and a suspect grant's reason, which nothing reads
-again (a closed grant's facts serve only the contradiction check, and the model's peers are
-honest: every last_seq a grant's peer sends is ``len(transfers)`` after it stopped, which no
-longer changes). (b) While an admission can still happen, no enabled event of ``r`` releases
-blocks (its successor is computed and compared): a release changes what ``admit`` allocates
-and checks. (c) ``r`` has an enabled *key* that nothing outside ``r`` can disable: it reads no
-budget, is no lease and no overtaking delivery, is not a peer-side step on a peer that may
-crash, and not a landing on a peer that may be fenced (so D2 holds).
+What ``r``'s events read and write is then ``r``'s owner phase, its grants, its messages,
+its ledger record and its blocks' generations, plus the budgets and the PeerLost / fence flags
+of its peers.
 
-Then D1: another request's events and admissions write nothing ``r`` reads — settling releases
+**A crash is seen grant by grant.** A crash is no peer-wide event: its peer goes ``silent`` on
+each grant, at that grant's own moment (it never posts, answers or reports for it again; its
+transfers in flight still land), which covers the crash that silences every grant at once and
+also a peer that hangs on one grant only. ``silent`` of ``r``'s grant is ``r``'s own event, and
+the only one that disables ``r``'s peer-side steps, so those are keys. A peer's first crash
+event (silent, PeerLost, fencing) spends the crash budget: a counter, like the other budgets.
+PeerLost and fencing stay peer-wide, as in the ledger.
+
+**Which peers crash.** Peers are symmetric and start alike, and the invariants name no peer: a
+run in which a set ``S`` of peers crashes is, renamed, a run in which the first ``|S|`` peers
+crash. The reduced search (``por=True``) lets only the first ``max_crashes`` peers crash;
+``por=False`` lets any, so the tests' comparison of the two checks this step as well.
+
+``r``'s set is used only when ``r`` is *isolated*: (a) every PeerLost / fencing that may still
+happen commutes with every enabled event of ``r``. Under the timeout policy (PeerLost
+quarantines, the reaper then frees) this is taken in its strict form: no peer ``r`` holds a
+grant on (any peer while ``r`` is live) can still be reported lost or be fenced. Under proof and
+naive, case by case (``model._isolated``; "may" means on some path of other events, within the
+crash budgets). The owner grants to no peer it has seen lost or fenced, so "PeerLost (fencing),
+then grant" is no path and D1 holds vacuously for a grant (it is no key while its peer may
+still be lost or fenced: (c)). A fencing refuses every write that arrives after it, and such a
+transfer ends as it would have had it landed first, so a landing and a fencing end in the same
+state either way; the landing writes only when it comes first, from the state where it is
+taken (a write that breaks there is found there). PeerLost(``p``) marks ``r``'s *open* grants on
+``p`` suspect and, if ``r`` has ended, quarantines it; it never closes or frees anything (under
+proof and naive). AccessRevoked(``p``) closes ``r``'s open grants on ``p`` (the evidence after
+it is then a no-op) and may release ``r``. Neither touches a closed grant or a released request.
+So, once ``r`` has ended: (a4) ``r`` is quarantined iff an open grant of it is suspect (checked,
+else full expansion); (a5) no enabled landing on a peer left unfenced while fencings alone may
+release ``r`` (the write would land after the release in one order, before it in the other);
+(a6) no enabled delivery that closes a grant on ``p`` (without releasing ``r``) while ``r`` is
+not quarantined and PeerLost(``p``) may still come (it would quarantine ``r`` before the
+delivery, not after). Every other pair commutes: a non-closing delivery and PeerLost end with
+``r`` quarantined (if ended) and the same proofs either way; a delivery and AccessRevoked end
+with the grant closed and ``r`` in the same state (the request guards read only *open* grants'
+proofs, and the chain is monotone in them); a lease and PeerLost both mark the grant suspect
+(the reason differs: a label); a lease or a retry is disabled by the fencing that closes its
+grant. "The same" is up to the key: the key forgets a closed grant's facts and a suspect
+grant's reason, which nothing reads again (a closed grant's facts serve only the contradiction
+check, and the model's peers are honest: every last_seq a grant's peer sends is
+``len(transfers)`` after it stopped, which no longer changes).
+
+**Releases and admissions commute** up to block names: ``admit`` takes any free blocks, and
+the key knows a block only through the request holding it and a grant's write only as "would
+land on a later generation" (a release bumps the generation whether or not the block is handed
+out again), so a release before or after an admission ends in the same key; an admission
+enabled only once blocks are free is enabled by the release, never disabled by it. So a member
+may release blocks while admissions remain, and a fencing may release ``r`` at any point among
+them.
+
+(c) ``r`` has an enabled *key* that nothing outside ``r`` can disable: it reads no budget, is
+no early lease and no overtaking delivery, and is no grant to a peer that may still be lost or
+fenced (so D2 holds). A generous lease (nothing else can happen to ``r``, and no PeerLost or
+fencing can come) stays enabled whatever the others do: it is a key.
+
+Then D1: another request's events and admissions write nothing ``r`` reads -- settling releases
 only requests whose own records changed (after every ledger step nothing releasable is left),
 and a release bumps only the released blocks' generations; the budgets are counters, so when a
 path of others and then a budgeted event of ``r`` both fit, they fit in the other order too and
@@ -103,10 +122,11 @@ end in the same state; ``r``'s sends block no one else; a lease of ``r`` stays e
 the key is enabled, and ``r`` never changes whether another request's lease is early (budget
 aside, which again fits). The broken checks follow the footprints: isolation is checked at
 ``land`` from ``r``'s grant and blocks (a release bumps the generation, so "stale" is monotone),
-exclusivity at ``admit`` (never in a chosen set, and (b) keeps the blocks it reads fixed),
-progress is a per-request predicate of ``r``'s ledger record and phase, checked after every
-ledger step and changed only by ``r``'s own ledger steps (or by peer-wide ones, which (a)
-orders), and no-leak at deadlocks, which are preserved. Every other state is fully expanded.
+exclusivity at ``admit`` (never in a chosen set; the ledger hands out only free blocks in
+either order), progress is a per-request predicate of ``r``'s ledger record and phase, checked
+after every ledger step and changed only by ``r``'s own ledger steps (or by peer-wide ones,
+which (a) orders), and no-leak at deadlocks, which are preserved. Every other state is fully
+expanded.
 
 **Grant-level sets.** Once ``r`` has ended it has no owner decision left (grant, finish,
 reject); its grants then meet only in the ledger's record of ``r`` and in ``r``'s leases. Two
@@ -370,6 +390,7 @@ def canonical_key(state: State, config: Config, perms: list[tuple[int, ...]]) ->
             env.delays_left,
             env.losses_left,
             env.crashes_left,
+            env.faults_left,
             peers,
             tuple(d for d, _ in reqs),
             tuple(d for d, _ in orphans),
@@ -383,7 +404,7 @@ def canonical_key(state: State, config: Config, perms: list[tuple[int, ...]]) ->
 def _dead(env: Env, snap: Snap, g: GrantSide, talking: bool) -> bool:
     """Whether no event of grant ``g`` (of an ended or released request) can happen any more:
     no message of it on the wire, no write still to land, the ledger has closed it (or
-    forgotten its request), and its peer can neither post nor answer (stopped, or crashed)."""
+    forgotten its request), and its peer can neither post nor answer (stopped, or silent on it)."""
     if talking or any(t in (IN_FLIGHT, FAILED) for t in g.transfers):
         return False
     if env.reqs[g.req].phase != RELEASED and not snap.proof(g.grant)[-1]:
@@ -425,6 +446,7 @@ def concrete_key(state: State, config: Config, perms: list[tuple[int, ...]]) -> 
         env.delays_left,
         env.losses_left,
         env.crashes_left,
+        env.faults_left,
     )
 
 

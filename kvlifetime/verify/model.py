@@ -16,7 +16,10 @@ differ only in the extra, unsafe releases.
 
 Why the peers behave as they do (notes/mooncake-tcp-semantics.md): a transfer that reported
 FAILED may still land later; a crashed peer's transfers already in flight still land unless it
-was fenced; only fencing (``AccessRevoked``) stops them, atomically with the evidence.
+was fenced; only fencing (``AccessRevoked``) stops them, atomically with the evidence: a write
+that arrives after the fencing touches nothing. A crash is seen grant by grant: the peer goes
+silent on each of its grants at that grant's own moment (the crash that silences them all at
+once is one of those runs), and its heartbeat fails (``PeerLost``).
 
 A state is immutable: ``step`` returns a new one. Steps that do not touch the ledger (a peer
 posts, a transfer lands, a message is duplicated) share the parent's ledger object, so most
@@ -575,7 +578,7 @@ def stubborn(
     of the others (conditions (g1), (g2)). Candidates are tried oldest request first (a run then
     finishes one request before it turns to the next), smaller sets first within a request; when
     none qualifies, every enabled event is returned. ``policy`` ``None`` or ``TIMEOUT``:
-    condition (a) in its strict form (no peer ``r`` may use can still act).
+    condition (a) in its strict form (no peer ``r`` may use can still be lost or fenced).
     """
     env = state.env
     if not env.reqs or len(events) < 2:
@@ -583,7 +586,6 @@ def stubborn(
     mine: dict[int, list[Event]] = {}
     for e in events:
         mine.setdefault(owner(env, e), []).append(e)
-    may_admit = env.admitted < config.requests
     strict = policy is None or policy is Policy.TIMEOUT
     # Candidates: the events of one request; for a request that has ended, also the events of
     # one of its grants with the leases of its other grants (explore.py, "grant-level sets").
@@ -611,7 +613,7 @@ def stubborn(
         if strict:
             if not _isolated_strict(state, config, ri):
                 continue
-        elif not _isolated(state, config, ri, evs, after, may_admit):
+        elif not _isolated(state, config, ri, evs, after):
             continue
         # A grant-level set needs a key that is no lease (explore.py, "grant-level sets").
         keys = [
@@ -636,7 +638,7 @@ def stubborn(
 
 def _isolated_strict(state: State, config: Config, ri: int) -> bool:
     """Condition (a), strict: no peer ``r`` holds a grant on (any peer while ``r`` is live)
-    can still crash, report PeerLost or be fenced."""
+    can still be reported lost (PeerLost) or be fenced."""
     env = state.env
     r = env.reqs[ri]
     peers: Iterable[int] = (
@@ -651,7 +653,6 @@ def _isolated(
     ri: int,
     evs: list[Event],
     after: Callable[[Event], State | None],
-    may_admit: bool,
 ) -> bool:
     """Condition (a), relaxed (policies proof and naive): no peer-wide event that may still
     happen fails to commute with an enabled event of ``r`` (the cases of ``explore.py``)."""
@@ -686,7 +687,8 @@ def _isolated(
         if nxt is None:
             return False
         if nxt.env.reqs[ri].phase == RELEASED:
-            continue  # closes the last open grant; (b) keeps it out while admissions remain
+            continue  # closes the last open grant: r is released before a PeerLost or a
+            # fencing could touch it, or by that fencing first: released either way
         if not nxt.snap.proof(env.grants[gi].grant)[-1]:
             continue  # does not close its grant
         p = env.grants[gi].peer
@@ -698,8 +700,9 @@ def _isolated(
 
 def _is_key(env: Env, config: Config, e: Event) -> bool:
     """Whether ``e`` may be the key (D2): enabled whatever the other requests and the peers
-    do. Not a budgeted event, a lease or an overtaking delivery (a budget may run out), not a
-    peer-side step of a peer that may crash, not a landing on a peer that may be fenced."""
+    do. Not a budgeted event, an early lease or an overtaking delivery (a budget may run out),
+    not a grant to a peer that may still be lost or fenced (the owner grants to no such peer).
+    A peer-side step is disabled only by its grant going silent, a member of the same set."""
     if e.kind == "lease":
         # A generous deadline (nothing else can happen to the request, and no peer can crash,
         # be lost or be fenced any more) stays so: others' events never make it early again.
