@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import numpy as np
 import pytest
 
@@ -23,6 +24,7 @@ from kvlifetime.verify import (
     parse_faults,
     run_events,
 )
+from kvlifetime.verify.explore import canonical_key, concrete_key
 from kvlifetime.verify.model import FAILED, IN_FLIGHT, RELEASED, enabled, initial, step
 
 SMALL = Config(requests=2, peers=2, blocks=2, faults=ALL_FAULTS)
@@ -250,6 +252,8 @@ _QUIET_CASES = [
     ((2, 1, 2), "crash,fence", None),
     ((2, 1, 2), "reorder,retry", None),
     ((2, 1, 2), "timeout,fail", None),
+    # Found a state key without the remaining max_faults budget (the quiet states differed).
+    ((2, 1, 2), "timeout,crash,fence", 2),
     ((1, 2, 1), "all", 1),
 ]
 
@@ -315,3 +319,12 @@ def test_reduction_with_crashes_keeps_every_verdict(
     red, full = _reduced_and_full(cfg, policy)
     if full.violation is None:
         assert red.states < full.states
+
+
+def test_state_key_counts_the_fault_budget_left() -> None:
+    # Two states alike but for the total fault budget left have different futures.
+    cfg = Config(1, 1, 1, faults=parse_faults("loss"), max_faults=1)
+    s = initial(cfg)
+    spent = attrs.evolve(s, env=attrs.evolve(s.env, faults_left=0))
+    for key in (canonical_key, concrete_key):
+        assert key(s, cfg, [(0,)]) != key(spent, cfg, [(0,)])
