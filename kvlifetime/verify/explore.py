@@ -149,7 +149,8 @@ only a release changes (excluded). The per-grant prompt rule gives each grant it
 every configuration small enough to run both ways: the same verdict, the same counterexample
 length, and *the same set of quiet states* (up to symmetry), which is what stubborn sets
 preserve. That comparison found a non-canonical key (a signature that counted dead grants the
-key drops) during development; it is part of the suite.
+key drops) during development, and a key (reduced and concrete alike) that left out the total
+fault budget still unspent; both cases are part of the suite.
 
 Breadth first over the reduced graph may in principle give a longer counterexample than the
 shortest one; on every configuration the tests compare (``test_verify.py``) the lengths are
