@@ -188,6 +188,7 @@ from kvlifetime.verify.model import (
     describe_event,
     enabled,
     initial,
+    may_crash,
     step,
     stubborn,
 )
@@ -338,10 +339,10 @@ def canonical_key(state: State, config: Config, perms: list[tuple[int, ...]]) ->
         b is not None or env.reqs[g.req].phase != RELEASED
         for g, b in zip(env.grants, base, strict=True)
     ]
-    may_crash = env.crashes_left > 0 and env.faults_left != 0
+    # "May still crash" only while the budgets allow it: then the peers are alike again.
     pflags = [
-        (ps.crashable and may_crash and not ps.crashed, ps.crashed, ps.fenced, ps.lost_reported)
-        for ps in env.peers
+        (may_crash(env, p) and not ps.crashed, ps.crashed, ps.fenced, ps.lost_reported)
+        for p, ps in enumerate(env.peers)
     ]
     if len(perms) > 1:
         # Only the renamings that list the peers in the order of a name-free signature can

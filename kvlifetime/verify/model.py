@@ -68,7 +68,7 @@ class Fault(enum.Enum):
     # A peer crashes: it goes silent on each of its grants (never posts, answers or reports for
     # it again; its transfers in flight still land), and its heartbeat fails (PeerLost).
     CRASH = "crash"
-    FENCE = "fence"  # a crashed peer is fenced: AccessRevoked, its transfers never land
+    FENCE = "fence"  # a crashed peer is fenced: AccessRevoked; later writes touch nothing
     TIMEOUT = "timeout"  # a lease expires while the peer may still be working
     RETRY = "retry"  # the owner re-sends a cancel; the peer answers with what it knows now
     FAIL = "fail"  # a transfer reports FAILED and may still land later
@@ -488,7 +488,7 @@ def enabled(state: State, config: Config) -> list[Event]:
             ):
                 out.append(Event("retry", gi))
         if not g.silent:
-            if not (g.stopped and g.quiesced_sent) and _may_crash(env, g.peer):
+            if not (g.stopped and g.quiesced_sent) and may_crash(env, g.peer):
                 out.append(Event("silent", gi))
             if not g.stopped and len(g.transfers) < config.transfers_per_grant:
                 out.append(Event("post", gi))
@@ -503,7 +503,7 @@ def enabled(state: State, config: Config) -> list[Event]:
             active.add(g.req)
     n = len(out)
     for pi, ps in enumerate(env.peers):
-        if not _may_crash(env, pi):
+        if not may_crash(env, pi):
             continue
         if not ps.lost_reported:
             out.append(Event("peer_lost", pi))
@@ -529,7 +529,7 @@ def enabled(state: State, config: Config) -> list[Event]:
 _BUDGETED = frozenset({"fail", "retry", "lose", "duplicate", "delay", "lease", "silent"})
 
 
-def _may_crash(env: Env, p: int) -> bool:
+def may_crash(env: Env, p: int) -> bool:
     """Whether peer ``p`` has crashed or may still (its crash events are then enabled): a
     crashable peer, and the budgets still cover a crash if it has not happened yet."""
     ps = env.peers[p]
@@ -540,13 +540,13 @@ def _may_crash(env: Env, p: int) -> bool:
 
 def _lost_possible(env: Env, p: int) -> bool:
     """Whether a ``PeerLost`` of peer ``p`` may still be reported (now or later)."""
-    return not env.peers[p].lost_reported and _may_crash(env, p)
+    return not env.peers[p].lost_reported and may_crash(env, p)
 
 
 def _fence_possible(env: Env, config: Config, p: int) -> bool:
     """Whether peer ``p`` may still be fenced (now or later)."""
     ps = env.peers[p]
-    return Fault.FENCE in config.faults and not ps.fenced and _may_crash(env, p)
+    return Fault.FENCE in config.faults and not ps.fenced and may_crash(env, p)
 
 
 def _peer_may_act(env: Env, config: Config, p: int) -> bool:
@@ -659,12 +659,12 @@ def _isolated(
     env = state.env
     snap = state.snap
     r = env.reqs[ri]
-    if r.phase == RELEASED:
-        return True  # the ledger forgot r: PeerLost and AccessRevoked do not touch it
+    if r.phase in (RELEASED, LIVE):
+        # Released: the ledger forgot r, PeerLost and AccessRevoked do not touch it. Live: the
+        # owner grants to no peer seen lost or fenced (explore.py, (a)).
+        return True
     open_gs = [gi for gi in r.grants if not snap.proof(env.grants[gi].grant)[-1]]
     open_peers = {env.grants[gi].peer for gi in open_gs}
-    if r.phase == LIVE:
-        return True
     # r has ended (finished or rejected) and is not released.
     st = snap.state(r.key)
     quarantined = st == RequestState.QUARANTINED.value
@@ -672,7 +672,7 @@ def _isolated(
         return False  # (a4) outside what the argument covers (an ended request with a
         # suspect open grant is quarantined): expand in full
     # (a5) Fencings alone may release r: a landing on a peer they leave unfenced must not be
-    # moved past them (a landing on a fenced peer is killed: "fence, then land" is no path).
+    # moved past them (a landing on a fenced peer touches nothing, in either order).
     if any(
         e.kind == "land" and env.grants[e.a].peer not in open_peers for e in evs
     ) and _fences_may_close(env, config, open_peers):
