@@ -115,7 +115,9 @@ def _add_evidence(p: argparse.ArgumentParser) -> None:
 
 
 def evidence_json() -> str:
-    return json.dumps(claims_matrix(), indent=2) + "\n"
+    from kvlifetime.provenance import rules_matrix
+
+    return json.dumps({"evidence": claims_matrix(), "provenance": rules_matrix()}, indent=2) + "\n"
 
 
 def _run_evidence(args: argparse.Namespace) -> int:
@@ -332,7 +334,12 @@ COMMANDS: list[Command] = [
         _add_diagram,
         _run_diagram,
     ),
-    Command("evidence", "print the evidence x claim matrix", _add_evidence, _run_evidence),
+    Command(
+        "evidence",
+        "print the evidence x claim matrix and who may make each claim",
+        _add_evidence,
+        _run_evidence,
+    ),
     Command("docs", "write the generated documents into a folder", _add_docs, _run_docs),
     Command("demo", "show the contract: tables, claims, diagrams", _add_demo, _run_demo),
     Command(

@@ -221,7 +221,10 @@ def _cell(text: str) -> str:
 
 
 def evidence_markdown() -> str:
-    """The claims matrix (``evidence.claims_matrix()``) as a markdown page."""
+    """The claims matrix (``evidence.claims_matrix()``) and who may make each claim
+    (``provenance.RULES``), as a markdown page."""
+    from kvlifetime.provenance import rules_matrix
+
     claims = [c.value for c in Claim]
     lines = [
         "# Evidence and what it proves",
@@ -243,6 +246,30 @@ def evidence_markdown() -> str:
             f"| `{name}` | {BY_NAME[name].SCOPE} | "
             + " | ".join(cells)
             + f" | {_cell(str(row['proves']))} | {_cell(str(row['does_not_prove']))} |"
+        )
+    lines += [
+        "",
+        "## Who may prove what",
+        "",
+        "Generated from `kvlifetime.provenance.RULES`. Every piece of evidence carries its "
+        "source: `local` (this process's own adapters, clock, failure detector and fences) or "
+        "`peer:<id>`, the identity of the connection it came in on - never a name written "
+        "inside the message. A claim from a source that may not make it is refused "
+        "(`UnauthorizedEvidence`), logged, counted, and changes nothing. A peer may only speak "
+        "about its own grants, in its own name. Claims marked *on the peer's word* are "
+        "believed from the peer when nothing local observes them: provenance stops a peer "
+        "from speaking for others, not from lying about its own transfers.",
+        "",
+        "| claim | local | the grant's own peer | who can know it | never from |",
+        "| --- | :---: | :---: | --- | --- |",
+    ]
+    for r in rules_matrix():
+        own = (
+            "✓ (on the peer's word)" if r["rests_on_peer_word"] else ("✓" if r["own_peer"] else "")
+        )
+        lines.append(
+            f"| {r['claim']} | {'✓' if r['local'] else ''} | {own} | {_cell(str(r['who']))} "
+            f"| {_cell(str(r['never']))} |"
         )
     return "\n".join(lines) + "\n"
 

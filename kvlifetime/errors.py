@@ -13,14 +13,19 @@ KVLifetimeError
 │   ├── UnknownGrant
 │   ├── BlockError
 │   │   ├── OutOfBlocks          fewer free blocks than asked for
-│   │   ├── BlockOutOfRange      an id outside [0, num_blocks) or a malformed id batch
+│   │   ├── InvalidBlockIds      a batch that is not 1-d integers (float, bool, str, None...)
+│   │   ├── BlockOutOfRange      an id outside [0, num_blocks)
+│   │   ├── DuplicateBlockIds    the same id twice in one batch
 │   │   ├── BlockUnavailable     acquire/grant of a block whose state forbids it
+│   │   ├── HolderLimit          one more holder (or open grant) than a block's counter counts
 │   │   └── DoubleRelease        a block or request let go of twice
-│   └── InvalidField             a value object built with an invalid field
+│   ├── FenceUnavailable         no fence exists on this engine (the blocks stay quarantined)
+│   └── InvalidField             an argument or a value object's field of a wrong type/value
 ├── EvidenceError                the evidence (a peer, a transfer engine, the wire) is at fault
 │   ├── StaleEvidence            about a grant that is over and forgotten
 │   ├── MismatchedEvidence       about another ledger, incarnation, request or peer
 │   ├── ContradictoryEvidence    disagrees with what was already proven
+│   ├── UnauthorizedEvidence     a claim from a source that may not make it
 │   └── MalformedEvidence        could not be built into evidence at all
 └── SpecDisagreement             kvlifetime's own bug: tables and specification disagree
 ```
@@ -135,11 +140,27 @@ class OutOfBlocks(BlockError):
         super().__init__(f"asked for {requested} blocks, {free} free")
 
 
+class InvalidBlockIds(BlockError):
+    """A batch of block ids that is not a 1-d batch of integers: a float, bool, str, None,
+    complex or object value (never coerced: ``[0.9]`` is not block 0, ``[True]`` not block 1),
+    a 2-d array, a bare scalar. Accepted: a sequence of ``int`` (or numpy integer scalars) and
+    a 1-d numpy integer array (``kvlifetime.inputs.block_ids``).
+    Whose fault: the caller. State left: unchanged."""
+
+    kind = "invalid_block_ids"
+
+
 class BlockOutOfRange(BlockError):
-    """A block id outside ``[0, num_blocks)``, a duplicate id in one batch, or a batch that is
-    not a 1-d integer array. Whose fault: the caller. State left: unchanged."""
+    """A block id outside ``[0, num_blocks)`` (negative, too large, or beyond int64).
+    Whose fault: the caller. State left: unchanged."""
 
     kind = "block_out_of_range"
+
+
+class DuplicateBlockIds(BlockError):
+    """The same block id twice in one batch. Whose fault: the caller. State left: unchanged."""
+
+    kind = "duplicate_block_ids"
 
 
 class BlockUnavailable(BlockError):
@@ -151,6 +172,15 @@ class BlockUnavailable(BlockError):
     kind = "block_unavailable"
 
 
+class HolderLimit(BlockError):
+    """A block already has as many holders (or open grants) as its counter can count: one more
+    shared acquire (or grant) is refused rather than wrapping the counter to zero, which would
+    hand a still-shared block back to the pool. See ``BlockLedger.MAX_SHARERS``.
+    Whose fault: the caller (or an unbounded prefix cache). State left: unchanged."""
+
+    kind = "holder_limit"
+
+
 class DoubleRelease(BlockError):
     """A request or block let go of a second time. Whose fault: the caller. State left:
     unchanged."""
@@ -158,9 +188,20 @@ class DoubleRelease(BlockError):
     kind = "double_release"
 
 
+class FenceUnavailable(UsageError):
+    """A fence was asked of a transfer engine that has none on this side (or none at all):
+    what counts as a fence is established per engine, never assumed from an API name (see
+    docs/fencing.md). Whose fault: the caller's choice of engine. State left: unchanged; the
+    blocks stay quarantined."""
+
+    kind = "fence_unavailable"
+
+
 class InvalidField(UsageError, ValueError):
-    """A value object (evidence, grant id) was built with an invalid field: a negative sequence
-    number, an empty id. Whose fault: whoever built it. Nothing was created."""
+    """An argument of a public call, or a field of a value object (evidence, grant id), of the
+    wrong type or value: a negative sequence number, an empty id, a request key that is not a
+    non-empty str or an int, a NaN or non-numeric deadline or clock, a non-``Grant`` passed to
+    ``.of()``. Whose fault: the caller. Nothing was created or changed."""
 
     kind = "invalid_field"
 
@@ -197,6 +238,14 @@ class ContradictoryEvidence(EvidenceError):
     """Disagrees with what was already proven for the grant: two different ``last_seq``."""
 
     kind = "contradictory_evidence"
+
+
+class UnauthorizedEvidence(EvidenceError):
+    """A claim from a source that may not make it (``kvlifetime.provenance.RULES``): a peer
+    revoking its own access, reporting a lease or heartbeat, naming another peer, or speaking
+    about another peer's grant. Whose fault: that peer (or a forger on its connection)."""
+
+    kind = "unauthorized_evidence"
 
 
 class MalformedEvidence(EvidenceError, ValueError):

@@ -16,8 +16,10 @@ from typing import Any, ClassVar
 
 import attrs
 
+from kvlifetime import inputs
 from kvlifetime.errors import InvalidField, MalformedEvidence
 from kvlifetime.grant import Grant, GrantId, PeerId, RequestKey, check_peer, check_request_key
+from kvlifetime.source import LOCAL, Source
 
 
 class Claim(enum.Enum):
@@ -44,8 +46,13 @@ MEMORY_CLAIMS = frozenset(
 
 
 def _check_seq(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidField(f"{attr.name} must be an int >= 0, got {value!r}")
+    inputs.seq(value, attr.name)
+
+
+def _grant(value: object) -> Grant:
+    # ``.of(grant)`` reads the grant's fields: anything else is refused here, not with an
+    # AttributeError from inside.
+    return inputs.instance(value, Grant, "grant")
 
 
 def _check_grant_id(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
@@ -53,12 +60,24 @@ def _check_grant_id(_inst: object, attr: attrs.Attribute[Any], value: object) ->
         raise InvalidField(f"{attr.name} must be a GrantId, got {value!r}")
 
 
+def _check_source(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, Source):
+        raise InvalidField(f"{attr.name} must be a Source, got {value!r}")
+
+
 @attrs.frozen(slots=True)
 class Evidence:
-    """Base of every acknowledgement. Subclasses set ``PROVES`` and document what they do not."""
+    """Base of every acknowledgement. Subclasses set ``PROVES`` and document what they do not.
+
+    ``source`` says who asserts it (``kvlifetime.source``): ``LOCAL`` for evidence this process
+    made itself (the default), ``Source.peer(identity)`` for evidence decoded from a connection.
+    The ledger checks it against ``kvlifetime.provenance.RULES`` before anything else.
+    """
 
     PROVES: ClassVar[frozenset[Claim]] = frozenset()
     SCOPE: ClassVar[str] = "grant"  # "grant": about one grant; "peer": about every grant to a peer
+    # Keyword-only and last: who said it is not part of what is said.
+    source: Source = attrs.field(default=LOCAL, kw_only=True, validator=_check_source)
 
     @property
     def kind(self) -> str:
@@ -92,7 +111,8 @@ class CancelReceived(GrantEvidence):
 
     @classmethod
     def of(cls, grant: Grant) -> CancelReceived:
-        return cls(grant.id, grant.request, grant.peer)
+        g = _grant(grant)
+        return cls(g.id, g.request, g.peer)
 
 
 @attrs.frozen(slots=True)
@@ -115,7 +135,8 @@ class SchedulingStopped(GrantEvidence):
 
     @classmethod
     def of(cls, grant: Grant, last_seq: int) -> SchedulingStopped:
-        return cls(grant.id, grant.request, grant.peer, last_seq)
+        g = _grant(grant)
+        return cls(g.id, g.request, g.peer, last_seq)
 
 
 @attrs.frozen(slots=True)
@@ -137,7 +158,8 @@ class TransferQuiesced(GrantEvidence):
 
     @classmethod
     def of(cls, grant: Grant, through_seq: int) -> TransferQuiesced:
-        return cls(grant.id, grant.request, grant.peer, through_seq)
+        g = _grant(grant)
+        return cls(g.id, g.request, g.peer, through_seq)
 
 
 @attrs.frozen(slots=True)
@@ -159,7 +181,8 @@ class TransferCompleted(GrantEvidence):
 
     @classmethod
     def of(cls, grant: Grant, last_seq: int) -> TransferCompleted:
-        return cls(grant.id, grant.request, grant.peer, last_seq)
+        g = _grant(grant)
+        return cls(g.id, g.request, g.peer, last_seq)
 
 
 @attrs.frozen(slots=True)
@@ -167,7 +190,9 @@ class AccessRevoked(Evidence):
     """The peer can no longer reach the memory at all.
 
     With ``grant_id`` set it is about that grant; with ``grant_id=None`` about every grant to
-    ``peer`` (a connection fenced, an RDMA memory region deregistered).
+    ``peer`` (a connection fenced, an RDMA memory region deregistered). ``fence`` names the
+    fence whose completion the local adapter observed (counted in ``stats().reclaimed_blocks``).
+    Only a local source may assert it: a peer cannot revoke itself by saying so.
 
     Proves:
         No access by the peer, in flight or future, can touch the blocks any more. It closes the
@@ -184,6 +209,13 @@ class AccessRevoked(Evidence):
     peer: PeerId = attrs.field(validator=check_peer)
     grant_id: GrantId | None = attrs.field(default=None)
     request: RequestKey | None = attrs.field(default=None)
+    # The fence that ended the access: a short stable name ("inproc_initiator_reaped", ...).
+    fence: str = attrs.field(default="unnamed_fence", kw_only=True)
+
+    @fence.validator
+    def _check_fence(self, _a: attrs.Attribute[str], v: object) -> None:
+        if not isinstance(v, str) or not v or len(v) > 128:
+            raise InvalidField(f"fence must be a non-empty str of at most 128 chars, got {v!r}")
 
     @grant_id.validator
     def _check_gid(self, a: attrs.Attribute[GrantId | None], v: object) -> None:
@@ -198,8 +230,9 @@ class AccessRevoked(Evidence):
             raise InvalidField("AccessRevoked names both grant_id and request, or neither")
 
     @classmethod
-    def of(cls, grant: Grant) -> AccessRevoked:
-        return cls(grant.peer, grant.id, grant.request)
+    def of(cls, grant: Grant, *, fence: str = "unnamed_fence") -> AccessRevoked:
+        g = _grant(grant)
+        return cls(g.peer, g.id, g.request, fence=fence)
 
 
 @attrs.frozen(slots=True)
@@ -218,7 +251,8 @@ class LeaseExpired(GrantEvidence):
 
     @classmethod
     def of(cls, grant: Grant) -> LeaseExpired:
-        return cls(grant.id, grant.request, grant.peer)
+        g = _grant(grant)
+        return cls(g.id, g.request, g.peer)
 
 
 @attrs.frozen(slots=True)
@@ -254,6 +288,7 @@ BY_NAME: Mapping[str, type[Evidence]] = {c.__name__: c for c in EVIDENCE_CLASSES
 def about(grant: Grant, kind: str, seq: int = 0) -> Evidence:
     """The evidence class named ``kind`` about ``grant``; ``seq`` is its ``last_seq`` /
     ``through_seq`` where it has one. ``PeerLost`` names the grant's peer."""
+    grant = _grant(grant)
     if kind in ("SchedulingStopped", "TransferQuiesced", "TransferCompleted"):
         cls = BY_NAME[kind]
         assert issubclass(cls, SchedulingStopped | TransferQuiesced | TransferCompleted)
@@ -310,29 +345,58 @@ def claims_matrix() -> list[dict[str, object]]:
 # ------------------------------------------------------------------ plain data (wire, logs)
 
 
-def to_dict(ev: Evidence) -> dict[str, Any]:
-    """Evidence as plain data (msgpack / JSON friendly)."""
+def to_dict(ev: Evidence, *, with_source: bool = True) -> dict[str, Any]:
+    """Evidence as plain data (msgpack / JSON friendly), its source as ``str(Source)``."""
     out: dict[str, Any] = {"type": type(ev).__name__}
     for f in attrs.fields(type(ev)):
         v = getattr(ev, f.name)
+        if f.name == "source":
+            if with_source:
+                out["source"] = str(v)
+            continue
         if isinstance(v, GrantId):
             v = [v.incarnation, v.serial]
         out[f.name] = v
     return out
 
 
-def from_dict(data: object) -> Evidence:
-    """Build evidence from plain data; anything wrong raises ``MalformedEvidence``."""
+def to_wire(ev: Evidence) -> dict[str, Any]:
+    """What a sender puts on the wire: everything but the source, which is the receiver's
+    transport to tell (``from_dict(data, source=...)``)."""
+    return to_dict(ev, with_source=False)
+
+
+def from_dict(data: object, *, source: Source) -> Evidence:
+    """Build evidence received from ``source`` (the transport's identity of the connection it
+    came in on); anything wrong raises ``MalformedEvidence``.
+
+    Data that names its own ``source`` is refused: a message cannot say who sent it.
+    """
+    if not isinstance(source, Source):
+        raise InvalidField(f"source must be a Source, got {source!r}")
+    return _build(data, source, recorded=False)
+
+
+def from_record(data: object) -> Evidence:
+    """Build evidence from a recorded log line (``to_dict`` output), with the source it
+    records (``local`` when the line predates sources). For trusted records only, never for
+    bytes from a peer."""
+    return _build(data, None, recorded=True)
+
+
+def _build(data: object, source: Source | None, *, recorded: bool) -> Evidence:
     if not isinstance(data, Mapping):
         raise MalformedEvidence(f"evidence must be a mapping, got {type(data).__name__}")
     kind = data.get("type")
     cls = BY_NAME.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise MalformedEvidence(f"unknown evidence type {kind!r}")
-    names = {f.name for f in attrs.fields(cls)}
-    extra = set(data) - names - {"type"}
+    names = {f.name for f in attrs.fields(cls)} - {"source"}
+    allowed = names | {"type", "source"} if recorded else names | {"type"}
+    extra = [k for k in data if k not in allowed]
     if extra:
-        raise MalformedEvidence(f"{cls.__name__}: unexpected fields {sorted(extra)}")
+        # repr, not the keys themselves: keys of mixed types do not sort.
+        raise MalformedEvidence(f"{cls.__name__}: unexpected fields {sorted(map(repr, extra))}")
     kwargs: dict[str, Any] = {}
     for name in names:
         if name not in data:
@@ -347,6 +411,10 @@ def from_dict(data: object) -> Evidence:
                 raise MalformedEvidence(str(e)) from e
         kwargs[name] = v
     try:
+        if recorded:
+            kwargs["source"] = Source.parse(data.get("source", "local"))
+        else:
+            kwargs["source"] = source
         return cls(**kwargs)
     except (InvalidField, TypeError) as e:
         raise MalformedEvidence(f"{cls.__name__}: {e}") from e

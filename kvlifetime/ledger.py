@@ -4,12 +4,19 @@ Per-block state lives in numpy arrays; per-request work is O(1) dict work; reque
 run the tables compiled from the specification (``table.request_table()``), never a
 python-statemachine instance (``checked=True`` adds one per request, for tests and debugging).
 
-What is stored per block, and why only that (10 bytes a block, 14 once ``allocate`` is used):
+What is stored per block, and why only that (12 bytes a block, 16 once ``allocate`` is used):
 
 - ``_owner`` (int32): the slot of the request that acquired the block exclusively, ``FREE`` (-1)
   when it is in the pool, ``ORPHANED`` (-2) when its exclusive holder released it while shared
   holders remain. ``FREE`` is the only state in which a block may be handed out fresh.
-- ``_sharers`` (uint16): how many requests hold it shared (prefix-cache hits).
+- ``_sharers`` (uint16): how many requests hold it shared (prefix-cache hits). It never wraps:
+  the shared acquire that would make it 65,536 is refused (``HolderLimit``, ``MAX_SHARERS``).
+- ``_unsettled`` (uint16; uint32 once the ledger holds 65,535 grant records): how many open
+  grants on the block make its content unsettled — a write grant, or any grant of a request that
+  has ended (the block is draining or quarantined). A shared acquire reads it for its batch
+  only, so its cost does not grow with the number of live sharers. Each count is at most the
+  number of grant records, so widening before that number reaches the dtype's limit means it
+  never wraps (and ``grant`` refuses the 2**32-1st record: ``HolderLimit``).
 - ``_generation`` (uint32): bumped by one each time the block returns to the pool, so a grant
   (which records generations) can never be mistaken for one about the block's next owner.
 - ``_free_stack`` (int32, lazily, only once ``allocate`` is called): the ledger's own free list.
@@ -37,13 +44,14 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from kvlifetime import errors
+from kvlifetime import errors, inputs
 from kvlifetime.errors import (
-    BlockOutOfRange,
     BlockUnavailable,
     DoubleRelease,
+    DuplicateBlockIds,
     DuplicateRequest,
     EvidenceError,
+    HolderLimit,
     IllegalTransition,
     InsufficientEvidence,
     MismatchedEvidence,
@@ -77,6 +85,8 @@ from kvlifetime.machines import (
     RequestState,
 )
 from kvlifetime.proof import GrantProof
+from kvlifetime.provenance import check_grant_peer, check_source
+from kvlifetime.source import SourceKind
 from kvlifetime.table import request_table
 
 FREE = -1
@@ -148,6 +158,9 @@ class LedgerStats:
     unsafe_releases: int  # force_release calls that released a request with an open grant
     refused_evidence: dict[str, int]  # error kind -> count
     open_grants: int
+    # fence name -> blocks put back in the pool by releases a fence made possible (a grant of
+    # the request was closed by AccessRevoked); only grows
+    reclaimed_blocks: dict[str, int] = attrs.field(factory=dict)
 
 
 class _GrantRecord(GrantProof):
@@ -172,6 +185,7 @@ class _Request:
     __slots__ = (
         "deadline",
         "excl",
+        "fenced_by",
         "grants",
         "key",
         "machine",
@@ -194,6 +208,7 @@ class _Request:
         self.deadline = deadline
         self.quarantine_reason: str | None = None
         self.quarantined_at: float | None = None
+        self.fenced_by: str | None = None  # the fence whose AccessRevoked closed a grant of it
         self.machine: RequestLifecycle | None = None
 
     def open_proofs(self) -> Iterable[GrantProof]:
@@ -214,15 +229,25 @@ def _empty() -> BlockIds:
 
 
 class BlockLedger:
-    """The lifetime of every block of one KV pool, guarded by evidence. See DESIGN §3-§4."""
+    """The lifetime of every block of one KV pool, guarded by evidence. See DESIGN §3-§4.
+
+    Every public call validates its arguments (``kvlifetime.inputs``) before it touches
+    anything: a refused call raises a ``KVLifetimeError`` and changes nothing, for anyone.
+    """
+
+    MAX_SHARERS = int(np.iinfo(np.uint16).max)
+    """The most requests that may hold one block shared (the ``_sharers`` counter's limit):
+    one more shared acquire is refused with ``HolderLimit``, never wrapped."""
 
     def __init__(
         self, num_blocks: int, *, checked: bool = False, incarnation: str | None = None
     ) -> None:
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
-            raise errors.InvalidField(f"num_blocks must be an int >= 1, got {num_blocks!r}")
+        num_blocks = inputs.count(num_blocks, "num_blocks", 1)
         if num_blocks >= 2**31:
             raise errors.InvalidField("num_blocks must be < 2**31")
+        checked = inputs.flag(checked, "checked")
+        if incarnation is not None:
+            incarnation = inputs.peer_id(incarnation, "incarnation")
         self.num_blocks = num_blocks
         self.checked = checked
         # Random per instance: a grant id from another ledger or an earlier process never matches.
@@ -230,6 +255,7 @@ class BlockLedger:
         self._lock = threading.Lock()
         self._owner = np.full(num_blocks, FREE, dtype=np.int32)
         self._sharers = np.zeros(num_blocks, dtype=np.uint16)
+        self._unsettled: npt.NDArray[np.uint16 | np.uint32] = np.zeros(num_blocks, np.uint16)
         self._generation = np.zeros(num_blocks, dtype=np.uint32)
         self._free_stack: npt.NDArray[np.int32] | None = None
         self._free_top = 0
@@ -249,12 +275,65 @@ class BlockLedger:
         )
         self._unsafe_releases = 0
         self._refused: collections.Counter[str] = collections.Counter()
+        self._reclaimed: collections.Counter[str] = collections.Counter()  # fence -> blocks
         self._clock: float | None = None  # last ``now`` passed to expire()
+
+    # =================================================================== restart
+
+    PREVIOUS_INCARNATION = "previous_incarnation"  # the quarantine reason after a restart
+
+    @classmethod
+    def after_restart(
+        cls,
+        num_blocks: int,
+        *,
+        peers: Sequence[PeerId],
+        exposed: npt.ArrayLike | None = None,
+        request: RequestKey = "previous-incarnation",
+        checked: bool = False,
+        incarnation: str | None = None,
+    ) -> BlockLedger:
+        """A ledger that starts over an arena a previous incarnation's peers may still reach.
+
+        The ledger is in memory; the KV arena may outlive it (memory kept by a supervisor,
+        shared memory, a pool reused after an in-process reset). A fresh ``BlockLedger`` would
+        start with every block free and hand out blocks a peer of the old process may still be
+        writing. Here the blocks ``exposed`` (default: all) start held by ``request``, with one
+        open write grant per peer in ``peers``, quarantined with reason
+        ``previous_incarnation``: never handed out, counted in ``stats()``. Only a completed
+        fence ends it - ``apply(AccessRevoked(peer, fence=...))`` for each peer, from the local
+        side - after which ``collect_releasable()`` returns them under ``request``.
+
+        Evidence about the previous incarnation's grants stays refused (``MismatchedEvidence``:
+        another incarnation) and counted: a late report of the old process proves nothing here.
+        """
+        if isinstance(peers, str) or not isinstance(peers, Sequence) or not peers:
+            raise errors.InvalidField(
+                f"peers must be a non-empty sequence of peer ids (who may still reach the "
+                f"arena), got {peers!r}"
+            )
+        led = cls(num_blocks, checked=checked, incarnation=incarnation)
+        ids = np.arange(num_blocks, dtype=np.int64) if exposed is None else exposed
+        led.acquire(request, ids)
+        for peer in dict.fromkeys(peers):
+            led.grant(request, peer, led.blocks_of(request), Access.WRITE)
+        led.reject(request, reason=cls.PREVIOUS_INCARNATION)
+        with led._lock:
+            req = led._requests[request]
+            for rec in req.open.values():
+                rec.mark_suspect(cls.PREVIOUS_INCARNATION)
+            out: list[Transition] = []
+            led._advance(req, "after_restart", None, out)
+            if _enabled():
+                _emit(out)
+        return led
 
     # =================================================================== admission and blocks
 
     def admit(self, request: RequestKey, *, deadline: float | None = None) -> None:
         """Admit a request that holds no block yet (allocate / acquire admit implicitly)."""
+        request = inputs.request_key(request)
+        deadline = inputs.optional_time(deadline, "deadline")
         with self._lock:
             self._admit(request, deadline)
 
@@ -264,17 +343,20 @@ class BlockLedger:
         From the first call on, the ledger owns the free list: fresh blocks come from
         ``allocate``; ``acquire`` is then only for sharing held blocks.
         """
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise errors.InvalidField(f"n must be an int >= 0, got {n!r}")
+        request = inputs.request_key(request)
+        n = inputs.count(n, "n")
+        deadline = inputs.optional_time(deadline, "deadline")
         with self._lock:
-            stack = self._free_stack
-            if stack is None:
-                stack = self._build_free_stack()
-            if n > self._free_top:
-                raise OutOfBlocks(n, self._free_top)
             req = self._requests.get(request)
             if req is not None and req.state != _ADMITTED:
                 raise IllegalTransition("request", request, req.state, "allocate")
+            stack = self._free_stack
+            # Refused before the free list is built: a refusal leaves acquire() as it was.
+            free = self._free_top if stack is not None else self._count_free()
+            if n > free:
+                raise OutOfBlocks(n, free)
+            if stack is None:
+                stack = self._build_free_stack()
             if req is None:
                 req = self._admit(request, deadline)
             elif deadline is not None:
@@ -302,6 +384,9 @@ class BlockLedger:
         must already be held, with no open write grant, and be neither draining nor
         quarantined (its content is settled). Refused blocks raise ``BlockUnavailable``.
         """
+        request = inputs.request_key(request)
+        shared = inputs.flag(shared, "shared")
+        deadline = inputs.optional_time(deadline, "deadline")
         arr = self._ids(ids, unique=shared)
         with self._lock:
             req = self._requests.get(request)
@@ -346,10 +431,10 @@ class BlockLedger:
     ) -> Grant:
         """Record that ``peer`` may now access ``blocks`` of ``request``: from here on only
         evidence can end it. Call it *before* the addresses leave the process."""
-        if not isinstance(peer, str) or not peer:
-            raise errors.InvalidField(f"peer must be a non-empty str, got {peer!r}")
-        if not isinstance(access, Access):
-            raise errors.InvalidField(f"access must be an Access, got {access!r}")
+        request = inputs.request_key(request)
+        peer = inputs.peer_id(peer)
+        inputs.instance(access, Access, "access")
+        deadline = inputs.optional_time(deadline, "deadline")
         with self._lock:
             req = self._get(request)
             if req.state != _ADMITTED:
@@ -362,6 +447,12 @@ class BlockLedger:
                     raise BlockUnavailable("a write grant on a block this request shares")
                 if self._sharers.take(arr).any():
                     raise BlockUnavailable("a write grant on a block with more than one holder")
+            records = len(self._grants)
+            if records >= self._unsettled_limit():
+                if self._unsettled.dtype == np.uint32:
+                    raise HolderLimit(f"this ledger already holds {records} grant records")
+                # No block's count can exceed the number of records: widen before it could.
+                self._unsettled = self._unsettled.astype(np.uint32)
             serial = self._next_serial
             self._next_serial = serial + 1
             gens = self._generation.take(arr)
@@ -377,6 +468,8 @@ class BlockLedger:
             if peer_open is None:
                 peer_open = self._by_peer[peer] = {}
             peer_open[serial] = rec
+            if access is Access.WRITE:
+                self._unsettled[arr] += 1  # a write grant's blocks are not settled
             if deadline is not None:
                 self._timed[request] = None
             if _enabled():
@@ -391,8 +484,10 @@ class BlockLedger:
         The error response may go out now; nothing about the blocks changes. Evidence already
         gathered may fire further transitions inside this call.
         """
+        request = inputs.request_key(request)
+        inputs.text(reason, "reason")
         with self._lock:
-            req = self._get(request)
+            req = self._get(request, ending=True)
             out: list[Transition] = []
             self._fire(req, "rejected", "reject", out)
             self._advance(req, "reject", None, out)
@@ -402,8 +497,9 @@ class BlockLedger:
 
     def finish(self, request: RequestKey) -> list[Transition]:
         """The normal end on the owner's side. Open grants still need their proof."""
+        request = inputs.request_key(request)
         with self._lock:
-            req = self._get(request)
+            req = self._get(request, ending=True)
             out: list[Transition] = []
             self._fire(req, "finished", "finish", out)
             self._advance(req, "finish", None, out)
@@ -435,6 +531,12 @@ class BlockLedger:
 
     def _apply(self, ev: Evidence) -> list[Transition]:
         out: list[Transition] = []
+        if not isinstance(ev, Evidence):
+            raise errors.MalformedEvidence(f"not evidence: {ev!r}", evidence=ev)
+        if ev.source.kind is not SourceKind.LOCAL:
+            # Who may say it comes first: a claim a peer may not make, or a peer speaking for
+            # another, is refused before the grant it names is even looked up.
+            check_source(ev)
         if isinstance(ev, GrantEvidence) or (
             isinstance(ev, AccessRevoked) and ev.grant_id is not None
         ):
@@ -469,6 +571,8 @@ class BlockLedger:
         req = rec.req
         if rec.is_open and rec.closed:
             self._close(rec)
+            if isinstance(ev, AccessRevoked):
+                req.fenced_by = ev.fence
         if req.state != _ADMITTED:
             self._advance(req, type(ev).__name__, rec, out)
 
@@ -490,6 +594,8 @@ class BlockLedger:
                 )
             raise MismatchedEvidence(f"{ev.kind}: grant {gid} was never issued", evidence=ev)
         g = rec.grant
+        # A peer speaking about another peer's grant is unauthorized, not merely mismatched.
+        check_grant_peer(ev, g.peer)
         if ev.request != g.request:
             raise MismatchedEvidence(
                 f"{ev.kind} names request {ev.request!r}, grant {gid} is of {g.request!r}",
@@ -503,6 +609,8 @@ class BlockLedger:
 
     def _close(self, rec: _GrantRecord) -> None:
         rec.is_open = False
+        if rec.grant.access is Access.WRITE or rec.req.state != _ADMITTED:
+            self._unsettled[rec.grant.blocks] -= 1  # counted while open (see _moved)
         serial = rec.grant.id.serial
         del rec.req.open[serial]
         peer_open = self._by_peer[rec.grant.peer]
@@ -513,7 +621,10 @@ class BlockLedger:
     # =================================================================== deadlines
 
     def set_deadline(self, request: RequestKey, deadline: float | None) -> None:
-        """Set (or clear) the request-wide deadline, on the caller's clock."""
+        """Set (or clear) the request-wide deadline, on the caller's clock: a finite number,
+        refused (``InvalidField``) when set, never later inside ``expire``."""
+        request = inputs.request_key(request)
+        deadline = inputs.optional_time(deadline, "deadline")
         with self._lock:
             self._set_deadline(self._get(request), deadline)
 
@@ -524,6 +635,7 @@ class BlockLedger:
         owner still runs marks the grant; the request is quarantined when the owner ends it.
         Returns the requests quarantined by this call.
         """
+        now = inputs.finite_time(now, "now")
         with self._lock:
             self._clock = now
             newly: list[RequestKey] = []
@@ -558,12 +670,9 @@ class BlockLedger:
         Raises ``InsufficientEvidence`` (listing what is unproven, per grant) while any grant
         is open, ``IllegalTransition`` if the owner has not ended the request.
         """
+        request = inputs.request_key(request)
         with self._lock:
-            req = self._requests.get(request)
-            if req is None:
-                if request in self._recently_released:
-                    raise DoubleRelease(f"request {request!r} was already released")
-                raise UnknownRequest(request)
+            req = self._get(request, ending=True)
             if req.state in _ENDED and req.open:
                 raise InsufficientEvidence(request, self._unproven(req))
             out: list[Transition] = []
@@ -588,8 +697,10 @@ class BlockLedger:
         """UNSAFE: release a request whose grants are not all closed. A peer may still write
         into the blocks returned. Logged at warning and counted in ``stats().unsafe_releases``.
         For a request whose grants are all closed it is an ordinary release."""
+        request = inputs.request_key(request)
+        inputs.text(reason, "reason")
         with self._lock:
-            req = self._get(request)
+            req = self._get(request, ending=True)
             out: list[Transition] = []
             if req.state == _TRANSFER_QUIESCED:
                 self._fire(req, "released", "force_release", out)
@@ -632,6 +743,8 @@ class BlockLedger:
                 excl = np.concatenate([excl, back])
             excl_all.append(excl)
             results.append(excl)
+            if req.fenced_by is not None and len(excl):
+                self._reclaimed[req.fenced_by] += len(excl)
         if excl_all:
             ids = excl_all[0] if len(excl_all) == 1 else np.concatenate(excl_all)
             if len(ids):
@@ -657,6 +770,9 @@ class BlockLedger:
         for serial, rec in req.grants.items():
             del self._grants[serial]
             if serial in req.open:
+                # Only force_release forgets an open grant; the request had ended, so it was
+                # counted in _unsettled (see _moved).
+                self._unsettled[rec.grant.blocks] -= 1
                 peer_open = self._by_peer[rec.grant.peer]
                 del peer_open[serial]
                 if not peer_open:
@@ -702,6 +818,12 @@ class BlockLedger:
         if self.checked:
             self._mirror(req, event, target)
         req.state = target
+        if source == _ADMITTED and req.open:
+            # The owner ended it: its open read grants now unsettle their blocks too (draining
+            # or quarantined, not shareable). Write grants were counted when they opened.
+            for open_rec in req.open.values():
+                if open_rec.grant.access is Access.READ:
+                    self._unsettled[open_rec.grant.blocks] += 1
         if target in _BOOKKEEPING:
             if target == _TRANSFER_QUIESCED:
                 self._releasable[req.key] = None
@@ -737,6 +859,9 @@ class BlockLedger:
     # =================================================================== queries
 
     def state(self, request: RequestKey) -> RequestState:
+        """The request's state; ``UnknownRequest`` if it was never admitted or was released
+        (a query is not a release: never ``DoubleRelease``)."""
+        request = inputs.request_key(request)
         with self._lock:
             return RequestState(self._get(request).state)
 
@@ -746,20 +871,24 @@ class BlockLedger:
 
     def blocks_of(self, request: RequestKey) -> BlockIds:
         """Every block the request holds (exclusive first, then shared)."""
+        request = inputs.request_key(request)
         with self._lock:
             return self._get(request).all_blocks()
 
     def grants_of(self, request: RequestKey) -> list[Grant]:
+        request = inputs.request_key(request)
         with self._lock:
             return [r.grant for r in self._get(request).grants.values()]
 
     def open_grants(self, request: RequestKey) -> list[Grant]:
+        request = inputs.request_key(request)
         with self._lock:
             return [r.grant for r in self._get(request).open.values()]
 
     def proof_of(self, grant: Grant | GrantId) -> GrantProof:
         """A copy of what has been proven about a live grant."""
         gid = grant.id if isinstance(grant, Grant) else grant
+        inputs.instance(gid, GrantId, "grant")
         with self._lock:
             rec = self._grants.get(gid.serial) if gid.incarnation == self.incarnation else None
             if rec is None:
@@ -767,6 +896,7 @@ class BlockLedger:
             return rec.copy()
 
     def unproven(self, request: RequestKey) -> dict[str, list[str]]:
+        request = inputs.request_key(request)
         with self._lock:
             return self._unproven(self._get(request))
 
@@ -782,7 +912,7 @@ class BlockLedger:
 
     def free_count(self) -> int:
         with self._lock:
-            return int(np.count_nonzero(self._owner == FREE))
+            return self._count_free()
 
     def block_state(self, ids: npt.ArrayLike) -> npt.NDArray[np.uint8]:
         """``BlockState`` codes of ``ids``, derived from holders and open grants."""
@@ -814,6 +944,7 @@ class BlockLedger:
         return out
 
     def stats(self, now: float | None = None) -> LedgerStats:
+        now = inputs.optional_time(now, "now")
         with self._lock:
             states = self._derive_block_states()
             counts = np.bincount(states, minlength=len(BlockState))
@@ -841,6 +972,7 @@ class BlockLedger:
                 unsafe_releases=self._unsafe_releases,
                 refused_evidence=dict(self._refused),
                 open_grants=sum(len(r.open) for r in self._requests.values()),
+                reclaimed_blocks=dict(self._reclaimed),
             )
 
     # =================================================================== exploration support
@@ -855,6 +987,7 @@ class BlockLedger:
             new._lock = threading.Lock()
             new._owner = self._owner.copy()
             new._sharers = self._sharers.copy()
+            new._unsettled = self._unsettled.copy()
             new._generation = self._generation.copy()
             new._free_stack = None if self._free_stack is None else self._free_stack.copy()
             new._free_top = self._free_top
@@ -871,6 +1004,7 @@ class BlockLedger:
                 req.shared = list(old.shared)
                 req.quarantine_reason = old.quarantine_reason
                 req.quarantined_at = old.quarantined_at
+                req.fenced_by = old.fenced_by
                 for serial, orec in old.grants.items():
                     rec = _GrantRecord(orec.grant, req, orec.deadline)
                     rec.assign(orec)
@@ -892,6 +1026,7 @@ class BlockLedger:
             new._recently_released = collections.OrderedDict(self._recently_released)
             new._unsafe_releases = self._unsafe_releases
             new._refused = collections.Counter(self._refused)
+            new._reclaimed = collections.Counter(self._reclaimed)
             new._clock = self._clock
             return new
 
@@ -949,10 +1084,16 @@ class BlockLedger:
         if deadline is not None:
             self._timed[req.key] = None
 
-    def _get(self, request: RequestKey) -> _Request:
+    def _get(self, request: RequestKey, *, ending: bool = False) -> _Request:
+        """The live request; ``request`` was validated by the caller (hashable, exact type).
+
+        ``ending``: the call ends or lets go of the request (reject, finish, release,
+        force_release), so a recently released key is a ``DoubleRelease``; for every other call
+        (queries, grant, set_deadline) it is simply unknown.
+        """
         req = self._requests.get(request)
         if req is None:
-            if request in self._recently_released:
+            if ending and request in self._recently_released:
                 raise DoubleRelease(f"request {request!r} was already released")
             raise UnknownRequest(request)
         return req
@@ -961,28 +1102,19 @@ class BlockLedger:
         return {f"{r.grant.id} ({r.grant.peer})": r.unproven() for r in req.open.values()}
 
     def _ids(self, ids: npt.ArrayLike, *, unique: bool = True) -> BlockIds:
-        """Validate a batch of block ids; return a read-only private int64 copy.
+        """Validate a batch of block ids (``inputs.block_ids``); return a read-only private
+        int64 copy.
 
         ``unique=False``: the caller detects repeated ids itself (exclusive acquire does it
         while it marks the blocks, cheaper than sorting).
         """
-        arr = np.array(ids, dtype=np.int64, copy=True) if not isinstance(ids, np.ndarray) else ids
-        if arr.ndim != 1 or arr.dtype.kind not in "iu":
-            raise BlockOutOfRange(f"block ids must be a 1-d integer batch, got {arr!r}")
-        arr = arr.astype(np.int64) if arr.dtype != np.int64 else (arr.copy() if arr is ids else arr)
-        if len(arr):
-            # Seen as unsigned, a negative id is huge: one reduction checks both ends.
-            if int(np.maximum.reduce(arr.view(np.uint64))) >= self.num_blocks:
-                bad = arr[(arr < 0) | (arr >= self.num_blocks)]
-                raise BlockOutOfRange(
-                    f"block ids out of range [0, {self.num_blocks}): {bad[:16].tolist()}"
-                )
-            if unique:
-                s = np.sort(arr)
-                if np.count_nonzero(s[1:] == s[:-1]):
-                    raise BlockOutOfRange(f"duplicate block ids in one batch: {arr.tolist()[:32]}")
-        arr.flags.writeable = False
-        return arr
+        return inputs.block_ids(ids, self.num_blocks, unique=unique)
+
+    def _count_free(self) -> int:
+        return int(np.count_nonzero(self._owner == FREE))
+
+    def _unsettled_limit(self) -> int:
+        return int(np.iinfo(self._unsettled.dtype).max)
 
     def _free_pattern(self, n: int) -> bytes:
         p = self._free_patterns.get(n)
@@ -1005,7 +1137,7 @@ class BlockLedger:
         owner[arr] = marks
         if owner.take(arr).tobytes() != marks.tobytes():
             owner[arr] = FREE
-            raise BlockOutOfRange(f"duplicate block ids in one batch: {arr.tolist()[:32]}")
+            raise DuplicateBlockIds(f"duplicate block ids in one batch: {arr.tolist()[:32]}")
 
     def _markers(self, k: int) -> npt.NDArray[np.int32]:
         m = self._marks
@@ -1042,8 +1174,12 @@ class BlockLedger:
         return arr
 
     def _check_shareable(self, arr: BlockIds, req: _Request | None) -> None:
+        """Refuse a shared acquire of ``arr`` unless every block is held, settled and below the
+        holder limit, and ``req`` holds none of them yet. O(len(arr)) whatever the number of
+        live sharers: the per-block counters say it all (``_unsettled``, ``_sharers``)."""
         owner = self._owner.take(arr)
-        held = (owner >= 0) | (self._sharers.take(arr) > 0)
+        sharers = self._sharers.take(arr)
+        held = (owner >= 0) | (sharers > 0)
         if not held.all():
             raise BlockUnavailable(
                 f"shared acquire of blocks nobody holds: {arr[~held][:16].tolist()}"
@@ -1053,27 +1189,19 @@ class BlockLedger:
             or any(np.isin(arr, s, assume_unique=True).any() for s in req.shared)
         ):
             raise BlockUnavailable(f"request {req.key!r} already holds some of these blocks")
-        # Settled content only: no holder may be draining or quarantined, no write grant open.
-        holders: set[int] = set(np.unique(owner[owner >= 0]).tolist())
-        others = [r for r in self._requests.values() if r.shared] if self._shared_holds else []
-        involved = [self._by_slot[s] for s in holders if s in self._by_slot]
-        for r in others:
-            if any(np.isin(arr, s, assume_unique=True).any() for s in r.shared):
-                involved.append(r)
-        for r in involved:
-            # Only grants touching these blocks matter: draining = ended holder + open grant.
-            for rec in r.open.values():
-                if not np.isin(arr, rec.grant.blocks, assume_unique=True).any():
-                    continue
-                if r.state != _ADMITTED:
-                    raise BlockUnavailable(
-                        f"blocks of request {r.key!r} are draining or quarantined "
-                        f"(grant {rec.grant.id} is open): not shareable"
-                    )
-                if rec.grant.access is Access.WRITE:
-                    raise BlockUnavailable(
-                        f"an open write grant ({rec.grant.id}) may still change these blocks"
-                    )
+        # Settled content only: no open write grant, no holder draining or quarantined.
+        unsettled = self._unsettled.take(arr)
+        if unsettled.any():
+            raise BlockUnavailable(
+                f"blocks {arr[unsettled > 0][:16].tolist()} are not settled: an open write "
+                "grant may still change them, or a holder that ended still has an open grant "
+                "on them (draining or quarantined): not shareable"
+            )
+        if len(arr) and int(sharers.max()) >= self.MAX_SHARERS:
+            raise HolderLimit(
+                f"blocks {arr[sharers >= self.MAX_SHARERS][:16].tolist()} already have "
+                f"{self.MAX_SHARERS} shared holders (the counter's limit): not shared again"
+            )
 
 
 def _emit(transitions: list[Transition]) -> None:

@@ -18,7 +18,7 @@ from kvlifetime import cli
 from kvlifetime.cli import Command, main, run_demo
 from kvlifetime.diagrams import evidence_markdown, render
 from kvlifetime.errors import InsufficientEvidence
-from kvlifetime.evidence import claims_matrix
+from kvlifetime.evidence import Claim, claims_matrix
 from kvlifetime.table import table_for
 
 HAS_DOT = shutil.which("dot") is not None
@@ -132,7 +132,11 @@ def test_evidence_md(capsys: Capsys) -> None:
 def test_evidence_json(capsys: Capsys) -> None:
     status, out, _ = run(capsys, "evidence", "--format", "json")
     assert status == 0
-    assert json.loads(out) == claims_matrix()
+    doc = json.loads(out)
+    assert doc["evidence"] == claims_matrix()
+    assert [r["claim"] for r in doc["provenance"]] == [c.value for c in Claim]
+    revoke = next(r for r in doc["provenance"] if r["claim"] == "access_revoked")
+    assert revoke["local"] and not revoke["own_peer"]
 
 
 # --------------------------------------------------------------------------- docs

@@ -23,11 +23,14 @@ from kvlifetime.evidence import (
     TransferQuiesced,
     claims_matrix,
     from_dict,
+    from_record,
     not_proven,
     proves_text,
     to_dict,
+    to_wire,
 )
 from kvlifetime.grant import GrantId
+from kvlifetime.source import LOCAL, Source
 
 C = Claim
 GID = GrantId("inc-a", 7)
@@ -188,7 +191,7 @@ def test_frozen(ev: Evidence) -> None:
 
 @pytest.mark.parametrize("ev", SAMPLES, ids=lambda e: e.kind)
 def test_value_semantics(ev: Evidence) -> None:
-    twin = from_dict(to_dict(ev))
+    twin = from_record(to_dict(ev))
     assert twin == ev
     assert hash(twin) == hash(ev)
     assert ev.kind == type(ev).__name__
@@ -201,9 +204,25 @@ def test_value_semantics(ev: Evidence) -> None:
 def test_round_trip(ev: Evidence) -> None:
     data = to_dict(ev)
     assert data["type"] == type(ev).__name__
-    back = from_dict(data)
+    back = from_record(data)
     assert type(back) is type(ev)
     assert back == ev
+    # Off the wire, the receiver stamps the connection's identity instead.
+    wire = to_wire(ev)
+    assert "source" not in wire
+    peer = Source.peer("conn-7")
+    assert from_dict(wire, source=peer) == attrs.evolve(ev, source=peer)
+
+
+def test_a_message_cannot_name_its_own_source() -> None:
+    data = {**to_wire(CancelReceived(GID, "r", "p")), "source": "local"}
+    with pytest.raises(MalformedEvidence, match="source"):
+        from_dict(data, source=Source.peer("p"))
+
+
+def test_from_dict_needs_a_source() -> None:
+    with pytest.raises(InvalidField):
+        from_dict(to_wire(CancelReceived(GID, "r", "p")), source="p")  # type: ignore[arg-type]
 
 
 def test_to_dict_is_plain_data() -> None:
@@ -213,16 +232,23 @@ def test_to_dict_is_plain_data() -> None:
         "request": "req-1",
         "peer": "peer-a",
         "last_seq": 4,
+        "source": "local",
     }
-    assert to_dict(PeerLost("peer-b")) == {"type": "PeerLost", "peer": "peer-b"}
+    assert to_dict(PeerLost("peer-b", source=Source.peer("x"))) == {
+        "type": "PeerLost",
+        "peer": "peer-b",
+        "source": "peer:x",
+    }
 
 
 def test_from_dict_accepts_tuple_grant_id() -> None:
     data = {"type": "CancelReceived", "grant_id": ("inc-a", 7), "request": "r", "peer": "p"}
-    assert from_dict(data) == CancelReceived(GID, "r", "p")
+    assert from_dict(data, source=LOCAL) == CancelReceived(GID, "r", "p")
 
 
 _GOOD = {"type": "TransferQuiesced", "grant_id": ["inc-a", 7], "request": "r", "peer": "p"}
+_MIXED_KEYS: dict[object, object] = dict(_GOOD.items())
+_MIXED_KEYS.update({1: "x", "y": 2})
 
 
 @pytest.mark.parametrize(
@@ -249,21 +275,23 @@ _GOOD = {"type": "TransferQuiesced", "grant_id": ["inc-a", 7], "request": "r", "
         {k: v for k, v in _GOOD.items() if k != "peer"},  # missing a required field
         {"type": "AccessRevoked", "peer": "p", "request": "r"},
         {"type": "PeerLost"},
+        _MIXED_KEYS,  # extra keys of mixed types (they do not sort)
+        {**_GOOD, "source": "local"},  # a message naming its own source
     ],
 )
 def test_from_dict_malformed(data: object) -> None:
     with pytest.raises(MalformedEvidence):
-        from_dict(data)
+        from_dict(data, source=Source.peer("p"))
 
 
 def test_from_dict_good_sample_is_accepted() -> None:
     # the malformed cases above are one change away from this
-    assert from_dict(_GOOD) == TransferQuiesced(GID, "r", "p", through_seq=0)
+    assert from_dict(_GOOD, source=LOCAL) == TransferQuiesced(GID, "r", "p", through_seq=0)
 
 
 def test_malformed_chains_the_cause() -> None:
     with pytest.raises(MalformedEvidence) as exc:
-        from_dict({**_GOOD, "through_seq": -1})
+        from_dict({**_GOOD, "through_seq": -1}, source=LOCAL)
     assert isinstance(exc.value.__cause__, InvalidField)
     assert exc.value.kind == "malformed_evidence"
 

@@ -53,7 +53,18 @@ def test_proof_policy_has_no_contamination_and_no_leak() -> None:
     assert r.leaked_blocks == 0
     assert r.unsafe_releases == 0
     assert r.prefill_crashes == 1  # the fault model includes one crash
-    assert r.quarantined_blocks > 0  # crash victims and FAILED batches: out, counted
+    # Crash victims and FAILED batches were quarantined, then fenced and reclaimed.
+    assert r.peak_quarantined_blocks > 0
+    assert r.fences.get("inproc_initiator_reaped", 0) >= 1
+    assert sum(r.reclaimed_blocks.values()) >= r.peak_quarantined_blocks
+    assert r.quarantined_blocks == 0
+
+
+def test_proof_policy_without_fences_keeps_its_quarantine() -> None:
+    r = run(SimConfig(policy="proof", requests=N, seed=SEED, fence=False))
+    assert r.contaminated_blocks == 0 and r.leaked_blocks == 0
+    assert r.quarantined_blocks > 0  # out, counted, never freed: the one-way door
+    assert r.fences == {} and r.reclaimed_blocks == {}
 
 
 def test_naive_policy_is_contaminated_under_the_same_seed() -> None:

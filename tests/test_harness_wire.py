@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
+import attrs
 import msgpack
 import pytest
 from hypothesis import given, settings
@@ -16,6 +17,7 @@ from kvlifetime.harness import wire
 from kvlifetime.harness.faults import FaultConfig, FaultyLink
 from kvlifetime.harness.prefill import PrefillWorker
 from kvlifetime.harness.transfer import InprocEngine, InprocTarget
+from kvlifetime.source import Source
 
 G = GrantId("inc", 3)
 
@@ -36,7 +38,22 @@ MESSAGES: list[wire.Message] = [
 
 @pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: m.TYPE)
 def test_round_trip(msg: wire.Message) -> None:
-    assert wire.decode(wire.encode(msg)) == msg
+    got = wire.decode(wire.encode(msg), sender="prefill-0")
+    if isinstance(msg, wire.EvidenceMsg):
+        # The receiver stamps the connection's identity; the sender's source never travels.
+        msg = wire.EvidenceMsg(attrs.evolve(msg.evidence, source=Source.peer("prefill-0")))
+    assert got == msg
+
+
+def test_evidence_is_stamped_with_the_connection_not_the_name_inside() -> None:
+    frame = wire.encode(wire.EvidenceMsg(TransferCompleted(G, 7, "prefill-0", 3)))
+    got = wire.decode(frame, sender="prefill-1")
+    assert isinstance(got, wire.EvidenceMsg)
+    assert got.evidence.source == Source.peer("prefill-1")
+    assert isinstance(got.evidence, TransferCompleted)
+    assert got.evidence.peer == "prefill-0"  # what it claims; the ledger refuses the mismatch
+    with pytest.raises(wire.MalformedMessage, match="no identity"):
+        wire.decode(frame)  # evidence from nobody in particular is nobody's evidence
 
 
 def _frame(**body: object) -> bytes:
@@ -150,7 +167,7 @@ def test_prefill_worker_logs_refuses_and_keeps_running() -> None:
         out: list[bytes] = []
         for n in range(1, 40):
             out += worker.tick(n)
-        kinds = [wire.decode(f) for f in out]
+        kinds = [wire.decode(f, sender="prefill-0") for f in out]
         assert (
             any(
                 isinstance(m, wire.EvidenceMsg) and isinstance(m.evidence, TransferCompleted)

@@ -8,7 +8,19 @@ so contamination is counted, not guessed. What it does when a request ends early
 - ``naive``: release at once (``force_release``, counted unsafe) and reuse the blocks;
 - ``timeout``: a lease reaper: release when a deadline passes without proof;
 - ``proof``: kvlifetime's rule: release only through ``collect_releasable`` once the evidence
-  closes every grant; quarantine when no proof can come (a FAILED batch, a crashed peer).
+  closes every grant; quarantine when no proof can come (a FAILED batch, a crashed peer); and
+  **fence** to get the quarantined blocks back: after a crash, and whenever quarantine grows
+  past ``fence_quarantined_blocks``, the peer's access is ended for real (``fence_peer``) and
+  the ledger is told so by local ``AccessRevoked`` evidence.
+
+Evidence from the prefill peer is stamped with the identity of the socket it came in on (one
+socket per prefill incarnation), never with the name inside the message: a peer that claims
+what it may not (``kvlifetime.provenance``) is refused and counted.
+
+A decode restart (``SimConfig.restart``) re-creates the ledger mid-run over the same arena,
+while the prefill peer's writes are still landing: ``naive`` starts with every block free,
+``guarded`` starts with every block quarantined (``BlockLedger.after_restart``) and fences
+before reusing any.
 
 The run is in lock-step ticks (see ``wire.Tick``): one seed decides every fault and every
 landing order, so two runs with one seed give the same figures, on the in-process engine.
@@ -16,6 +28,7 @@ landing order, so two runs with one seed give the same figures, on the in-proces
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import heapq
 import multiprocessing
@@ -28,14 +41,21 @@ import attrs
 import numpy as np
 import structlog
 
-from kvlifetime.errors import EvidenceError, KVLifetimeError, UsageError
-from kvlifetime.evidence import PeerLost, SchedulingStopped, TransferCompleted
+from kvlifetime.errors import EvidenceError, KVLifetimeError, UnauthorizedEvidence, UsageError
+from kvlifetime.evidence import AccessRevoked, PeerLost, SchedulingStopped, TransferCompleted
 from kvlifetime.grant import Grant
 from kvlifetime.harness import pattern
-from kvlifetime.harness.faults import FaultConfig, FaultyLink, RequestPlan, crash_tick, plan
+from kvlifetime.harness.faults import (
+    FaultConfig,
+    FaultyLink,
+    RequestPlan,
+    crash_tick,
+    plan,
+    restart_tick,
+)
 from kvlifetime.harness.report import Report
-from kvlifetime.harness.simulate import BACKENDS, POLICIES
-from kvlifetime.harness.transfer import TargetMemory
+from kvlifetime.harness.simulate import BACKENDS, POLICIES, RESTARTS
+from kvlifetime.harness.transfer import InprocTarget, TargetMemory
 from kvlifetime.harness.wire import (
     Abort,
     Assign,
@@ -52,7 +72,7 @@ from kvlifetime.harness.wire import (
     decode,
     encode,
 )
-from kvlifetime.ledger import BlockLedger
+from kvlifetime.ledger import BlockLedger, LedgerStats
 from kvlifetime.machines import BlockState, RequestState
 
 log = structlog.get_logger("kvlifetime")
@@ -83,6 +103,11 @@ class SimConfig:
     drain_ticks: int = 400  # at most this many ticks after the last admission
     tick_timeout_s: float = 30.0  # no TickDone for this long: the peer is hung, stop it
     max_restarts: int = 3  # prefill crashes tolerated before the run gives up (PeerFailed)
+    # proof policy: fence the prefill peer (and reclaim) once this many blocks are quarantined;
+    # 0: never fence on pressure (a crash is still fenced unless ``fence`` is False)
+    fence_quarantined_blocks: int = 256
+    fence: bool = True  # proof policy: fence after a crash and on quarantine pressure
+    restart: str = "none"  # decode restart mid-run: none / naive / guarded
     faults: FaultConfig = attrs.field(factory=FaultConfig)
 
     def __attrs_post_init__(self) -> None:
@@ -92,6 +117,8 @@ class SimConfig:
             raise UsageError(f"unknown backend {self.backend!r} ({', '.join(BACKENDS)})")
         if self.block_bytes % 8 or self.block_bytes <= 0 or self.requests < 0:
             raise UsageError("block_bytes must be a positive multiple of 8, requests >= 0")
+        if self.restart not in RESTARTS:
+            raise UsageError(f"unknown restart {self.restart!r} ({', '.join(RESTARTS)})")
 
 
 @attrs.define(slots=True)
@@ -161,7 +188,7 @@ class PrefillPeer:
             if self.sock.poll(100):
                 frame = self.sock.recv()
                 try:
-                    msg = decode(frame)
+                    msg = decode(frame, sender=self.peer)
                 except MalformedMessage:
                     out.append(frame)  # refused (and counted) by the caller
                     continue
@@ -203,14 +230,34 @@ class PrefillPeer:
         self.kill()
         self.sock.close(0)
 
+    def reaped(self) -> bool:
+        """Whether the process is gone and its exit status collected (no thread of it runs)."""
+        return not self.proc.is_alive() and self.proc.exitcode is not None
+
+
+def fence_peer(peer: PrefillPeer, target: TargetMemory) -> str:
+    """End ``peer``'s access to decode's arena for real; return the fence's name once its
+    completion is observed. Raises ``PeerFailed`` if it cannot be.
+
+    - in-process engine: the copies run on a thread of the initiator's process, so reaping that
+      process (kill, then wait for its exit status) ends every copy it could still make;
+    - Mooncake TCP: the initiator is reaped too, but the target may still apply what it had
+      received, so the target's serving engine is re-created (``MooncakeTarget.fence``: its
+      sessions closed and threads joined; the arena re-registered on a new endpoint).
+    """
+    peer.close()
+    if not peer.reaped():
+        raise PeerFailed(f"{peer.peer} could not be reaped: no fence")
+    if isinstance(target, InprocTarget):
+        return "inproc_initiator_reaped"
+    return target.fence()
+
 
 # =========================================================================== decode
 
 
 def make_target(backend: str, nbytes: int) -> TargetMemory:
     if backend == "inproc":
-        from kvlifetime.harness.transfer import InprocTarget
-
         return InprocTarget(nbytes)
     from kvlifetime.adapters.mooncake import MooncakeTarget
 
@@ -228,6 +275,8 @@ class DecodeWorker:
         self._aborts: dict[int, list[int]] = {}
         self._finishes: dict[int, list[int]] = {}
         self._reaper: list[tuple[int, int]] = []  # (deadline, request): timeout policy
+        self.fences: dict[str, int] = {}  # fence name -> times performed
+        self.retired: list[LedgerStats] = []  # the stats of ledgers replaced by a restart
         self.count: dict[str, int] = dict.fromkeys(
             (
                 "completed",
@@ -244,16 +293,23 @@ class DecodeWorker:
                 "hold_ticks",
                 "released_requests",
                 "peak_blocks_out",
+                "unauthorized_refused",
+                "lost_to_fence",
+                "lost_to_restart",
+                "admission_stalls",
+                "peak_quarantined_blocks",
             ),
             0,
         )
 
     # ----------------------------------------------------------------- inbound
 
-    def receive(self, frames: list[bytes]) -> None:
+    def receive(self, frames: list[bytes], sender: str) -> None:
+        """Frames that came in on the connection of peer ``sender`` (the transport's identity:
+        evidence in them is stamped with it, whatever they say inside)."""
         for frame in frames:
             try:
-                msg = decode(frame)
+                msg = decode(frame, sender=sender)
             except MalformedMessage as e:
                 self.count["malformed_refused"] += 1
                 if structlog.is_configured():
@@ -284,6 +340,9 @@ class DecodeWorker:
         ev = msg.evidence
         try:
             self.ledger.apply(ev)
+        except UnauthorizedEvidence:
+            self.count["unauthorized_refused"] += 1
+            return  # a claim this peer may not make: refused, logged and counted
         except EvidenceError:
             return  # refused, logged and counted by the ledger; the worker goes on
         gid = getattr(ev, "grant_id", None)
@@ -354,8 +413,10 @@ class DecodeWorker:
         else:
             self.ledger.set_deadline(key, self.now + self.cfg.proof_lease)
 
-    def _release(self, key: int, _ids: object) -> None:
-        r = self.reqs.pop(key)
+    def _release(self, key: int | str, _ids: object) -> None:
+        r = self.reqs.pop(key, None) if isinstance(key, int) else None
+        if r is None:
+            return  # the previous incarnation's blocks after a guarded restart: no request
         self.count["hold_ticks"] += self.now - r.admitted
         self.count["released_requests"] += 1
 
@@ -380,7 +441,7 @@ class DecodeWorker:
                 # The lease reaper: the deadline passed without proof, free anyway.
                 self._release(key, self.ledger.force_release(key, "lease expired"))
         for rkey, ids in self.ledger.collect_releasable().items():
-            self._release(int(rkey), ids)
+            self._release(rkey, ids)
         self._queries(n)
         if admit_more:
             out.extend(self._admit(n, peer))
@@ -412,6 +473,7 @@ class DecodeWorker:
                 break
             p = plan(self.cfg.seed, key, self.cfg.faults)
             if self.ledger.free_count() < p.nblocks:
+                self.count["admission_stalls"] += 1
                 break  # back-pressure: the request waits for blocks
             ids = self.ledger.allocate(key, p.nblocks)
             # The grant exists before the addresses leave the process.
@@ -444,8 +506,54 @@ class DecodeWorker:
             if r.grant.peer != peer or key not in self.reqs:
                 continue
             if r.ended is None and not r.finished and not r.consumed:
-                self.count["lost_to_crash"] += 1
-                self.end(key, "lost_to_crash")
+                self.end(key, "lost_to_crash")  # counted by end()
+
+    # ----------------------------------------------------------------- fences
+
+    def fenced(self, peer: str, fence: str) -> None:
+        """``peer``'s access to the arena was ended for real by ``fence`` (observed complete
+        by this process): its live requests that still wait for KV are ended, and the local
+        ``AccessRevoked`` closes every grant to it, quarantined ones included."""
+        for key, r in list(self.reqs.items()):
+            if r.grant.peer == peer and r.ended is None and not r.finished and not r.consumed:
+                self.end(key, "lost_to_fence")
+        self.ledger.apply(AccessRevoked(peer, fence=fence))
+        self.fences[fence] = self.fences.get(fence, 0) + 1
+        for rkey, ids in self.ledger.collect_releasable().items():
+            self._release(rkey, ids)
+
+    def quarantined_blocks(self) -> int:
+        q = self.ledger.stats().blocks_by_state.get(BlockState.QUARANTINED.label, 0)
+        self.count["peak_quarantined_blocks"] = max(self.count["peak_quarantined_blocks"], q)
+        return q
+
+    def wants_fence(self, n: int, *, quiet: bool) -> bool:
+        """The proof policy fences on quarantine pressure (checked every 8 ticks), and once
+        the system is ``quiet`` with only quarantined requests left (so that it ends with
+        nothing lost)."""
+        cfg = self.cfg
+        if cfg.policy != "proof" or not cfg.fence or (n % 8 and not quiet):
+            return False
+        q = self.quarantined_blocks()
+        return q > 0 and (quiet or 0 < cfg.fence_quarantined_blocks <= q)
+
+    # ----------------------------------------------------------------- a decode restart
+
+    def restart(self, mode: str, peers: list[str]) -> None:
+        """Decode restarts over the same arena: every request it held is lost with its state,
+        and a new ledger (a new incarnation) takes over. ``naive``: every block free.
+        ``guarded``: every block quarantined (reason previous_incarnation) until fenced."""
+        self.retired.append(self.ledger.stats())
+        self.count["lost_to_restart"] += len(self.reqs)
+        self.reqs.clear()
+        self._aborts.clear()
+        self._finishes.clear()
+        self._reaper.clear()
+        n = self.cfg.num_blocks
+        if mode == "naive":
+            self.ledger = BlockLedger(n)
+        else:
+            self.ledger = BlockLedger.after_restart(n, peers=peers)
 
     def idle(self) -> bool:
         """Nothing left but quarantined requests (which wait for proof that may never come)."""
@@ -458,14 +566,28 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
 
     t0 = time.perf_counter()
     target = make_target(cfg.backend, cfg.num_blocks * cfg.block_bytes)
-    ledger = BlockLedger(cfg.num_blocks)
-    worker = DecodeWorker(cfg, target, ledger)
+    worker = DecodeWorker(cfg, target, BlockLedger(cfg.num_blocks))
     expected = max(1, cfg.requests // max(1, cfg.arrivals_per_tick))
+    restart_at = restart_tick(cfg.seed, expected) if cfg.restart != "none" else None
     ctx = zmq.Context()
     peers: list[PrefillPeer] = []
     prefill_stats: dict[str, int] = {}
     crashes = 0
     n = 0
+
+    def say(line: str) -> None:
+        if progress is not None:
+            progress(line)
+
+    def fence_and_replace(old: PrefillPeer, why: str) -> PrefillPeer:
+        worker.quarantined_blocks()  # the peak includes what this fence is about to reclaim
+        fence = fence_peer(old, target)
+        worker.fenced(old.peer, fence)
+        say(f"tick {n}: fenced {old.peer} ({why}; {fence}); starting another")
+        new = PrefillPeer(ctx, cfg, target, old.incarnation + 1, expected)
+        peers.append(new)
+        return new
+
     try:
         peer = PrefillPeer(ctx, cfg, target, 0, expected)
         peers.append(peer)
@@ -475,23 +597,34 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
             admitting = worker.next_request < cfg.requests
             if admitting:
                 last_admit = n
-            elif worker.idle() or n - last_admit > cfg.drain_ticks:
+            quiet = not admitting and worker.idle()
+            if n == restart_at:
+                say(f"tick {n}: decode restarts ({cfg.restart})")
+                worker.restart(cfg.restart, [peer.peer])
+                if cfg.restart == "guarded":
+                    peer = fence_and_replace(peer, "decode restart")
+            elif worker.wants_fence(n, quiet=quiet):
+                peer = fence_and_replace(peer, "quarantine")
+                continue
+            elif quiet or n - last_admit > cfg.drain_ticks:
                 break
             for frame in worker.tick(n, peer.peer, admitting):
                 peer.send(frame)
             frames = peer.until_tick_done(n, cfg.tick_timeout_s)
             if frames is None:
                 crashes += 1
-                if progress is not None:
-                    progress(f"tick {n}: {peer.peer} crashed; starting another")
                 worker.peer_crashed(peer.peer)
                 peer.close()
                 if crashes > cfg.max_restarts:
                     raise PeerFailed(f"prefill crashed {crashes} times; giving up")
-                peer = PrefillPeer(ctx, cfg, target, peer.incarnation + 1, expected)
-                peers.append(peer)
+                if cfg.policy == "proof" and cfg.fence:
+                    peer = fence_and_replace(peer, "crashed")
+                else:
+                    say(f"tick {n}: {peer.peer} crashed; starting another")
+                    peer = PrefillPeer(ctx, cfg, target, peer.incarnation + 1, expected)
+                    peers.append(peer)
             else:
-                worker.receive(frames)
+                worker.receive(frames, peer.peer)
             n += 1
         peer.stop()
         for k, v in peer.stats.items():
@@ -502,9 +635,16 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
         ctx.term()
         wall = time.perf_counter() - t0
         target.close()
-    st = ledger.stats()
+    st = worker.ledger.stats()
     quarantined = st.blocks_by_state.get(BlockState.QUARANTINED.label, 0)
     free = st.blocks_by_state.get(BlockState.FREE.label, 0)
+    refused: collections.Counter[str] = collections.Counter(st.refused_evidence)
+    reclaimed: collections.Counter[str] = collections.Counter(st.reclaimed_blocks)
+    unsafe = st.unsafe_releases
+    for old in worker.retired:  # ledgers replaced by a decode restart
+        refused.update(old.refused_evidence)
+        reclaimed.update(old.reclaimed_blocks)
+        unsafe += old.unsafe_releases
     c = worker.count
     return Report(
         backend=cfg.backend,
@@ -522,8 +662,8 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
         leaked_blocks=cfg.num_blocks - free - quarantined,
         quarantined_blocks=quarantined,
         quarantined_requests=len(st.quarantined),
-        unsafe_releases=st.unsafe_releases,
-        refused_evidence=dict(st.refused_evidence),
+        unsafe_releases=unsafe,
+        refused_evidence=dict(refused),
         malformed_refused=c["malformed_refused"] + prefill_stats.get("malformed_refused", 0),
         prefill_crashes=crashes,
         queries=c["queries"],
@@ -537,4 +677,12 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
         num_blocks=cfg.num_blocks,
         block_bytes=cfg.block_bytes,
         prefill=prefill_stats,
+        restart=cfg.restart,
+        fences=dict(worker.fences),
+        reclaimed_blocks=dict(reclaimed),
+        peak_quarantined_blocks=c["peak_quarantined_blocks"],
+        admission_stalls=c["admission_stalls"],
+        unauthorized_refused=c["unauthorized_refused"],
+        lost_to_fence=c["lost_to_fence"],
+        lost_to_restart=c["lost_to_restart"],
     )

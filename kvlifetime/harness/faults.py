@@ -99,6 +99,14 @@ def crash_tick(seed: int, incarnation: int, expected_ticks: int, cfg: FaultConfi
     return int(rng.integers(expected_ticks * 3 // 10, expected_ticks * 6 // 10 + 1))
 
 
+def restart_tick(seed: int, expected_ticks: int) -> int:
+    """The tick at which decode restarts (``SimConfig.restart``), mid-run, away from the crash
+    window's start so that both can be told apart."""
+    rng = np.random.default_rng((seed, 0x2E57))
+    lo = max(1, expected_ticks * 45 // 100)
+    return int(rng.integers(lo, max(lo, expected_ticks * 65 // 100) + 1))
+
+
 class FaultyLink:
     """What the wire does to control messages from one sender: loses, duplicates, delays (so
     reorders) them, and slips in garbage frames. Ticks and tick acknowledgements are not

@@ -43,6 +43,14 @@ class Report:
     num_blocks: int
     block_bytes: int
     prefill: Mapping[str, int]  # counters of the prefill incarnations that exited cleanly
+    restart: str = "none"  # decode restart mid-run: none / naive / guarded
+    fences: Mapping[str, int] = attrs.field(factory=dict)  # fence name -> times performed
+    reclaimed_blocks: Mapping[str, int] = attrs.field(factory=dict)  # fence -> blocks back
+    peak_quarantined_blocks: int = 0  # most blocks quarantined at once (sampled every 8 ticks)
+    admission_stalls: int = 0  # times a request waited for free blocks (the pool ran short)
+    unauthorized_refused: int = 0  # evidence a peer may not assert (provenance), refused
+    lost_to_fence: int = 0  # live requests ended because their peer was fenced
+    lost_to_restart: int = 0  # requests decode held when it restarted
 
     @property
     def mid_transfer_ratio(self) -> float:
@@ -80,6 +88,12 @@ class Report:
             ("leaked blocks", self.leaked_blocks),
             ("quarantined blocks", f"{self.quarantined_blocks} ({self.quarantined_requests} req)"),
             ("unsafe releases", self.unsafe_releases),
+            ("fences", ", ".join(f"{k} x{v}" for k, v in sorted(self.fences.items())) or "none"),
+            ("reclaimed by fences", sum(self.reclaimed_blocks.values())),
+            ("peak quarantined", self.peak_quarantined_blocks),
+            ("admission stalls", self.admission_stalls),
+            ("unauthorized refused", self.unauthorized_refused),
+            ("lost to fence / restart", f"{self.lost_to_fence} / {self.lost_to_restart}"),
             ("refused evidence", sum(self.refused_evidence.values())),
             ("malformed frames refused", self.malformed_refused),
             ("evidence queries", self.queries),
@@ -92,6 +106,8 @@ class Report:
         ]
         width = max(len(k) for k, _ in rows)
         head = f"kvlifetime simulate: backend={self.backend} policy={self.policy} seed={self.seed}"
+        if self.restart != "none":
+            head += f" restart={self.restart}"
         return "\n".join([head, *(f"  {k:<{width}}  {v}" for k, v in rows)]) + "\n"
 
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 POLICIES: tuple[str, ...] = ("naive", "timeout", "proof")
 BACKENDS: tuple[str, ...] = ("inproc", "mooncake")
+RESTARTS: tuple[str, ...] = ("none", "naive", "guarded")
 DEMO_REQUESTS = 10_000
 DEMO_SEED = 2026
 
@@ -27,6 +28,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", choices=POLICIES, default="proof")
     p.add_argument("--requests", type=int, default=1000, metavar="N")
     p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument(
+        "--restart",
+        choices=RESTARTS,
+        default="none",
+        help="restart decode mid-run over the same arena while prefill's writes still land: "
+        "naive (every block free) or guarded (every block quarantined until fenced)",
+    )
+    p.add_argument(
+        "--no-fence",
+        dest="fence",
+        action="store_false",
+        help="proof policy: never fence (quarantined blocks stay out of the pool)",
+    )
     p.add_argument("--json", action="store_true", help="end with the report as one JSON line")
 
 
@@ -43,18 +57,39 @@ def _require_backend(backend: str) -> None:
 
 
 def simulate(
-    backend: str, policy: str, requests: int, seed: int, stream: TextIO | None = None
+    backend: str,
+    policy: str,
+    requests: int,
+    seed: int,
+    stream: TextIO | None = None,
+    *,
+    restart: str = "none",
+    fence: bool = True,
 ) -> Report:
     from kvlifetime.harness.decode import SimConfig, run
 
     _require_backend(backend)
     err = sys.stderr if stream is None else stream
-    cfg = SimConfig(backend=backend, policy=policy, requests=requests, seed=seed)
+    cfg = SimConfig(
+        backend=backend,
+        policy=policy,
+        requests=requests,
+        seed=seed,
+        restart=restart,
+        fence=fence,
+    )
     return run(cfg, progress=lambda line: print(line, file=err, flush=True))
 
 
 def run_command(args: argparse.Namespace) -> int:
-    report = simulate(args.backend, args.policy, args.requests, args.seed)
+    report = simulate(
+        args.backend,
+        args.policy,
+        args.requests,
+        args.seed,
+        restart=args.restart,
+        fence=args.fence,
+    )
     sys.stdout.write(report.to_text())
     if args.json:
         sys.stdout.write(report.to_json() + "\n")  # the last line of output

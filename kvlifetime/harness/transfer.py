@@ -32,6 +32,8 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from kvlifetime.errors import FenceUnavailable
+
 Slice = tuple[int, int, int]
 """One write: (offset in the initiator's staging memory, address in the target, length)."""
 
@@ -59,6 +61,13 @@ class TargetMemory(Protocol):
 
     def unregister(self) -> None:
         """Refuse new writes. Does NOT stop writes already accepted (not revocation)."""
+        ...
+
+    def fence(self) -> str:
+        """End every peer's access to this memory for real, from the target's side; return
+        the fence's name once its completion is observed (``descriptor()`` may change: peers
+        served afterwards need the new one). Raises ``FenceUnavailable`` when the engine has
+        no target-side fence."""
         ...
 
     def close(self) -> None: ...
@@ -128,6 +137,15 @@ class InprocTarget:
 
     def unregister(self) -> None:
         self._flag[0] = 0
+
+    def fence(self) -> str:
+        # The copies run on a thread of the initiator's process, which mapped the arena itself:
+        # nothing on this side can take that mapping away. The fence is on the initiator:
+        # kill and reap its process (``harness.decode.fence_peer``).
+        raise FenceUnavailable(
+            "in-process engine: the copies run in the initiator's process, which maps the "
+            "arena itself; the target cannot cut it. Fence by reaping the initiator process"
+        )
 
     def close(self) -> None:
         if self._closed:

@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 
 from kvlifetime.errors import EvidenceError, KVLifetimeError
-from kvlifetime.evidence import AccessRevoked, Evidence, GrantEvidence, from_dict, to_dict
+from kvlifetime.evidence import AccessRevoked, Evidence, GrantEvidence, from_record, to_dict
 from kvlifetime.grant import Access, Grant, GrantId
 from kvlifetime.ledger import BlockLedger, Transition
 from kvlifetime.machines import RequestState
@@ -220,7 +220,7 @@ class _Full:
         self.released: dict[str, list[int]] = {}
 
     def _map(self, data: Mapping[str, Any]) -> Evidence:
-        ev = from_dict(dict(data))
+        ev = from_record(dict(data))
         gid = getattr(ev, "grant_id", None)
         if gid is None:
             return ev
