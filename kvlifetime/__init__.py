@@ -12,6 +12,7 @@ from kvlifetime.errors import (
     KVLifetimeError,
     MismatchedEvidence,
     StaleEvidence,
+    UnauthorizedEvidence,
     UsageError,
 )
 from kvlifetime.evidence import (
@@ -28,10 +29,12 @@ from kvlifetime.evidence import (
 from kvlifetime.grant import Access, Grant, GrantId
 from kvlifetime.ledger import BlockLedger, LedgerStats, Transition
 from kvlifetime.machines import BlockLifecycle, BlockState, RequestLifecycle, RequestState
+from kvlifetime.source import LOCAL, Source, SourceKind
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "LOCAL",
     "Access",
     "AccessRevoked",
     "BlockLedger",
@@ -54,10 +57,13 @@ __all__ = [
     "RequestLifecycle",
     "RequestState",
     "SchedulingStopped",
+    "Source",
+    "SourceKind",
     "StaleEvidence",
     "TransferCompleted",
     "TransferQuiesced",
     "Transition",
+    "UnauthorizedEvidence",
     "UsageError",
     "__version__",
 ]

@@ -5,8 +5,9 @@
     REGISTRY.register(LedgerCollector(ledger, name="decode0", clock=time.monotonic))
 
 Metrics (all labelled ``ledger``): blocks per block state, live requests per request state,
-quarantined blocks per reason and the oldest quarantine's age, unsafe releases and refused
-evidence (per error kind) as counters. ``stats()`` is taken once per scrape, off the hot path.
+quarantined blocks per reason and the oldest quarantine's age, unsafe releases, refused
+evidence (per error kind) and blocks reclaimed by fences (per fence) as counters.
+``stats()`` is taken once per scrape, off the hot path.
 """
 
 from __future__ import annotations
@@ -90,6 +91,15 @@ class LedgerCollector:
         for kind, n in sorted(st.refused_evidence.items()):
             refused.add_metric([self.name, kind], n)
         yield refused
+
+        reclaimed = CounterMetricFamily(
+            "kvlifetime_reclaimed_blocks",
+            "Blocks put back in the pool by releases a completed fence made possible, per fence",
+            labels=["ledger", "fence"],
+        )
+        for fence, n in sorted(st.reclaimed_blocks.items()):
+            reclaimed.add_metric([self.name, fence], n)
+        yield reclaimed
 
         grants = GaugeMetricFamily("kvlifetime_open_grants", "Open grants", labels=["ledger"])
         grants.add_metric([self.name], st.open_grants)

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kvlifetime.errors import MismatchedEvidence
-from kvlifetime.evidence import TransferQuiesced
+from kvlifetime.evidence import AccessRevoked, PeerLost, TransferQuiesced
 from kvlifetime.ledger import BlockLedger
 from kvlifetime.prometheus import LedgerCollector
 
@@ -35,3 +35,21 @@ def test_collector_exports_states_quarantine_and_counters() -> None:
     text = generate_latest(reg).decode()
     assert 'kvlifetime_unsafe_releases_total{ledger="d0"} 1.0' in text
     assert 'kvlifetime_blocks{ledger="d0",state="free"} 14.0' in text
+
+
+def test_collector_counts_blocks_reclaimed_by_each_fence() -> None:
+    ledger = BlockLedger(8)
+    ids = ledger.allocate("a", 4)
+    ledger.grant("a", "prefill-0", ids)
+    ledger.reject("a")
+    ledger.apply(PeerLost("prefill-0"))  # quarantined: a heartbeat failed
+    reg = CollectorRegistry()
+    reg.register(LedgerCollector(ledger, name="d0"))
+    text = generate_latest(reg).decode()
+    assert 'kvlifetime_quarantined_blocks{ledger="d0",reason="peer_lost"} 4.0' in text
+    assert "kvlifetime_reclaimed_blocks_total{" not in text
+    ledger.apply(AccessRevoked("prefill-0", fence="target_recreated"))
+    ledger.collect_releasable()
+    text = generate_latest(reg).decode()
+    assert 'kvlifetime_reclaimed_blocks_total{fence="target_recreated",ledger="d0"} 4.0' in text
+    assert 'kvlifetime_blocks{ledger="d0",state="free"} 8.0' in text
