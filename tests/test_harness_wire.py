@@ -61,6 +61,20 @@ def _frame(**body: object) -> bytes:
     return out
 
 
+def _assign(**over: object) -> bytes:
+    body: dict[str, object] = {
+        "t": "assign",
+        "request": 1,
+        "grant": ["i", 1],
+        "peer": "p",
+        "blocks": [1],
+        "generations": [0],
+        "addresses": [1],
+        "tokens": 1,
+    }
+    return _frame(**{**body, **over})
+
+
 @pytest.mark.parametrize(
     "frame",
     [
@@ -89,11 +103,39 @@ def _frame(**body: object) -> bytes:
             addresses=[1],
             tokens=1,
         ),
+        # Bounds: what a handler cannot take is refused here (issue 10).
+        _frame(t="abort", request=-1, grant=["inc", 1]),
+        _frame(t="abort", request=2**63, grant=["inc", 1]),
+        _frame(t="abort", request="r" * 257, grant=["inc", 1]),
+        _frame(t="abort", request=1, grant=["i" * 257, 1]),
+        _frame(t="abort", request=1, grant=["inc", 2**63]),
+        _frame(t="tick", n=2**63),
+        _frame(t="tick_done", n=2**64 - 1),
+        _frame(t="failed", request=1, grant=["inc", 1], seq=2**63),
+        _frame(t="rejected", request=1, grant=["inc", 1], reason="r" * 4097),
+        _frame(t="stats", counters={"x": 2**63}),
+        _frame(t="stats", counters={"x" * 257: 1}),
+        _assign(request=-1),
+        _assign(peer="p" * 257),
+        _assign(blocks=[2**63]),
+        _assign(generations=[2**32]),
+        _assign(tokens=2**63),
     ],
 )
 def test_malformed_frames_are_refused(frame: bytes) -> None:
     with pytest.raises(wire.MalformedMessage):
         wire.decode(frame)
+
+
+def test_the_bounds_are_inclusive() -> None:
+    top = 2**63 - 1
+    m = wire.decode(
+        _assign(request=top, blocks=[top], generations=[2**32 - 1], addresses=[2**64 - 1])
+    )
+    assert isinstance(m, wire.Assign) and m.request == top and m.addresses == (2**64 - 1,)
+    assert wire.decode(_assign(request="r" * 256, tokens=top)) is not None
+    assert wire.decode(_frame(t="tick", n=top)) == wire.Tick(top)
+    assert wire.decode(_frame(t="tick_done", n=-1)) == wire.TickDone(-1)
 
 
 @settings(max_examples=300, deadline=None)

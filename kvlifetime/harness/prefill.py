@@ -29,6 +29,8 @@ from kvlifetime.harness import pattern
 from kvlifetime.harness.faults import BLOCKS_PER_CHUNK, FaultConfig, FaultyLink, RequestPlan, plan
 from kvlifetime.harness.transfer import Slice, Status, TransferEngine
 from kvlifetime.harness.wire import (
+    INT64_MAX,
+    UINT32_MAX,
     Abort,
     Assign,
     EvidenceMsg,
@@ -92,7 +94,9 @@ class PrefillWorker:
         self.faults = faults
         self.block_bytes = block_bytes
         # An address past the end of the arena: the engine refuses it, failing the batch.
-        self._bad_address = int(target["base"]) + int(target["nbytes"]) + 16 * block_bytes
+        self._base = int(target["base"])
+        self._nbytes = int(target["nbytes"])
+        self._bad_address = self._base + self._nbytes + 16 * block_bytes
         self.link = FaultyLink(seed, link_salt, faults)
         self._jobs: dict[GrantId, _Job] = {}
         self._finals: collections.OrderedDict[GrantId, _Job] = collections.OrderedDict()
@@ -111,16 +115,26 @@ class PrefillWorker:
             log.error("message_refused", worker=self.peer, error=str(error), size=len(frame))
 
     def handle(self, msg: Message) -> None:
-        if isinstance(msg, Assign):
-            self._assign(msg)
-        elif isinstance(msg, Abort):
-            self._abort(msg)
-        elif isinstance(msg, Query):
-            self._query(msg)
-        else:
-            self.counters["unexpected_refused"] += 1
+        """Act on one message. Nothing a message holds makes this raise: each handler checks
+        what it takes first (refused and counted); a failure none of them foresaw is logged
+        and counted as ``handler_failed``, and the worker goes on with the next message."""
+        try:
+            if isinstance(msg, Assign):
+                self._assign(msg)
+            elif isinstance(msg, Abort):
+                self._abort(msg)
+            elif isinstance(msg, Query):
+                self._query(msg)
+            else:
+                self.counters["unexpected_refused"] += 1
+                if structlog.is_configured():
+                    log.error("message_refused", worker=self.peer, error=f"unexpected {msg.TYPE}")
+        except Exception as e:  # a bug of ours, not the peer's: never the end of the worker
+            self.counters["handler_failed"] += 1
             if structlog.is_configured():
-                log.error("message_refused", worker=self.peer, error=f"unexpected {msg.TYPE}")
+                log.exception(
+                    "handler_failed", worker=self.peer, message=type(msg).__name__, error=str(e)
+                )
 
     def _send(self, job: _Job | None, msg: Message) -> None:
         frame = encode(msg)
@@ -133,18 +147,48 @@ class PrefillWorker:
             self._send(job, EvidenceMsg(ev))
 
     def _assign(self, a: Assign) -> None:
-        if a.grant in self._jobs or a.grant in self._finals or a.peer != self.peer:
+        why = self._unfit(a)
+        if why is None:
+            assert isinstance(a.request, int)  # checked by _unfit
+            p = plan(self.seed, a.request, self.faults)
+            if p.nblocks != len(a.blocks):
+                why = f"{len(a.blocks)} blocks, the request's plan has {p.nblocks}"
+        if why is not None:
             self.counters["assign_refused"] += 1
-            return
-        p = plan(self.seed, int(a.request), self.faults) if isinstance(a.request, int) else None
-        if p is None or p.nblocks != len(a.blocks):
-            self.counters["assign_refused"] += 1
+            if structlog.is_configured():
+                log.error("assign_refused", worker=self.peer, grant=str(a.grant), error=why)
             return
         job = _Job(a, p, GrantTransfers(a.grant, a.request, self.peer), next_tick=self.now + 1)
         if a.tokens > self.faults.capacity_tokens:
             job.reject_at = self.now + 1 + p.stub_chunks
         self._jobs[a.grant] = job
         self.counters["assigned"] += 1
+
+    def _unfit(self, a: Assign) -> str | None:
+        """Why this worker cannot take ``a`` (None: it can). Checked before anything changes:
+        a refused Assign posts nothing, so nothing of it can ever land."""
+        if a.grant in self._jobs or a.grant in self._finals:
+            return "grant already assigned"
+        if a.peer != self.peer:
+            return f"grant is to {a.peer!r}, this worker is {self.peer!r}"
+        r = a.request
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r <= INT64_MAX:
+            return f"request must be a request number in [0, {INT64_MAX}], got {r!r}"
+        n = len(a.blocks)
+        if n == 0 or len(a.generations) != n or len(a.addresses) != n:
+            return "blocks, generations and addresses differ in length"
+        bb, nblocks = self.block_bytes, self._nbytes // self.block_bytes
+        if not all(_is_int(b) and 0 <= b < nblocks for b in a.blocks):
+            return f"a block id outside the target's {nblocks} blocks"
+        if not all(_is_int(g) and 0 <= g <= UINT32_MAX for g in a.generations):
+            return "a generation outside [0, 2**32)"
+        for addr in a.addresses:
+            off = addr - self._base if _is_int(addr) else -1
+            if off < 0 or off % bb or off + bb > self._nbytes:
+                return f"address {addr!r} is not a block of the target's arena"
+        if not _is_int(a.tokens) or a.tokens < 0:
+            return f"tokens must be an int >= 0, got {a.tokens!r}"
+        return None
 
     def _known(self, grant: GrantId, request: int | str) -> _Job | None:
         job = self._jobs.get(grant) or self._finals.get(grant)
@@ -182,14 +226,23 @@ class PrefillWorker:
     # ----------------------------------------------------------------- time
 
     def tick(self, n: int) -> list[bytes]:
-        """Do tick ``n``'s work; return the frames due now (``TickDone`` last)."""
+        """Do tick ``n``'s work; return the frames due now (``TickDone`` last).
+
+        Time never goes back: a tick before the current one does nothing (counted) but its
+        ``TickDone``. A tick that skips ahead lands every batch due by then."""
+        if _is_int(n) and n < self.now:
+            self.counters["stale_ticks_refused"] += 1
+            return [encode(TickDone(n))]
+        if not _is_int(n) or n > INT64_MAX:
+            raise ValueError(f"tick must be an int in [0, {INT64_MAX}], got {n!r}")
         self.now = n
         for job in list(self._jobs.values()):
             if job.next_tick <= n and job.transfers.last_seq is None:
                 self._step(job)
         self.engine.advance(n)  # a failed batch's stragglers land at the start of the tick
-        for b in self._line.pop(n, []):
-            self._land(b)
+        for t in sorted(t for t in self._line if t <= n):
+            for b in self._line.pop(t):
+                self._land(b)
         return [*self.link.due(n), encode(TickDone(n))]
 
     def _step(self, job: _Job) -> None:
@@ -274,6 +327,10 @@ class PrefillWorker:
         out["link_delayed"] = self.link.delayed
         out["link_garbage"] = self.link.garbage
         return out
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 # =========================================================================== the process

@@ -7,8 +7,10 @@ that gets one logs it, counts it, and goes on; nothing a peer sends can crash it
 message is plain data: no serializer that can build arbitrary objects (and so run a peer's code)
 ever touches the wire.
 
-Evidence travels as ``kvlifetime.evidence.to_dict`` data and is rebuilt with ``from_dict``, so
-it is checked by the same validators as evidence built locally.
+Evidence travels as ``kvlifetime.evidence.to_wire`` data (everything but its source) and is
+rebuilt with ``from_dict``, so it is checked by the same validators as evidence built locally,
+and stamped with the identity of the connection it came in on (``decode(frame, sender=...)``),
+never with a name the message gives itself.
 """
 
 from __future__ import annotations
@@ -20,13 +22,23 @@ import attrs
 import msgpack
 
 from kvlifetime.errors import MalformedEvidence
-from kvlifetime.evidence import Evidence, from_dict, to_dict
+from kvlifetime.evidence import Evidence, from_dict, to_wire
 from kvlifetime.grant import GrantId
+from kvlifetime.source import Source
 
 SCHEMA_VERSION = 1
 """Bumped on any incompatible change; a frame with another version is refused whole."""
 
 MAX_FRAME = 1 << 20  # bytes; a control frame is small, a huge one is an attack or a bug
+
+# Bounds of the fields, so that a frame the schema accepts is one every handler can take: ints
+# within int64 (numpy's block ids, seeds, sequence numbers), generations within uint32 (the
+# ledger's), addresses within uint64 (pointers), names and keys short.
+INT64_MAX = (1 << 63) - 1
+UINT32_MAX = (1 << 32) - 1
+UINT64_MAX = (1 << 64) - 1
+MAX_NAME = 256  # chars: request keys, peers, incarnations, counter names
+MAX_TEXT = 4096  # chars: a rejection's reason
 
 
 class MalformedMessage(MalformedEvidence):
@@ -43,21 +55,27 @@ class MalformedMessage(MalformedEvidence):
 
 
 def _req(v: object) -> int | str:
-    # Request keys are compared exactly; bool is an int subclass and never a request id.
+    # Request keys are compared exactly; bool is an int subclass and never a request id. An int
+    # key is a request number: the harness seeds the request's plan with it, and numpy takes
+    # no negative seed.
     if isinstance(v, bool) or not isinstance(v, int | str) or v == "":
         raise MalformedMessage(f"request key must be a non-empty str or an int, got {v!r}")
+    if isinstance(v, int) and not 0 <= v <= INT64_MAX:
+        raise MalformedMessage(f"request number must be in [0, {INT64_MAX}], got {v!r}")
+    if isinstance(v, str) and len(v) > MAX_NAME:
+        raise MalformedMessage(f"request key of {len(v)} chars is over {MAX_NAME}")
     return v
 
 
-def _int(v: object, lo: int = 0) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise MalformedMessage(f"expected an int >= {lo}, got {v!r}")
+def _int(v: object, lo: int = 0, hi: int = INT64_MAX) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise MalformedMessage(f"expected an int in [{lo}, {hi}], got {v!r}")
     return v
 
 
-def _str(v: object) -> str:
-    if not isinstance(v, str) or not v:
-        raise MalformedMessage(f"expected a non-empty str, got {v!r}")
+def _str(v: object, max_len: int = MAX_NAME) -> str:
+    if not isinstance(v, str) or not v or len(v) > max_len:
+        raise MalformedMessage(f"expected a non-empty str of at most {max_len} chars, got {v!r}")
     return v
 
 
@@ -68,15 +86,24 @@ def _grant(v: object) -> GrantId:
     return GrantId(_str(inc), _int(serial, 1))
 
 
-def _ints(v: object, lo: int = 0) -> tuple[int, ...]:
+def _ints(v: object, lo: int = 0, hi: int = INT64_MAX) -> tuple[int, ...]:
     if not isinstance(v, list | tuple):
         raise MalformedMessage(f"expected a list of ints, got {v!r}")
-    return tuple(_int(x, lo) for x in v)
+    return tuple(_int(x, lo, hi) for x in v)
 
 
-def _evidence(v: object) -> Evidence:
+def _evidence(v: object) -> object:
+    # Only the shape here: the evidence is built in ``decode``, where the sender is known.
+    if not isinstance(v, Mapping):
+        raise MalformedMessage(f"evidence must be a map, got {type(v).__name__}")
+    return v
+
+
+def _stamped(v: object, sender: str | None) -> Evidence:
+    if sender is None:
+        raise MalformedMessage("evidence from a connection with no identity is refused")
     try:
-        return from_dict(v)
+        return from_dict(v, source=Source.peer(sender))
     except MalformedEvidence as e:
         raise MalformedMessage(f"evidence: {e}") from e
 
@@ -209,8 +236,8 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[object], object]]]] = {
             "grant": _grant,
             "peer": _str,
             "blocks": _ints,
-            "generations": _ints,
-            "addresses": _ints,
+            "generations": lambda v: _ints(v, 0, UINT32_MAX),
+            "addresses": lambda v: _ints(v, 0, UINT64_MAX),
             "tokens": _int,
         },
     ),
@@ -219,7 +246,10 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[object], object]]]] = {
     Tick.TYPE: (Tick, {"n": _int}),
     Stop.TYPE: (Stop, {}),
     EvidenceMsg.TYPE: (EvidenceMsg, {"evidence": _evidence}),
-    Rejected.TYPE: (Rejected, {"request": _req, "grant": _grant, "reason": _str}),
+    Rejected.TYPE: (
+        Rejected,
+        {"request": _req, "grant": _grant, "reason": lambda v: _str(v, MAX_TEXT)},
+    ),
     TransferFailed.TYPE: (
         TransferFailed,
         {"request": _req, "grant": _grant, "seq": lambda v: _int(v, 1)},
@@ -233,7 +263,7 @@ def _plain(v: object) -> object:
     if isinstance(v, GrantId):
         return [v.incarnation, v.serial]
     if isinstance(v, Evidence):
-        return to_dict(v)
+        return to_wire(v)
     if isinstance(v, tuple):
         return list(v)
     if isinstance(v, Mapping):
@@ -250,9 +280,13 @@ def encode(msg: Message) -> bytes:
     return out
 
 
-def decode(frame: bytes) -> Message:
+def decode(frame: bytes, *, sender: str | None = None) -> Message:
     """The message in ``frame``; anything else raises ``MalformedMessage`` (never another
-    exception: this is where untrusted bytes enter)."""
+    exception: this is where untrusted bytes enter).
+
+    ``sender`` is the transport's identity of the connection ``frame`` came in on; evidence in
+    an ``EvidenceMsg`` is stamped ``Source.peer(sender)``, whatever peer it names inside.
+    Without a sender, an ``EvidenceMsg`` is refused."""
     if not isinstance(frame, bytes | bytearray | memoryview):
         raise MalformedMessage(f"a frame is bytes, got {type(frame).__name__}")
     if len(frame) > MAX_FRAME:
@@ -280,6 +314,8 @@ def decode(frame: bytes) -> Message:
             if name not in body:
                 raise MalformedMessage(f"{kind}: missing field {name!r}")
             kwargs[name] = check(body[name])
+        if cls is EvidenceMsg:
+            kwargs["evidence"] = _stamped(kwargs["evidence"], sender)
     except MalformedMessage:
         raise
     except MalformedEvidence as e:
