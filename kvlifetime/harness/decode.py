@@ -140,7 +140,15 @@ class PrefillPeer:
     """One prefill process and the socket to it. Every exit path reaps the process."""
 
     def __init__(
-        self, ctx: Any, cfg: SimConfig, target: TargetMemory, incarnation: int, expected: int
+        self,
+        ctx: Any,
+        cfg: SimConfig,
+        target: TargetMemory,
+        incarnation: int,
+        expected: int,
+        *,
+        crashed: int = 0,
+        start: int = 0,
     ) -> None:
         import zmq
 
@@ -158,7 +166,7 @@ class PrefillPeer:
             "block_bytes": cfg.block_bytes,
             "staging_bytes": cfg.staging_blocks * cfg.block_bytes,
             "target": target.descriptor(),
-            "crash_tick": crash_tick(cfg.seed, incarnation, expected, cfg.faults),
+            "crash_tick": crash_tick(cfg.seed, crashed, expected, cfg.faults, start),
             "parent_pid": os.getpid(),
             "link_salt": 1000 + incarnation,
         }
@@ -476,6 +484,7 @@ class DecodeWorker:
                 self.count["admission_stalls"] += 1
                 break  # back-pressure: the request waits for blocks
             ids = self.ledger.allocate(key, p.nblocks)
+            self.last_admitted = n
             # The grant exists before the addresses leave the process.
             g = self.ledger.grant(key, peer, ids)
             self.reqs[key] = _Req(p, g, n, last_news=n)
@@ -496,6 +505,7 @@ class DecodeWorker:
         return out
 
     next_request: int = 0
+    last_admitted: int = 0  # tick of the last admission (the pool ran dry if it stays old)
 
     # ----------------------------------------------------------------- a crashed peer
 
@@ -532,9 +542,11 @@ class DecodeWorker:
         the system is ``quiet`` with only quarantined requests left (so that it ends with
         nothing lost)."""
         cfg = self.cfg
-        if cfg.policy != "proof" or not cfg.fence or (n % 8 and not quiet):
+        if n % 8 and not quiet:
             return False
-        q = self.quarantined_blocks()
+        q = self.quarantined_blocks()  # sampled for the report's peak whatever the policy
+        if cfg.policy != "proof" or not cfg.fence:
+            return False
         return q > 0 and (quiet or 0 < cfg.fence_quarantined_blocks <= q)
 
     # ----------------------------------------------------------------- a decode restart
@@ -574,6 +586,7 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
     prefill_stats: dict[str, int] = {}
     crashes = 0
     n = 0
+    exhausted = False
 
     def say(line: str) -> None:
         if progress is not None:
@@ -584,7 +597,7 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
         fence = fence_peer(old, target)
         worker.fenced(old.peer, fence)
         say(f"tick {n}: fenced {old.peer} ({why}; {fence}); starting another")
-        new = PrefillPeer(ctx, cfg, target, old.incarnation + 1, expected)
+        new = PrefillPeer(ctx, cfg, target, old.incarnation + 1, expected, crashed=crashes, start=n)
         peers.append(new)
         return new
 
@@ -608,6 +621,12 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
                 continue
             elif quiet or n - last_admit > cfg.drain_ticks:
                 break
+            elif admitting and n - worker.last_admitted > cfg.drain_ticks:
+                # Nothing admitted for this long: the pool is exhausted (what quarantine
+                # without fences does to a long run). Stop and say so.
+                say(f"tick {n}: the pool is exhausted, no admission since {worker.last_admitted}")
+                exhausted = True
+                break
             for frame in worker.tick(n, peer.peer, admitting):
                 peer.send(frame)
             frames = peer.until_tick_done(n, cfg.tick_timeout_s)
@@ -621,7 +640,9 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
                     peer = fence_and_replace(peer, "crashed")
                 else:
                     say(f"tick {n}: {peer.peer} crashed; starting another")
-                    peer = PrefillPeer(ctx, cfg, target, peer.incarnation + 1, expected)
+                    peer = PrefillPeer(
+                        ctx, cfg, target, peer.incarnation + 1, expected, crashed=crashes, start=n
+                    )
                     peers.append(peer)
             else:
                 worker.receive(frames, peer.peer)
@@ -682,6 +703,7 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
         reclaimed_blocks=dict(reclaimed),
         peak_quarantined_blocks=c["peak_quarantined_blocks"],
         admission_stalls=c["admission_stalls"],
+        pool_exhausted=exhausted,
         unauthorized_refused=c["unauthorized_refused"],
         lost_to_fence=c["lost_to_fence"],
         lost_to_restart=c["lost_to_restart"],

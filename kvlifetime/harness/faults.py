@@ -35,7 +35,8 @@ class FaultConfig:
     p_delay: float = 0.06  # ... delayed (and so reordered) by 1..max_delay ticks
     max_delay: int = 6
     p_malformed: float = 0.002  # a garbage frame is sent alongside
-    crash: bool = True  # the prefill worker crashes once, mid-run
+    crash: bool = True  # the prefill worker crashes mid-run
+    crashes: int = 1  # how many times (each incarnation at most once)
 
     def to_dict(self) -> dict[str, object]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.asdict(self).items()}
@@ -91,12 +92,21 @@ def plan(seed: int, request: int, cfg: FaultConfig) -> RequestPlan:
     )
 
 
-def crash_tick(seed: int, incarnation: int, expected_ticks: int, cfg: FaultConfig) -> int | None:
-    """The tick at which prefill incarnation ``incarnation`` crashes (only the first does)."""
-    if not cfg.crash or incarnation != 0 or expected_ticks < 8:
+def crash_tick(
+    seed: int, crashed: int, expected_ticks: int, cfg: FaultConfig, start: int = 0
+) -> int | None:
+    """The tick at which the prefill incarnation started at tick ``start`` crashes, when
+    ``crashed`` crashes already happened (None: it does not). With ``cfg.crashes = k`` the
+    crashes fall in k windows splitting 30%..90% of the run (one crash: 30%..60%)."""
+    if not cfg.crash or crashed >= cfg.crashes or expected_ticks < 8:
         return None
-    rng = np.random.default_rng((seed, 0xC4A5))
-    return int(rng.integers(expected_ticks * 3 // 10, expected_ticks * 6 // 10 + 1))
+    if cfg.crashes == 1:
+        rng = np.random.default_rng((seed, 0xC4A5))
+        return int(rng.integers(expected_ticks * 3 // 10, expected_ticks * 6 // 10 + 1))
+    span = expected_ticks * 6 // 10 // cfg.crashes
+    lo = expected_ticks * 3 // 10 + crashed * span
+    rng = np.random.default_rng((seed, 0xC4A5, crashed))
+    return max(start + 1, int(rng.integers(lo, lo + max(1, span))))
 
 
 def restart_tick(seed: int, expected_ticks: int) -> int:

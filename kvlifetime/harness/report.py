@@ -48,9 +48,14 @@ class Report:
     reclaimed_blocks: Mapping[str, int] = attrs.field(factory=dict)  # fence -> blocks back
     peak_quarantined_blocks: int = 0  # most blocks quarantined at once (sampled every 8 ticks)
     admission_stalls: int = 0  # times a request waited for free blocks (the pool ran short)
+    pool_exhausted: bool = False  # the run stopped: no admission for drain_ticks ticks
     unauthorized_refused: int = 0  # evidence a peer may not assert (provenance), refused
     lost_to_fence: int = 0  # live requests ended because their peer was fenced
     lost_to_restart: int = 0  # requests decode held when it restarted
+
+    @property
+    def fences_total(self) -> int:
+        return sum(self.fences.values())
 
     @property
     def mid_transfer_ratio(self) -> float:
@@ -59,6 +64,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         d = attrs.asdict(self)
         d["mid_transfer_ratio"] = round(self.mid_transfer_ratio, 4)
+        d["reclaimed_total"] = sum(self.reclaimed_blocks.values())
         return d
 
     def to_json(self) -> str:
@@ -92,6 +98,7 @@ class Report:
             ("reclaimed by fences", sum(self.reclaimed_blocks.values())),
             ("peak quarantined", self.peak_quarantined_blocks),
             ("admission stalls", self.admission_stalls),
+            ("pool exhausted", "YES: the run stopped" if self.pool_exhausted else "no"),
             ("unauthorized refused", self.unauthorized_refused),
             ("lost to fence / restart", f"{self.lost_to_fence} / {self.lost_to_restart}"),
             ("refused evidence", sum(self.refused_evidence.values())),
@@ -113,11 +120,14 @@ class Report:
 
 COMPARE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("policy", "policy"),
+    ("restart", "restart"),
     ("requests", "requests"),
     ("mid-transfer", "ended_mid_transfer"),
     ("contaminated", "contaminated_blocks"),
     ("leaked", "leaked_blocks"),
     ("quarantined", "quarantined_blocks"),
+    ("peak quarantined", "peak_quarantined_blocks"),
+    ("reclaimed by fences", "reclaimed_total"),
     ("unsafe releases", "unsafe_releases"),
     ("req/s", "requests_per_s"),
     ("GB/s", "gb_per_s"),
@@ -142,7 +152,7 @@ def compare_markdown(reports: Sequence[Report]) -> str:
             cells.append(str(v))
         lines.append(f"| {r.backend} | " + " | ".join(cells) + " |")
     out = "\n".join(lines) + "\n"
-    by = {r.policy: r for r in reports}
+    by = {r.policy: r for r in reports if r.restart == "none"}
     naive, proof = by.get("naive"), by.get("proof")
     if naive is not None and proof is not None and naive.requests_per_s > 0:
         hold = proof.mean_hold_ticks / max(naive.mean_hold_ticks, 1e-9)
@@ -151,5 +161,13 @@ def compare_markdown(reports: Sequence[Report]) -> str:
             f"throughput, blocks held {hold:.2f}x"
             f" as long, {proof.quarantined_blocks} blocks quarantined instead of "
             f"{naive.contaminated_blocks} contaminated\n"
+        )
+    rs = {r.restart: r for r in reports if r.restart != "none"}
+    if "naive" in rs and "guarded" in rs:
+        out += (
+            f"\ndecode restart: naive {rs['naive'].contaminated_blocks} contaminated blocks, "
+            f"guarded {rs['guarded'].contaminated_blocks} "
+            f"({rs['guarded'].fences_total} fences, "
+            f"{sum(rs['guarded'].reclaimed_blocks.values())} blocks reclaimed)\n"
         )
     return out

@@ -104,15 +104,21 @@ def demo_harness(
     requests: int = DEMO_REQUESTS,
     seed: int = DEMO_SEED,
     policies: Sequence[str] = POLICIES,
+    restarts: Sequence[str] = ("naive", "guarded"),
 ) -> list[Path]:
-    """Run the harness once per policy under one seed; write out/report.txt and report.json."""
+    """Run the harness once per policy under one seed, then the proof policy with each decode
+    restart; write out/report.txt, report.json and harness-table.md."""
     from kvlifetime.harness.report import compare_markdown
 
     reports = []
-    for policy in policies:
-        stream.write(f"\nsimulating {requests} requests, backend {backend}, policy {policy} ...\n")
+    runs = [(policy, "none") for policy in policies]
+    # A decode restart mid-run, naive vs guarded, under the proof policy.
+    runs += [("proof", restart) for restart in restarts]
+    for policy, restart in runs:
+        what = f"policy {policy}" + (f", decode restart {restart}" if restart != "none" else "")
+        stream.write(f"\nsimulating {requests} requests, backend {backend}, {what} ...\n")
         stream.flush()
-        r = simulate(backend, policy, requests, seed, stream)
+        r = simulate(backend, policy, requests, seed, stream, restart=restart)
         stream.write(r.to_text())
         reports.append(r)
     table = compare_markdown(reports)
