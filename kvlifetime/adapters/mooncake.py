@@ -29,6 +29,12 @@ submit refused (batch id 0)               nothing (treated as FAILED): whether a
                                           the target reads its header; writes past that point
                                           keep landing (measured: ~27.6 MiB after it returned).
                                           It is NOT ``AccessRevoked``.
+``MooncakeTarget.fence()`` returned       ``AccessRevoked`` for every peer of the target: the
+(``"mooncake_target_recreated"``)         serving engine was destroyed (its io thread joined,
+                                          its sessions and listeners closed, observed gone) and
+                                          the arena re-registered on a new engine, new ports
+                                          (measured: 0 bytes landed after it returned, with a
+                                          write in flight; docs/fencing.md).
 target process gone                       nothing by itself (``PeerLost`` at most).
 ========================================  =====================================================
 
@@ -47,6 +53,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,7 +61,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from kvlifetime.errors import UsageError
+from kvlifetime.errors import FenceUnavailable, UsageError
 from kvlifetime.evidence import Evidence, SchedulingStopped, TransferCompleted, TransferQuiesced
 from kvlifetime.grant import GrantId, PeerId, RequestKey
 from kvlifetime.harness.transfer import Slice, Status
@@ -198,30 +205,115 @@ def mooncake_available() -> bool:
 
 
 def _new_engine() -> Any:
+    return _new_engine_with_ports()[0]
+
+
+# ---------------------------------------------------------------- what this process listens on
+#
+# A fence must be *observed* complete: the target's engine is gone once no socket of this
+# process is bound to its ports any more (its data listener, the sessions accepted on it, and
+# the handshake listener). Mooncake's Python binding names the handshake (rpc) port only; the
+# data port is found as the other listening port that appeared while the engine started.
+
+_ENGINE_LOCK = threading.Lock()  # engines start one at a time, so new ports are attributable
+_TCP_TABLES = ("/proc/self/net/tcp", "/proc/self/net/tcp6")
+_LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp
+
+
+def _socket_inodes() -> set[str]:
+    inodes: set[str] = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    return inodes
+
+
+def _own_tcp_sockets() -> list[tuple[str, int]]:
+    """(state, local port) of every TCP socket this process holds open."""
+    inodes = _socket_inodes()
+    found: list[tuple[str, int]] = []
+    for table in _TCP_TABLES:
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if len(cols) > 9 and cols[9] in inodes:
+                found.append((cols[3], int(cols[1].rsplit(":", 1)[1], 16)))
+    return found
+
+
+def _listening_ports() -> set[int]:
+    return {port for state, port in _own_tcp_sockets() if state == _LISTEN}
+
+
+def fence_observable() -> bool:
+    """Whether this platform lets the adapter see its own sockets (Linux ``/proc``)."""
+    return os.path.isdir("/proc/self/fd") and any(os.path.exists(t) for t in _TCP_TABLES)
+
+
+def _new_engine_with_ports() -> tuple[Any, frozenset[int]]:
+    """A started engine and the ports it listens on (rpc and data; empty where unobservable,
+    or when other listeners appeared at the same time and the data port is ambiguous)."""
     require_protocol_v2()
-    te = _engine_module().TransferEngine()
-    rc = te.initialize(LOOPBACK, METADATA, "tcp", "")
-    if rc != 0:
-        raise OSError(f"mooncake TransferEngine.initialize returned {rc}")
-    return te
+    module = _engine_module()
+    with _ENGINE_LOCK:
+        observable = fence_observable()
+        before = _listening_ports() if observable else set()
+        te = module.TransferEngine()
+        rc = te.initialize(LOOPBACK, METADATA, "tcp", "")
+        if rc != 0:
+            raise OSError(f"mooncake TransferEngine.initialize returned {rc}")
+        appeared = _listening_ports() - before if observable else set()
+    rpc = int(te.get_rpc_port())
+    ports = frozenset(appeared) if rpc in appeared and len(appeared) == 2 else frozenset()
+    return te, ports
+
+
+FENCE_RECREATED = "mooncake_target_recreated"
+_FENCE_ATTEMPTS = 8  # engines started before one lands on ports this target never used
+_FENCE_OBSERVE_S = 10.0  # how long the old engine's sockets may take to be seen gone
 
 
 class MooncakeTarget:
-    """Decode's arena, registered with a Mooncake engine listening on loopback."""
+    """Decode's arena, registered with a Mooncake engine listening on loopback.
+
+    ``fence()`` ends every peer's access for real by replacing the serving engine; the arena
+    (a numpy array this object owns) outlives every engine that served it.
+    """
 
     def __init__(self, nbytes: int) -> None:
-        self._engine = _new_engine()
         self._array = np.zeros(nbytes, dtype=np.uint8)
         self._ptr = int(self._array.ctypes.data)
-        rc = self._engine.register_memory(self._ptr, nbytes)
+        self.nbytes = nbytes
+        self._engine, self._ports = self._serve()
+        self._registered = True
+        # Every port an engine of this target ever listened on: a later engine never reuses
+        # one, so a peer holding an old endpoint (or still retrying it) cannot come back.
+        self._used_ports: set[int] = set(self._ports)
+        self.fences = 0
+
+    def _serve(self) -> tuple[Any, frozenset[int]]:
+        te, ports = _new_engine_with_ports()
+        rc = te.register_memory(self._ptr, self.nbytes)
         if rc != 0:
             raise OSError(f"mooncake register_memory returned {rc}")
-        self._registered = True
-        self.nbytes = nbytes
+        return te, ports
 
     @property
     def array(self) -> npt.NDArray[np.uint8]:
         return self._array
+
+    @property
+    def ports(self) -> frozenset[int]:
+        """The ports the serving engine listens on (handshake and data); empty if unknown."""
+        return self._ports
 
     def descriptor(self) -> dict[str, Any]:
         return {
@@ -239,6 +331,77 @@ class MooncakeTarget:
         if self._registered:
             self._registered = False
             self._engine.unregister_memory(self._ptr)
+
+    def fence(self) -> str:
+        """End every peer's access to the arena for real; return ``"mooncake_target_recreated"``
+        once that is observed.
+
+        A new engine is started first (on ports no engine of this target ever used) and the
+        arena registered with it; then the serving engine is destroyed: its C++ destructor
+        stops the transport's io_context and joins the one thread that copies received bytes
+        into memory, then frees the accepted sessions (closing their sockets) and stops the
+        handshake listener. The fence returns once no socket of this process is bound to the
+        old engine's ports. Every peer of the old engine is cut at once, whichever grant it
+        served; ``descriptor()`` names the new endpoint, for peers served afterwards.
+
+        Costs about 1 s (the handshake listener's accept timeout). Raises ``FenceUnavailable``
+        (nothing fenced, the old engine still serving, or fenced but unobserved) when this
+        platform cannot show the process's sockets, when the old engine's ports are unknown, or
+        when its sockets stay open (something else still holds the engine object)."""
+        if not fence_observable():
+            raise FenceUnavailable(
+                "mooncake TCP: the fence is observed through /proc/self/net/tcp, which this "
+                "platform lacks; nothing was fenced"
+            )
+        old_ports = self._ports
+        if not old_ports:
+            raise FenceUnavailable(
+                "mooncake TCP: the serving engine's ports are unknown (other listeners opened "
+                "while it started), so its end cannot be observed; nothing was fenced"
+            )
+        new, new_ports = self._fresh_engine()
+        old, was_registered = self._engine, self._registered
+        self._engine, self._ports = new, new_ports
+        self._used_ports |= new_ports
+        self._registered = True
+        if was_registered:
+            # Refuse new requests at once while the engine goes; the destructor does the rest.
+            old.unregister_memory(self._ptr)
+        del old  # the only reference: the engine is destroyed here, synchronously
+        deadline = time.monotonic() + _FENCE_OBSERVE_S
+        while any(port in old_ports for _state, port in _own_tcp_sockets()):
+            if time.monotonic() > deadline:
+                raise FenceUnavailable(
+                    "mooncake TCP: the old engine's sockets are still open "
+                    f"(ports {sorted(old_ports)}): something still holds it; not fenced"
+                )
+            time.sleep(0.01)
+        self.fences += 1
+        return FENCE_RECREATED
+
+    def _fresh_engine(self) -> tuple[Any, frozenset[int]]:
+        """An engine serving the arena on ports this target never used. The old engine is still
+        up meanwhile, so its own ports are taken; rejected engines (the arena never registered
+        with them) are kept until one fits, so the next try cannot land on theirs either."""
+        rejected: list[Any] = []  # never registered: a stale peer reaching one finds nothing
+        try:
+            for _ in range(_FENCE_ATTEMPTS):
+                try:
+                    te, ports = _new_engine_with_ports()
+                except OSError as e:
+                    raise OSError(f"{e}; the old engine still serves: not fenced") from e
+                if ports and not ports & self._used_ports:
+                    rc = te.register_memory(self._ptr, self.nbytes)
+                    if rc != 0:
+                        raise OSError(f"mooncake register_memory returned {rc}; not fenced")
+                    return te, ports
+                rejected.append(te)
+        finally:
+            del rejected[:]  # destroyed here (each costs about 1 s)
+        raise OSError(
+            f"mooncake: {_FENCE_ATTEMPTS} engines started, none on observable ports this "
+            "target never used (MC_MIN_RPC_PORT / MC_MAX_RPC_PORT too narrow?); not fenced"
+        )
 
     def close(self) -> None:
         self.unregister()
