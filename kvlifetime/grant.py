@@ -13,7 +13,8 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from kvlifetime.errors import InvalidField
+from kvlifetime import inputs
+from kvlifetime.errors import BlockError, InvalidField
 
 RequestKey = str | int
 """A request is identified by an exact key: compared with ``==``, never by prefix."""
@@ -34,13 +35,11 @@ class Access(enum.Enum):
 
 def check_request_key(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
     # bool is an int subclass; a request keyed True is a bug, not an id.
-    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
-        raise InvalidField(f"{attr.name} must be a non-empty str or an int, got {value!r}")
+    inputs.request_key(value, attr.name)
 
 
 def check_peer(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, str) or not value:
-        raise InvalidField(f"{attr.name} must be a non-empty str, got {value!r}")
+    inputs.peer_id(value, attr.name)
 
 
 @attrs.frozen(slots=True)
@@ -70,15 +69,32 @@ class GrantId:
 
 
 def _readonly_ids(value: object) -> BlockIds:
-    arr = np.array(value, dtype=np.int64, copy=True).reshape(-1)
-    arr.flags.writeable = False
-    return arr
+    # Strict: ints only, never coerced (``inputs.block_ids``); no ledger, so no upper bound.
+    return inputs.block_ids(value, None)
 
 
 def _readonly_generations(value: object) -> Generations:
-    arr = np.array(value, dtype=np.uint32, copy=True).reshape(-1)
-    arr.flags.writeable = False
-    return arr
+    try:
+        gens = inputs.block_ids(value, 1 << 32, unique=False).astype(np.uint32)
+    except BlockError as e:  # a generation is not a block id: say which field is wrong
+        raise InvalidField(f"generations must be ints in [0, 2**32): {e}") from None
+    gens.flags.writeable = False
+    return gens
+
+
+def _check_gid(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    inputs.instance(value, GrantId, attr.name)
+
+
+def _check_access(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    inputs.instance(value, Access, attr.name)
+
+
+def _check_generations(inst: Grant, attr: attrs.Attribute[Any], value: Generations) -> None:
+    if len(value) != len(inst.blocks):
+        raise InvalidField(
+            f"{attr.name} must have one entry per block ({len(inst.blocks)}), got {len(value)}"
+        )
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -89,12 +105,14 @@ class Grant:
     is unique, and everything else was fixed when it was issued.
     """
 
-    id: GrantId
-    request: RequestKey  # the request that holds every one of ``blocks``
-    peer: PeerId  # who may touch the memory
+    id: GrantId = attrs.field(validator=_check_gid)
+    request: RequestKey = attrs.field(validator=check_request_key)  # holds every one of blocks
+    peer: PeerId = attrs.field(validator=check_peer)  # who may touch the memory
     blocks: BlockIds = attrs.field(converter=_readonly_ids)  # read-only copy, 1-d int64
-    generations: Generations = attrs.field(converter=_readonly_generations)  # len == blocks
-    access: Access
+    generations: Generations = attrs.field(
+        converter=_readonly_generations, validator=_check_generations
+    )  # len == blocks
+    access: Access = attrs.field(validator=_check_access)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Grant) and other.id == self.id

@@ -1114,7 +1114,7 @@ class BlockLedger:
         return int(np.count_nonzero(self._owner == FREE))
 
     def _unsettled_limit(self) -> int:
-        return int(np.iinfo(self._unsettled.dtype).max)
+        return (1 << (8 * self._unsettled.itemsize)) - 1  # uint16 or uint32
 
     def _free_pattern(self, n: int) -> bytes:
         p = self._free_patterns.get(n)
@@ -1159,7 +1159,8 @@ class BlockLedger:
             for a in req.excl:
                 if blocks is a:
                     return a
-            raw = blocks.tobytes() if blocks.dtype == np.int64 else None
+            # Same bytes as a held batch, and the same shape: a 2-d or 0-d array is refused below.
+            raw = blocks.tobytes() if blocks.dtype == np.int64 and blocks.ndim == 1 else None
             if raw is not None:
                 for a in req.excl:
                     if len(a) == len(blocks) and a.tobytes() == raw:

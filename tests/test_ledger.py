@@ -209,11 +209,11 @@ def test_acquire_copies_the_callers_array() -> None:
     [
         ([4], errors.BlockOutOfRange),
         ([-1], errors.BlockOutOfRange),
-        ([3, 3], errors.BlockOutOfRange),
+        ([3, 3], errors.DuplicateBlockIds),
         ([0, 3, 3], errors.BlockError),
-        ([[0, 1]], errors.BlockOutOfRange),
-        (np.array([[0], [1]]), errors.BlockOutOfRange),
-        (np.array([0.0, 1.0]), errors.BlockOutOfRange),
+        ([[0, 1]], errors.InvalidBlockIds),
+        (np.array([[0], [1]]), errors.InvalidBlockIds),
+        (np.array([0.0, 1.0]), errors.InvalidBlockIds),
         ([2, 1000], errors.BlockOutOfRange),
     ],
     ids=[
@@ -361,7 +361,7 @@ def test_grant_refusals_change_nothing() -> None:
         ("a", "p", [2], errors.BlockUnavailable),  # not held by a
         ("a", "p", [0, 5], errors.BlockUnavailable),  # partly not held
         ("a", "p", [9], errors.BlockOutOfRange),
-        ("a", "p", [0, 0], errors.BlockOutOfRange),
+        ("a", "p", [0, 0], errors.DuplicateBlockIds),
         ("a", "p", [1], errors.BlockUnavailable),  # write on a block with two holders
         ("s", "p", [1], errors.BlockUnavailable),  # write on a block s shares
         ("zz", "p", [0], errors.UnknownRequest),

@@ -680,6 +680,18 @@ class LedgerMachine(RuleBasedStateMachine):
                     assert self.L.holders(g.grant.blocks).tolist() == [1] * len(g.grant.blocks)
 
     @invariant()
+    def unsettled_counter_matches_open_grants(self) -> None:
+        # The per-block counter behind O(batch) shared acquire: open write grants plus open
+        # grants of requests the owner has ended, recomputed from the shadow model.
+        want = [0] * NUM_BLOCKS
+        for r in self.m.reqs.values():
+            for g in r.open():
+                if g.grant.access is Access.WRITE or r.state != "admitted":
+                    for b in g.grant.blocks.tolist():
+                        want[b] += 1
+        assert self.L._unsettled.tolist() == want
+
+    @invariant()
     def free_plus_held_is_total(self) -> None:
         st_ = self.L.stats(now=self.now)
         held = int(np.count_nonzero(self.L.holders(np.arange(NUM_BLOCKS))))
