@@ -7,7 +7,9 @@ Run: ``make bench`` (or ``python -m bench``). Targets (issue "BlockLedger"):
 2. batches of 1024 blocks: <= 15 ns per block per ledger operation;
 3. one piece of evidence that fires a request transition: <= 2 us median, and the ratio to
    python-statemachine's ``send()`` on the same transition;
-4. ledger memory <= 16 bytes per block, for 1M blocks.
+4. ledger memory <= 16 bytes per block, for 1M blocks;
+5. (issue 10) a shared acquire costs O(batch), whatever the number of live sharers: a 16-block
+   batch with 10, 1,000 and 10,000 live sharers, as ratios against the 10-sharer case.
 """
 
 from __future__ import annotations
@@ -270,9 +272,57 @@ def evidence_latency(samples: int = 5000) -> dict[str, float]:
     return out
 
 
+SHARERS = (10, 1_000, 10_000)
+SHARED_BATCH = 16
+
+
+def shared_acquire(sharers: int, samples: int = 2000) -> float:
+    """Median us of one ``acquire(shared=True)`` of a 16-block batch while ``sharers`` other
+    requests hold those blocks shared. Each timed request then ends and lets go (untimed), so
+    the number of live sharers stays the same throughout."""
+    ledger = BlockLedger(4 * SHARED_BATCH)
+    batch = np.arange(SHARED_BATCH, dtype=np.int64)
+    ledger.acquire("owner", batch)
+    for i in range(sharers):
+        ledger.acquire(i, batch, shared=True)
+    times = []
+    gc.disable()
+    try:
+        for k in range(samples):
+            key = f"hit-{k}"
+            t0 = time.perf_counter()
+            ledger.acquire(key, batch, shared=True)
+            times.append(time.perf_counter() - t0)
+            ledger.finish(key)
+            ledger.release(key)
+    finally:
+        gc.enable()
+    assert ledger.holders(batch).tolist() == [sharers + 1] * SHARED_BATCH
+    return statistics.median(times) * 1e6
+
+
+def shared_acquire_scaling(rounds: int = 5) -> dict[int, tuple[float, float]]:
+    """Per live-sharer count: (median us, ratio to the 10-sharer case); the counts run
+    interleaved, one of each per round, and each ratio is taken within a round."""
+    per_round = [{n: shared_acquire(n) for n in SHARERS} for _ in range(rounds)]
+    base = SHARERS[0]
+    return {
+        n: (
+            statistics.median(r[n] for r in per_round),
+            statistics.median(r[n] / r[base] for r in per_round),
+        )
+        for n in SHARERS
+    }
+
+
 def memory_per_block(n: int = 1_000_000) -> tuple[float, float]:
     ledger = BlockLedger(n)
-    arrays = ledger._owner.nbytes + ledger._sharers.nbytes + ledger._generation.nbytes
+    arrays = (
+        ledger._owner.nbytes
+        + ledger._sharers.nbytes
+        + ledger._unsettled.nbytes
+        + ledger._generation.nbytes
+    )
     ledger.allocate("x", 1)
     assert ledger._free_stack is not None
     with_stack = arrays + ledger._free_stack.nbytes
@@ -344,6 +394,13 @@ def main() -> None:
     print("\n4. memory, 1M blocks (target <= 16 B/block)")
     print(f"   per-block arrays                   {arrays:5.1f} B/block")
     print(f"   + the ledger's own free list        {with_stack:5.1f} B/block")
+
+    print(
+        f"\n5. shared acquire of a {SHARED_BATCH}-block batch (median us; ratio to "
+        f"{SHARERS[0]} live sharers, target ~1x: O(batch))"
+    )
+    for n, (sh_us, sh_ratio) in shared_acquire_scaling().items():
+        print(f"   {n:>6,} live sharers                {sh_us:6.2f} us   {sh_ratio:.2f}x")
 
 
 if __name__ == "__main__":

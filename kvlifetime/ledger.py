@@ -447,12 +447,8 @@ class BlockLedger:
                     raise BlockUnavailable("a write grant on a block this request shares")
                 if self._sharers.take(arr).any():
                     raise BlockUnavailable("a write grant on a block with more than one holder")
-            records = len(self._grants)
-            if records >= self._unsettled_limit():
-                if self._unsettled.dtype == np.uint32:
-                    raise HolderLimit(f"this ledger already holds {records} grant records")
-                # No block's count can exceed the number of records: widen before it could.
-                self._unsettled = self._unsettled.astype(np.uint32)
+            if len(self._grants) >= 0xFFFF:
+                self._widen_unsettled()  # before any count could reach the uint16 limit
             serial = self._next_serial
             self._next_serial = serial + 1
             gens = self._generation.take(arr)
@@ -1113,8 +1109,14 @@ class BlockLedger:
     def _count_free(self) -> int:
         return int(np.count_nonzero(self._owner == FREE))
 
-    def _unsettled_limit(self) -> int:
-        return (1 << (8 * self._unsettled.itemsize)) - 1  # uint16 or uint32
+    def _widen_unsettled(self) -> None:
+        """No block's ``_unsettled`` count can exceed the number of grant records: widen it
+        to uint32 before that number reaches 65,535; refuse the 2**32-1st record."""
+        records = len(self._grants)
+        if self._unsettled.dtype == np.uint16:
+            self._unsettled = self._unsettled.astype(np.uint32)
+        elif records >= 0xFFFFFFFF:
+            raise HolderLimit(f"this ledger already holds {records} grant records")
 
     def _free_pattern(self, n: int) -> bytes:
         p = self._free_patterns.get(n)
