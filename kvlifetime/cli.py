@@ -242,10 +242,19 @@ def _add_verify(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--faults",
         default="all",
-        help="comma list of reorder,duplicate,delay,loss,crash,fence,timeout,retry,fail; "
-        "or all / none (default: all)",
+        help="comma list of reorder,duplicate,delay,loss,crash,fence,timeout,retry,fail,lie; "
+        "or all / none (default: all). lie: any peer may, at any moment, send what it may not "
+        "claim (AccessRevoked about itself, PeerLost, LeaseExpired, a claim about another "
+        "peer's grant or in its name); the ledger must refuse each one",
     )
-    p.add_argument("--policy", choices=("naive", "timeout", "proof"), default="proof")
+    p.add_argument(
+        "--policy",
+        choices=("naive", "timeout", "proof", "trusting"),
+        default="proof",
+        help="when the engine frees blocks: naive (on reject), timeout (lease reaper), proof "
+        "(only what the evidence proves), trusting (proof, with a receiver that stamps wire "
+        "evidence as local: no provenance; refuted with --faults lie) (default: proof)",
+    )
     p.add_argument("--transfers", type=int, default=1, help="transfers a peer posts per grant")
     p.add_argument("--blocks-per-request", type=int, default=1)
     p.add_argument("--max-states", type=int, default=None, help="stop after this many states")

@@ -108,7 +108,19 @@ def test_proof_policy_passes_2x1x1_message_and_peer_faults() -> None:
 
 @pytest.mark.parametrize(
     "faults",
-    ["none", "reorder", "duplicate", "delay", "loss", "crash", "fence", "timeout", "retry", "fail"],
+    [
+        "none",
+        "reorder",
+        "duplicate",
+        "delay",
+        "loss",
+        "crash",
+        "fence",
+        "timeout",
+        "retry",
+        "fail",
+        "lie",
+    ],
 )
 def test_proof_policy_passes_2x1x2_each_fault(faults: str) -> None:
     r = explore(Config(2, 1, 2, faults=parse_faults(faults)), Policy.PROOF)
@@ -209,7 +221,17 @@ def test_result_json_round_trips() -> None:
 
 # ------------------------------------------------------------------ the reduction, differentially
 
-_DIFF_FAULTS = ["none", "loss", "duplicate", "delay", "reorder,retry", "crash,fence", "all"]
+_DIFF_FAULTS = [
+    "none",
+    "loss",
+    "duplicate",
+    "delay",
+    "reorder,retry",
+    "crash,fence",
+    "lie",
+    "lie,crash,fence",
+    "all",
+]
 
 
 @pytest.mark.parametrize("faults", _DIFF_FAULTS)
@@ -255,6 +277,9 @@ _QUIET_CASES = [
     # Found a state key without the remaining max_faults budget (the quiet states differed).
     ((2, 1, 2), "timeout,crash,fence", 2),
     ((1, 2, 1), "all", 1),
+    # Lies refused and left out (explore.py, "lies"): two peers, so claims about another's grant.
+    ((2, 2, 1), "lie", None),
+    ((1, 2, 1), "lie,crash,fence", None),
 ]
 
 
@@ -306,6 +331,7 @@ _CRASH_CASES = [
     ((2, 1, 2), "crash,fence,loss,retry", 1),
     ((2, 1, 2), "crash,fence,timeout,fail", 1),
     ((2, 1, 2), "crash,fence,reorder,delay,duplicate", 1),
+    ((2, 1, 2), "crash,fence,lie", 1),
 ]
 
 

@@ -145,6 +145,43 @@ key stays enabled, D2), so its budget does not depend on the order. A peer's ste
 grant write only that grant's side; its landings check only its own grant's generations, which
 only a release changes (excluded). The per-grant prompt rule gives each grant its own blocking.
 
+**Lies** (``Fault.LIE``, ``model.lie_table``). A lying peer may, at any moment, send evidence
+it may not make: ``AccessRevoked`` about itself (peer-wide and per grant), ``PeerLost`` /
+``LeaseExpired``, and each acknowledgement about another peer's grant, in that peer's name or
+in its own (claiming the most transfers a peer may post). Only when a lie arrives matters, and
+it may arrive at any moment, which covers its loss (never sent), duplication (sent twice),
+delay and reordering (sent later): a lie is one step, "the ledger receives it on the liar's
+connection", with nothing on the wire. Under every policy but ``trusting`` the receiver stamps
+it ``Source.peer(liar)``, as it does the honest evidence of that peer, and the real ledger must
+refuse it as unauthorized; refused evidence changes nothing (its refusal counter aside, which
+no guard, no fingerprint and no key reads), so the step returns the state it was taken from: a
+self-loop. **Self-loops are left out** of the graph: they add no state and no path to one; a
+state where only self-loops are enabled is quiet (the run rests there, so no-leak is checked
+there); and a self-loop enables, disables and changes nothing, so D1 and D2 hold with or
+without it and the stubborn sets are those of the graph without the fault. So, with provenance,
+the state counts with ``lie`` are those without (the tests pin both). That needs every lie
+refused in every reachable state, not only in the expanded ones: by the ledger's order of
+checks it is (``provenance.check_source`` reads only the evidence and comes first: it refuses
+every lie but one in the liar's own name about another's grant, which names a peer not the
+grant's, and ``check_grant_peer`` refuses it as the grant is looked up, before anything
+changes); and it is *checked*: in every state the search expands, ``model.lie_events`` sends
+every lie to a scratch copy of the real ledger (answers cached per observable ledger, its
+``fingerprint()``, and set of lies), and a lie that is accepted, refused as anything but
+unauthorized, or whose refusal changed the fingerprint is taken as an event and breaks
+``provenance``. The comparisons with the full search (below) include ``lie`` configurations,
+which checks every lie in every state of the full search too.
+
+A receiver that believes the wire (``trusting``) takes a lie that changes its ledger as a real
+event (a fault: it spends ``max_faults``). Such a lie is peer-wide and may close or quarantine
+any request's grant at any moment, so no request is isolated: ``model.stubborn`` expands every
+state in full (trivially sound). Lies it refuses (in the liar's own name about another's grant:
+mismatched) or that change nothing (a repeat) stay self-loops, left out as above. The graph
+stays acyclic (a believed lie only adds to what the ledger has proven, which is monotone), and
+the symmetry keys stay sound: every peer may lie alike, and lies name peers and grants only
+through the state. The key forgets a closed grant's facts; a believed lie may make such facts
+contradict what the honest peer says later, and that evidence is then refused (a no-op, noted),
+so the facts the key forgets still change no future.
+
 **Checked, not only argued.** ``test_verify.py`` compares the reduced search with the full one on
 every configuration small enough to run both ways: the same verdict, the same counterexample
 length, and *the same set of quiet states* (up to symmetry), which is what stubborn sets
@@ -188,6 +225,7 @@ from kvlifetime.verify.model import (
     describe_event,
     enabled,
     initial,
+    lie_events,
     may_crash,
     step,
     stubborn,
@@ -269,10 +307,10 @@ class Result:
         ]
         if self.violation is None:
             if self.complete:
-                lines.append(
-                    "verdict: PASS: every reachable state keeps "
-                    + ", ".join(k for k in INVARIANTS if k != "ledger_error")
-                )
+                kept = [k for k in INVARIANTS if k != "ledger_error"]
+                if Fault.LIE not in c.faults:
+                    kept.remove("provenance")  # no lie was sent
+                lines.append("verdict: PASS: every reachable state keeps " + ", ".join(kept))
             else:
                 lines.append("verdict: INCOMPLETE: stopped at --max-states before the end")
             return "\n".join(lines) + "\n"
@@ -481,13 +519,15 @@ def explore(
     queue: collections.deque[tuple[State, Any, int]] = collections.deque([(root, rkey, 0)])
     transitions = 0
     max_depth = 0
+    answers: dict[Any, tuple[int, ...]] = {}  # the ledger's answers to lies (model.lie_events)
     found: tuple[Violation, Any, Event | None, list[str], int] | None = None
     while queue:
         state, key, depth = queue.popleft()
         if found is not None and depth >= found[4]:
             break  # every shorter counterexample has been looked for
         max_depth = max(max_depth, depth)
-        events = enabled(state, config)
+        # Lies that the ledger refuses are self-loops, left out ("lies" above).
+        events = enabled(state, config) + lie_events(state, config, policy, answers)
         if not events:
             if quiet is not None:
                 quiet.add(key)
@@ -579,7 +619,7 @@ def readable_steps(
     state = initial(config, checked=checked)
     out: list[Step] = []
     for i, ev in enumerate(events):
-        label = describe_event(state, ev)
+        label = describe_event(state, ev, config)
         try:
             state, notes = step(state, ev, config, policy)
         except Broken as b:

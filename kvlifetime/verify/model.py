@@ -9,7 +9,16 @@ the wire — and the *release policy* of the engine around it:
   is read as the end of the blocks' life);
 - ``timeout``: the engine frees the blocks when a deadline passes (a lease reaper:
   ``force_release`` of every quarantined request);
-- ``proof``: the engine frees only what ``collect_releasable()`` returns.
+- ``proof``: the engine frees only what ``collect_releasable()`` returns;
+- ``trusting``: as ``proof``, but its receiver has no provenance: it stamps the evidence it
+  decodes from the wire as local (it believes whatever a peer says, about anyone).
+
+Evidence a peer sends carries the transport's identity of its connection
+(``Source.peer("p1")``) under every policy but ``trusting``; what the process makes itself (a
+fencing's ``AccessRevoked``, the clock's ``LeaseExpired``, the failure detector's ``PeerLost``)
+stays ``LOCAL``. With the ``lie`` fault any peer may, at any point, send what it may not claim
+(``lie_table``); the ledger's provenance rules must refuse it, and a refused lie changes nothing
+(see "lies" in ``explore.py``).
 
 Every policy also calls ``collect_releasable()`` after each step (the scheduler loop): they
 differ only in the extra, unsafe releases.
@@ -28,6 +37,7 @@ successors cost no ledger copy at all.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -35,17 +45,28 @@ from typing import Any
 import attrs
 import numpy as np
 
-from kvlifetime.errors import EvidenceError, KVLifetimeError, StaleEvidence
+from kvlifetime.errors import (
+    ContradictoryEvidence,
+    EvidenceError,
+    KVLifetimeError,
+    StaleEvidence,
+    UnauthorizedEvidence,
+)
 from kvlifetime.evidence import (
     AccessRevoked,
+    CancelReceived,
     Evidence,
     LeaseExpired,
     PeerLost,
+    SchedulingStopped,
+    TransferCompleted,
+    TransferQuiesced,
     about,
 )
 from kvlifetime.grant import Access, Grant
 from kvlifetime.ledger import BlockLedger
 from kvlifetime.machines import BlockState, RequestState
+from kvlifetime.source import LOCAL, Source
 
 INCARNATION = "verify"  # fixed, so that a replayed trace issues the same grant ids
 
@@ -56,6 +77,14 @@ class Policy(enum.Enum):
     NAIVE = "naive"  # release on rejection / abort
     TIMEOUT = "timeout"  # release when a deadline passes (lease reaper)
     PROOF = "proof"  # release only what the evidence proves (collect_releasable)
+    # As proof, with a receiver that has no provenance: wire evidence is stamped local, so the
+    # ledger believes every claim a peer sends (a lie included). Refuted with the lie fault.
+    TRUSTING = "trusting"
+
+    @property
+    def believes_the_wire(self) -> bool:
+        """Whether the receiver stamps wire evidence as local (no provenance)."""
+        return self is Policy.TRUSTING
 
 
 class Fault(enum.Enum):
@@ -72,6 +101,9 @@ class Fault(enum.Enum):
     TIMEOUT = "timeout"  # a lease expires while the peer may still be working
     RETRY = "retry"  # the owner re-sends a cancel; the peer answers with what it knows now
     FAIL = "fail"  # a transfer reports FAILED and may still land later
+    # A peer lies: at any point it sends evidence it may not make (``lie_table``): AccessRevoked
+    # about itself, PeerLost / LeaseExpired, a claim about another peer's grant or in its name.
+    LIE = "lie"
 
 
 ALL_FAULTS: frozenset[Fault] = frozenset(Fault)
@@ -114,9 +146,10 @@ class Config:
     max_retries: int = 1  # re-sent cancels per grant
     # At most this many fault events of any kind in one run (None: only the per-kind bounds).
     # Counted: lose, duplicate, delay, a reordered delivery (a message overtaking an earlier one
-    # on its channel), crash, fail, retry, and a lease that expires while anything else could
-    # still happen (an early deadline). Not counted: what follows a crash (PeerLost, fencing),
-    # and a lease that expires when nothing else can happen (every policy's generous deadline).
+    # on its channel), crash, fail, retry, a lease that expires while anything else could
+    # still happen (an early deadline), and a lie that a trusting receiver believes. Not counted:
+    # what follows a crash (PeerLost, fencing), a lease that expires when nothing else can
+    # happen (every policy's generous deadline), and a lie the ledger refuses (a no-op).
     max_faults: int | None = None
 
     def __attrs_post_init__(self) -> None:
@@ -235,14 +268,21 @@ class Env:
 class Snap:
     """A ledger that no one mutates any more, with the queries the explorer keeps asking."""
 
-    __slots__ = ("_gens", "_proofs", "_stale", "_states", "ledger")
+    __slots__ = ("_fp", "_gens", "_proofs", "_stale", "_states", "ledger", "lies")
 
     def __init__(self, ledger: BlockLedger) -> None:
         self.ledger = ledger
+        self.lies: dict[Any, tuple[int, ...]] = {}  # lie signature -> the lies not no-ops
+        self._fp: tuple[Any, ...] | None = None
         self._gens: list[int] | None = None
         self._states: dict[str, str] = {}
         self._proofs: dict[int, tuple[Any, ...]] = {}
         self._stale: dict[int, bool] = {}
+
+    def fingerprint(self) -> tuple[Any, ...]:
+        if self._fp is None:
+            self._fp = self.ledger.fingerprint()
+        return self._fp
 
     def state(self, key: str) -> str:
         s = self._states.get(key)
@@ -312,6 +352,8 @@ INVARIANTS: dict[str, str] = {
     "exclusivity": "no block is owned by two requests",
     "no_leak": "in a quiet state every block is free, or quarantined with a reason",
     "progress": "a request whose grants are all closed can be released",
+    "provenance": "no evidence from a source that may not make it changes the ledger (a lying "
+    "peer's claims are refused as unauthorized)",
     "ledger_error": "the ledger refuses a call the contract allows (a kvlifetime bug)",
 }
 
@@ -563,6 +605,217 @@ def _fences_may_close(env: Env, config: Config, peers: set[int]) -> bool:
     return need <= env.crashes_left and (env.faults_left < 0 or need <= env.faults_left)
 
 
+# ------------------------------------------------------------------ lies
+
+
+# What a peer acknowledges about a grant (the claims it may make about its own).
+ACK_KINDS = ("CancelReceived", "SchedulingStopped", "TransferQuiesced", "TransferCompleted")
+
+
+@attrs.frozen(slots=True)
+class Lie:
+    """One piece of evidence a peer may not send (``Fault.LIE``)."""
+
+    sender: int  # the lying peer (the connection it comes in on)
+    kind: str  # the evidence class
+    grant: int  # env grant index; -1: peer-wide (AccessRevoked / PeerLost about ``subject``)
+    subject: int  # the peer the evidence names
+
+
+def lie_table(env: Env, config: Config) -> list[Lie]:
+    """Every lie a peer may send in ``env`` (``Event("lie", i)`` sends the i-th one):
+
+    - each peer: ``AccessRevoked`` about itself (peer-wide), ``PeerLost`` about any peer;
+    - about each grant of a request not released: its own peer sends ``AccessRevoked`` and
+      ``LeaseExpired`` for it; every other peer sends each acknowledgement (``ACK_KINDS``, with
+      the most transfers a peer may post, ``Config.transfers_per_grant``, as its sequence
+      number: the strongest claim) both in the grant's peer's name and in its own.
+
+    Lies about a released request's grants are left out: the ledger has forgotten them and
+    refuses them as stale whoever sends them (and the search omits refused lies anyway).
+    """
+    out: list[Lie] = []
+    for p in range(config.peers):
+        out.append(Lie(p, "AccessRevoked", -1, p))
+        out.extend(Lie(p, "PeerLost", -1, q) for q in range(config.peers))
+    for gi, g in enumerate(env.grants):
+        if env.reqs[g.req].phase == RELEASED:
+            continue
+        q = g.peer
+        out.append(Lie(q, "AccessRevoked", gi, q))
+        out.append(Lie(q, "LeaseExpired", gi, q))
+        for p in range(config.peers):
+            if p != q:
+                for kind in ACK_KINDS:
+                    out.append(Lie(p, kind, gi, q))  # in the grant's peer's name
+                    out.append(Lie(p, kind, gi, p))  # in its own name, about another's grant
+    return out
+
+
+def wire_source(policy: Policy, p: int) -> Source:
+    """The source a receiver stamps on evidence that came in on peer ``p``'s connection."""
+    return LOCAL if policy.believes_the_wire else Source.peer(peer_name(p))
+
+
+def lies(state: State, config: Config) -> list[Event]:
+    """Every lie enabled in ``state`` (``Fault.LIE``), refused no-ops included."""
+    if Fault.LIE not in config.faults:
+        return []
+    return [Event("lie", i) for i in range(len(lie_table(state.env, config)))]
+
+
+def lie_evidence(env: Env, config: Config, lie: Lie, policy: Policy) -> Evidence:
+    """The evidence ``lie`` puts on the wire, as the receiver stamps it."""
+    src = wire_source(policy, lie.sender)
+    if lie.grant < 0:
+        name = peer_name(lie.subject)
+        if lie.kind == "AccessRevoked":
+            return AccessRevoked(name, source=src)
+        return PeerLost(name, source=src)
+    g = env.grants[lie.grant]
+    gid, req = g.grant.id, g.grant.request
+    if lie.kind == "AccessRevoked":
+        return AccessRevoked(g.grant.peer, gid, req, source=src)
+    if lie.kind == "LeaseExpired":
+        return LeaseExpired(gid, req, g.grant.peer, source=src)
+    name = peer_name(lie.subject)
+    if lie.kind == "CancelReceived":
+        return CancelReceived(gid, req, name, source=src)
+    cls = _SEQ_ACKS[lie.kind]
+    return cls(gid, req, name, config.transfers_per_grant, source=src)
+
+
+_SEQ_ACKS: dict[str, type[SchedulingStopped | TransferQuiesced | TransferCompleted]] = {
+    "SchedulingStopped": SchedulingStopped,
+    "TransferQuiesced": TransferQuiesced,
+    "TransferCompleted": TransferCompleted,
+}
+
+# The lies of an environment, built once per signature (peers, receiver, the grants they
+# name): building evidence costs more than the ledger takes to refuse it.
+_LIE_CACHE: dict[Any, tuple[tuple[Lie, Evidence], ...]] = {}
+
+
+def _lie_signature(env: Env, config: Config, policy: Policy) -> Any:
+    return (
+        config.peers,
+        config.transfers_per_grant,
+        policy.believes_the_wire,
+        tuple(
+            (gi, g.grant.id, g.grant.request, g.peer)
+            for gi, g in enumerate(env.grants)
+            if env.reqs[g.req].phase != RELEASED
+        ),
+    )
+
+
+def _lies_with_evidence(
+    env: Env, config: Config, policy: Policy, sig: Any
+) -> tuple[tuple[Lie, Evidence], ...]:
+    got = _LIE_CACHE.get(sig)
+    if got is None:
+        if len(_LIE_CACHE) > 65_536:
+            _LIE_CACHE.clear()
+        got = tuple((lie, lie_evidence(env, config, lie, policy)) for lie in lie_table(env, config))
+        _LIE_CACHE[sig] = got
+    return got
+
+
+def lie_text(env: Env, config: Config, lie: Lie) -> str:
+    """Who lies, and what it says."""
+    if lie.grant < 0:
+        return f"{peer_name(lie.sender)} sends {lie.kind}({peer_name(lie.subject)})"
+    g = env.grants[lie.grant]
+    seq = config.transfers_per_grant
+    name = f"grant #{g.grant.id.serial} of {peer_name(g.peer)}"
+    arg = {
+        "SchedulingStopped": f", last_seq={seq}",
+        "TransferCompleted": f", last_seq={seq}",
+        "TransferQuiesced": f", through_seq={seq}",
+    }.get(lie.kind, "")
+    who = f", in the name of {peer_name(lie.subject)}" if lie.kind in ACK_KINDS else ""
+    return f"{peer_name(lie.sender)} sends {lie.kind}({name}{arg}{who})"
+
+
+def lie_events(
+    state: State, config: Config, policy: Policy, answers: dict[Any, tuple[int, ...]] | None = None
+) -> list[Event]:
+    """The lies the search must take in ``state``: every lie of ``lie_table`` but those that
+    are no-ops here (see "lies" in ``explore.py``).
+
+    Every lie goes to the real ledger (``_ask_lies``: a scratch copy of it). With provenance,
+    each must be refused as unauthorized and leave the ledger as it was; one that is not is
+    returned, and its step breaks ``provenance``. A receiver that believes the wire
+    (``trusting``) takes a lie that changes its ledger as a fault event (it spends the
+    ``max_faults`` budget, so none is taken once that is spent); one it refuses (mismatched)
+    or that changes nothing (a repeat) is a no-op. The answers depend only on the ledger and
+    the lies: ``answers`` (one search's cache) keeps them per observable ledger (its
+    ``fingerprint()``, which the unreduced search also keys states by) and lie signature.
+    """
+    if Fault.LIE not in config.faults:
+        return []
+    if policy.believes_the_wire and state.env.faults_left == 0:
+        return []
+    snap = state.snap
+    sig = _lie_signature(state.env, config, policy)
+    done = snap.lies.get(sig)
+    if done is None:
+        fkey = (snap.fingerprint(), sig)
+        done = None if answers is None else answers.get(fkey)
+        if done is None:
+            table = _lies_with_evidence(state.env, config, policy, sig)
+            done = _ask_lies(snap, table, policy)
+            if answers is not None:
+                answers[fkey] = done
+        snap.lies[sig] = done
+    return [Event("lie", i) for i in done]
+
+
+def _ask_lies(
+    snap: Snap, table: tuple[tuple[Lie, Evidence], ...], policy: Policy
+) -> tuple[int, ...]:
+    """Send every lie of ``table`` to a copy of ``snap``'s ledger; return the indices of those
+    that are not no-ops (see ``lie_events``)."""
+    believe = policy.believes_the_wire
+    base = snap.ledger
+    scratch: BlockLedger | None = None
+    refused_any = False
+    out: list[int] = []
+    for i, (_lie, evidence) in enumerate(table):
+        if scratch is None:
+            scratch = base.copy()
+        try:
+            scratch.apply(evidence)
+        except UnauthorizedEvidence:
+            refused_any = True
+            continue
+        except EvidenceError:
+            if believe:
+                refused_any = True
+                continue
+            out.append(i)  # refused, but not as unauthorized: its step breaks provenance
+            scratch = None
+            continue
+        if believe and scratch.fingerprint() == snap.fingerprint():
+            continue  # believed, and changes nothing (it was already believed)
+        out.append(i)
+        scratch = None
+    if refused_any and scratch is not None and scratch.fingerprint() != snap.fingerprint():
+        # Refused evidence changes nothing (DESIGN, "What bad input gets"), else a refused lie
+        # is no self-loop and leaving it out is unsound: take each one that changed the ledger
+        # (its step breaks).
+        out.extend(i for i, (_lie, ev) in enumerate(table) if i not in out and _changes(base, ev))
+    return tuple(sorted(out))
+
+
+def _changes(ledger: BlockLedger, ev: Evidence) -> bool:
+    """Whether applying ``ev`` to (a copy of) ``ledger`` changes it, refused or not."""
+    scratch = ledger.copy()
+    with contextlib.suppress(EvidenceError):
+        scratch.apply(ev)
+    return scratch.fingerprint() != ledger.fingerprint()
+
+
 def stubborn(
     state: State,
     config: Config,
@@ -582,6 +835,10 @@ def stubborn(
     """
     env = state.env
     if not env.reqs or len(events) < 2:
+        return events
+    if policy is not None and policy.believes_the_wire and Fault.LIE in config.faults:
+        # A believed lie is a peer-wide event that may close or quarantine any request's grant
+        # at any moment: no request is isolated (explore.py, "lies").
         return events
     mine: dict[int, list[Event]] = {}
     for e in events:
@@ -798,12 +1055,47 @@ class _Step:
             self.ledger.apply(ev)
         except StaleEvidence:
             self.notes.append(f"ledger refuses {what}: stale (its request was released)")
+        except ContradictoryEvidence as e:
+            if not self.policy.believes_the_wire:
+                raise Broken(
+                    "ledger_error", f"honest evidence {what} refused: {type(e).__name__}: {e}"
+                ) from e
+            # Only a believed lie can contradict an honest peer.
+            self.notes.append(f"ledger refuses {what}: it contradicts a lie it believed")
         except EvidenceError as e:
             raise Broken(
                 "ledger_error", f"honest evidence {what} refused: {type(e).__name__}: {e}"
             ) from e
         except KVLifetimeError as e:
             raise Broken("ledger_error", f"apply({what}) raised {type(e).__name__}: {e}") from e
+
+    def apply_lie(self, ev: Evidence, what: str) -> bool:
+        """Send a lie to the ledger; return whether it changed anything."""
+        assert self._ledger is None  # a lie is the step's only ledger call
+        try:
+            self.ledger.apply(ev)
+        except EvidenceError as e:
+            changed = self.ledger.fingerprint() != self.parent.snap.fingerprint()
+            self._ledger = None  # a refused lie leaves the ledger as it was: keep the parent's
+            if changed:
+                raise Broken(
+                    "provenance", f"the lie ({what}) was refused ({e.kind}) yet changed the ledger"
+                ) from e
+            if not (isinstance(e, UnauthorizedEvidence) or self.policy.believes_the_wire):
+                raise Broken(
+                    "provenance",
+                    f"the lie ({what}) refused as {type(e).__name__}, not as unauthorized: {e}",
+                ) from e
+            self.notes.append(f"ledger refuses it: {type(e).__name__}: {' '.join(str(e).split())}")
+            return False
+        except KVLifetimeError as e:
+            raise Broken("ledger_error", f"apply({what}) raised {type(e).__name__}: {e}") from e
+        if not self.policy.believes_the_wire:
+            raise Broken("provenance", f"the ledger accepted a lie: {what} (stamped {ev.source})")
+        if self.env.faults_left > 0:
+            self.env = attrs.evolve(self.env, faults_left=self.env.faults_left - 1)
+        self.notes.append("the ledger believes it")
+        return True
 
     def release_as(self, ri: int, ids: Any, how: str) -> None:
         self.set_req(ri, phase=RELEASED)
@@ -1030,8 +1322,15 @@ def _do(s: _Step, ev: Event) -> bool:
             )
             return False
         s.notes.append(f"ledger receives {text}")
-        s.apply(_evidence(m.kind, g.grant, m.value), text)
+        evd = _evidence(m.kind, g.grant, m.value)
+        s.apply(attrs.evolve(evd, source=wire_source(s.policy, m.peer)), text)
         return True
+    if k == "lie":
+        lie = lie_table(env, s.config)[ev.a]
+        text = lie_text(env, s.config, lie)
+        evd = lie_evidence(env, s.config, lie, s.policy)
+        s.notes.append(f"a lie: {text} over its own connection; stamped {evd.source}")
+        return s.apply_lie(evd, text)
     if k == "lease":
         g = env.grants[ev.a]
         s.set_grant(ev.a, lease_fired=True)
@@ -1127,7 +1426,7 @@ def check_quiet(state: State) -> Violation | None:
     return None
 
 
-def describe_event(state: State, event: Event) -> str:
+def describe_event(state: State, event: Event, config: Config) -> str:
     """A short label for ``event`` taken from ``state`` (the notes say what it did)."""
     env = state.env
     k = event.kind
@@ -1144,6 +1443,8 @@ def describe_event(state: State, event: Event) -> str:
         return f"{k} grant #{env.grants[event.a].grant.id.serial}"
     if k in PEER_EVENTS:
         return f"{k} {peer_name(event.a)}"
+    if k == "lie":
+        return f"lie: {lie_text(env, config, lie_table(env, config)[event.a])}"
     return k
 
 
@@ -1159,13 +1460,13 @@ def run_events(
     notes: list[list[str]] = []
     evs: Sequence[Event] = list(events)
     for i, ev in enumerate(evs):
-        if ev not in enabled(state, config):
+        if ev not in enabled(state, config) and ev not in lies(state, config):
             raise ValueError(f"step {i + 1}: {ev} is not enabled")
         try:
             state, n = step(state, ev, config, policy)
         except Broken as b:
             return state, [*notes, b.notes], b.violation
         notes.append(n)
-    if not enabled(state, config):
+    if not enabled(state, config) and not lie_events(state, config, policy):
         return state, notes, check_quiet(state)
     return state, notes, None
