@@ -146,7 +146,7 @@ class TransferQuiesced(GrantEvidence):
     Proves:
         Each transfer of this grant with sequence number at most ``through_seq`` has ended and
         will touch the blocks no more (for Mooncake TCP: every slice reported COMPLETED on
-        protocol v2, see notes/mooncake-tcp-semantics.md).
+        protocol v2, see ``kvlifetime.adapters.mooncake``).
 
     Does not prove:
         Anything about transfers numbered above ``through_seq``, nor that the peer will not post
@@ -201,7 +201,7 @@ class AccessRevoked(Evidence):
     Does not prove:
         Nothing is left unproven, which is why only real fencing may produce it. Deregistering
         memory on Mooncake's TCP transport is *not* revocation: writes already past the header
-        check keep landing (notes/mooncake-tcp-semantics.md).
+        check keep landing (docs/fencing.md).
     """
 
     PROVES: ClassVar[frozenset[Claim]] = frozenset({Claim.ACCESS_REVOKED})

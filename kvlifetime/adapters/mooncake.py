@@ -2,8 +2,9 @@
 
 What each status proves, for ``mooncake-transfer-engine-non-cuda`` 0.3.13.post1 on the TCP
 transport (read in kvcache-ai/Mooncake: ``mooncake-integration/transfer_engine/
-transfer_engine_py.cpp`` and ``transport/tcp_transport``; measured on loopback, see
-notes/mooncake-tcp-semantics.md):
+transfer_engine_py.cpp`` and ``transport/tcp_transport``; measured on loopback by the tests in
+``tests/test_mooncake_adapter.py`` and ``tests/test_mooncake_fence.py``; the fence in
+docs/fencing.md):
 
 ========================================  =====================================================
 raw fact                                  evidence it yields

@@ -7,7 +7,7 @@ Mooncake's Python codes (``get_batch_transfer_status``: 0 completed, -1 failed),
 
 ``InprocTarget`` / ``InprocEngine`` need nothing installed: the arena is shared memory, copies
 run on a thread of the initiator's process. They reproduce the real engine's hard semantics
-(notes/mooncake-tcp-semantics.md), never kinder:
+(the table in ``kvlifetime.adapters.mooncake``), never kinder:
 
 - the address range is checked once per slice, when it is posted (Mooncake checks it when the
   target reads the request header); ``unregister`` refuses *new* slices only, a slice already

@@ -23,7 +23,7 @@ stays ``LOCAL``. With the ``lie`` fault any peer may, at any point, send what it
 Every policy also calls ``collect_releasable()`` after each step (the scheduler loop): they
 differ only in the extra, unsafe releases.
 
-Why the peers behave as they do (notes/mooncake-tcp-semantics.md): a transfer that reported
+Why the peers behave as they do (the table in ``kvlifetime.adapters.mooncake``): a transfer that reported
 FAILED may still land later; a crashed peer's transfers already in flight still land unless it
 was fenced; only fencing (``AccessRevoked``) stops them, atomically with the evidence: a write
 that arrives after the fencing touches nothing. A crash is seen grant by grant: the peer goes
