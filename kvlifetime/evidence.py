@@ -46,7 +46,8 @@ MEMORY_CLAIMS = frozenset(
 
 
 def _check_seq(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    inputs.seq(value, attr.name)
+    if type(value) is not int or not 0 <= value <= inputs.MAX_SEQ:  # fast path: a plain int
+        inputs.seq(value, attr.name)
 
 
 def _grant(value: object) -> Grant:
@@ -111,7 +112,7 @@ class CancelReceived(GrantEvidence):
 
     @classmethod
     def of(cls, grant: Grant) -> CancelReceived:
-        g = _grant(grant)
+        g = grant if type(grant) is Grant else _grant(grant)
         return cls(g.id, g.request, g.peer)
 
 
@@ -135,7 +136,7 @@ class SchedulingStopped(GrantEvidence):
 
     @classmethod
     def of(cls, grant: Grant, last_seq: int) -> SchedulingStopped:
-        g = _grant(grant)
+        g = grant if type(grant) is Grant else _grant(grant)
         return cls(g.id, g.request, g.peer, last_seq)
 
 
@@ -158,7 +159,7 @@ class TransferQuiesced(GrantEvidence):
 
     @classmethod
     def of(cls, grant: Grant, through_seq: int) -> TransferQuiesced:
-        g = _grant(grant)
+        g = grant if type(grant) is Grant else _grant(grant)
         return cls(g.id, g.request, g.peer, through_seq)
 
 
@@ -181,7 +182,7 @@ class TransferCompleted(GrantEvidence):
 
     @classmethod
     def of(cls, grant: Grant, last_seq: int) -> TransferCompleted:
-        g = _grant(grant)
+        g = grant if type(grant) is Grant else _grant(grant)
         return cls(g.id, g.request, g.peer, last_seq)
 
 
@@ -231,7 +232,7 @@ class AccessRevoked(Evidence):
 
     @classmethod
     def of(cls, grant: Grant, *, fence: str = "unnamed_fence") -> AccessRevoked:
-        g = _grant(grant)
+        g = grant if type(grant) is Grant else _grant(grant)
         return cls(g.peer, g.id, g.request, fence=fence)
 
 
@@ -251,7 +252,7 @@ class LeaseExpired(GrantEvidence):
 
     @classmethod
     def of(cls, grant: Grant) -> LeaseExpired:
-        g = _grant(grant)
+        g = grant if type(grant) is Grant else _grant(grant)
         return cls(g.id, g.request, g.peer)
 
 

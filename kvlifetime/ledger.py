@@ -14,9 +14,11 @@ What is stored per block, and why only that (12 bytes a block, 16 once ``allocat
 - ``_unsettled`` (uint16; uint32 once the ledger holds 65,535 grant records): how many open
   grants on the block make its content unsettled — a write grant, or any grant of a request that
   has ended (the block is draining or quarantined). A shared acquire reads it for its batch
-  only, so its cost does not grow with the number of live sharers. Each count is at most the
-  number of grant records, so widening before that number reaches the dtype's limit means it
-  never wraps (and ``grant`` refuses the 2**32-1st record: ``HolderLimit``).
+  only, so its cost does not grow with the number of live sharers. It is kept from the first
+  shared acquire on (built then from the open grants, once): a ledger that never shares never
+  pays for it on the grant / evidence hot path. Each count is at most the number of grant
+  records, so widening before that number reaches the dtype's limit means it never wraps (and
+  ``grant`` refuses the 2**32-1st record: ``HolderLimit``).
 - ``_generation`` (uint32): bumped by one each time the block returns to the pool, so a grant
   (which records generations) can never be mistaken for one about the block's next owner.
 - ``_free_stack`` (int32, lazily, only once ``allocate`` is called): the ledger's own free list.
@@ -256,6 +258,7 @@ class BlockLedger:
         self._owner = np.full(num_blocks, FREE, dtype=np.int32)
         self._sharers = np.zeros(num_blocks, dtype=np.uint16)
         self._unsettled: npt.NDArray[np.uint16 | np.uint32] = np.zeros(num_blocks, np.uint16)
+        self._tracking = False  # _unsettled is kept up to date (from the first shared acquire)
         self._generation = np.zeros(num_blocks, dtype=np.uint32)
         self._free_stack: npt.NDArray[np.int32] | None = None
         self._free_top = 0
@@ -464,7 +467,7 @@ class BlockLedger:
             if peer_open is None:
                 peer_open = self._by_peer[peer] = {}
             peer_open[serial] = rec
-            if access is Access.WRITE:
+            if access is Access.WRITE and self._tracking:
                 self._unsettled[arr] += 1  # a write grant's blocks are not settled
             if deadline is not None:
                 self._timed[request] = None
@@ -605,7 +608,7 @@ class BlockLedger:
 
     def _close(self, rec: _GrantRecord) -> None:
         rec.is_open = False
-        if rec.grant.access is Access.WRITE or rec.req.state != _ADMITTED:
+        if self._tracking and (rec.grant.access is Access.WRITE or rec.req.state != _ADMITTED):
             self._unsettled[rec.grant.blocks] -= 1  # counted while open (see _moved)
         serial = rec.grant.id.serial
         del rec.req.open[serial]
@@ -768,7 +771,8 @@ class BlockLedger:
             if serial in req.open:
                 # Only force_release forgets an open grant; the request had ended, so it was
                 # counted in _unsettled (see _moved).
-                self._unsettled[rec.grant.blocks] -= 1
+                if self._tracking:
+                    self._unsettled[rec.grant.blocks] -= 1
                 peer_open = self._by_peer[rec.grant.peer]
                 del peer_open[serial]
                 if not peer_open:
@@ -814,7 +818,7 @@ class BlockLedger:
         if self.checked:
             self._mirror(req, event, target)
         req.state = target
-        if source == _ADMITTED and req.open:
+        if source == _ADMITTED and req.open and self._tracking:
             # The owner ended it: its open read grants now unsettle their blocks too (draining
             # or quarantined, not shareable). Write grants were counted when they opened.
             for open_rec in req.open.values():
@@ -984,6 +988,7 @@ class BlockLedger:
             new._owner = self._owner.copy()
             new._sharers = self._sharers.copy()
             new._unsettled = self._unsettled.copy()
+            new._tracking = self._tracking
             new._generation = self._generation.copy()
             new._free_stack = None if self._free_stack is None else self._free_stack.copy()
             new._free_top = self._free_top
@@ -1109,6 +1114,18 @@ class BlockLedger:
     def _count_free(self) -> int:
         return int(np.count_nonzero(self._owner == FREE))
 
+    def _start_tracking(self) -> None:
+        """Build ``_unsettled`` from the open grants (once, at the first shared acquire) and
+        keep it up to date from then on."""
+        unsettled = np.zeros(self.num_blocks, dtype=self._unsettled.dtype)
+        for req in self._requests.values():
+            ended = req.state != _ADMITTED
+            for rec in req.open.values():
+                if ended or rec.grant.access is Access.WRITE:
+                    unsettled[rec.grant.blocks] += 1  # a grant's blocks are distinct
+        self._unsettled = unsettled
+        self._tracking = True
+
     def _widen_unsettled(self) -> None:
         """No block's ``_unsettled`` count can exceed the number of grant records: widen it
         to uint32 before that number reaches 65,535; refuse the 2**32-1st record."""
@@ -1180,6 +1197,8 @@ class BlockLedger:
         """Refuse a shared acquire of ``arr`` unless every block is held, settled and below the
         holder limit, and ``req`` holds none of them yet. O(len(arr)) whatever the number of
         live sharers: the per-block counters say it all (``_unsettled``, ``_sharers``)."""
+        if not self._tracking:
+            self._start_tracking()
         owner = self._owner.take(arr)
         sharers = self._sharers.take(arr)
         held = (owner >= 0) | (sharers > 0)

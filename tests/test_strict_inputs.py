@@ -87,7 +87,7 @@ def snapshot(L: BlockLedger, *, evidence_counters: bool = True) -> tuple[Any, ..
         L.free_count(),
         L._free_stack is None,
         L._free_top,
-        L._unsettled.tobytes(),
+        L._unsettled.tobytes() if L._tracking else "not kept",
         L._sharers.tobytes(),
         dict(L._timed),
         dict(L._releasable),
@@ -579,7 +579,9 @@ def test_holder_limit_is_refused_at_the_limit_never_wrapped() -> None:
 def test_unsettled_counter_widens_before_it_could_wrap() -> None:
     """65,536 open write grants on one block: the counter would read 0 in uint16 and let a
     sharer in under an open write grant. It widens to uint32 first."""
-    L = BlockLedger(2)
+    L = BlockLedger(3)
+    L.acquire("x", [1])
+    L.acquire("y", [1], shared=True)  # the ledger shares: the counter is kept from here on
     L.acquire("w", [0])
     n = 1 << 16
     held = L.blocks_of("w")  # the held batch itself: grant's fast path
@@ -614,6 +616,35 @@ def test_shared_acquire_sees_one_draining_sharer_among_many() -> None:
     L.apply(TransferCompleted.of(g, 0))
     L.acquire("late", [1], shared=True)
     assert L.holders([0, 1]).tolist() == [2003, 2003]
+
+
+def test_unsettled_counter_is_built_exactly_at_the_first_shared_acquire() -> None:
+    """A ledger that never shared does not keep the counter; the first shared acquire builds it
+    from the open grants: write grants, and every open grant of a request that has ended."""
+    L = BlockLedger(8)
+    L.acquire("w", [0, 1])
+    L.grant("w", "p", [0])  # open write grant on 0, owner running
+    L.acquire("r", [2, 3])
+    L.grant("r", "p", [2], Access.READ)
+    L.reject("r")  # ended with an open read grant on 2: draining
+    L.acquire("k", [4, 5])
+    L.grant("k", "p", [4], Access.READ)  # a running owner's read grant: settled
+    gw = L.grant("w", "p", [1])
+    L.apply(TransferCompleted.of(gw, 0))  # closed: 1 is settled again
+    assert not L._tracking
+    before = L.fingerprint(), L.stats()
+    with pytest.raises(errors.BlockUnavailable):
+        L.acquire("s", [0], shared=True)  # the first one builds the counter, and refuses
+    assert (L.fingerprint(), L.stats()) == before
+    assert L._tracking
+    share: list[Any] = [[0], [2], [0, 4]]
+    for blocks in share:
+        assert_refused(
+            L, lambda L, b=blocks: L.acquire("s", b, shared=True), errors.BlockUnavailable
+        )
+    assert L._unsettled.tolist() == [1, 0, 1, 0, 0, 0, 0, 0]
+    L.acquire("s", [1, 3, 4, 5], shared=True)
+    assert L.holders(np.arange(6)).tolist() == [1, 2, 1, 2, 2, 2]
 
 
 # --------------------------------------------------------------------------- the constructor
