@@ -23,12 +23,12 @@ stays ``LOCAL``. With the ``lie`` fault any peer may, at any point, send what it
 Every policy also calls ``collect_releasable()`` after each step (the scheduler loop): they
 differ only in the extra, unsafe releases.
 
-Why the peers behave as they do (the table in ``kvlifetime.adapters.mooncake``): a transfer that reported
-FAILED may still land later; a crashed peer's transfers already in flight still land unless it
-was fenced; only fencing (``AccessRevoked``) stops them, atomically with the evidence: a write
-that arrives after the fencing touches nothing. A crash is seen grant by grant: the peer goes
-silent on each of its grants at that grant's own moment (the crash that silences them all at
-once is one of those runs), and its heartbeat fails (``PeerLost``).
+Why the peers behave as they do (the table in ``kvlifetime.adapters.mooncake``): a transfer that
+reported FAILED may still land later; a crashed peer's transfers already in flight still land unless
+it was fenced; only fencing (``AccessRevoked``) stops them, atomically with the evidence: a write
+that arrives after the fencing touches nothing. A crash is seen grant by grant: the peer goes silent
+on each of its grants at that grant's own moment (the crash that silences them all at once is one of
+those runs), and its heartbeat fails (``PeerLost``).
 
 A state is immutable: ``step`` returns a new one. Steps that do not touch the ledger (a peer
 posts, a transfer lands, a message is duplicated) share the parent's ledger object, so most
