@@ -15,6 +15,7 @@ from kvlifetime.errors import (
 from kvlifetime.evidence import AccessRevoked, TransferCompleted
 from kvlifetime.grant import Access
 from kvlifetime.harness.decode import SimConfig, run
+from kvlifetime.harness.transfer import InprocEngine, InprocTarget, Status
 from kvlifetime.ledger import BlockLedger
 from kvlifetime.machines import BlockState, RequestState
 from kvlifetime.source import Source
@@ -30,6 +31,45 @@ def test_a_naive_restart_hands_out_blocks_an_old_peer_may_still_write() -> None:
     assert fresh.free_count() == 4
     with pytest.raises(MismatchedEvidence):
         fresh.apply(TransferCompleted.of(g, 1))  # the old grant's proof cannot help here either
+
+
+def _failed_batch_with_a_straggler(engine: InprocEngine, target: InprocTarget) -> None:
+    """The previous incarnation's request wrote block 0 in a batch that FAILED: its slice into
+    block 0 is still to land (``straggle_ticks`` later)."""
+    engine.staging[:4096] = 0xAB
+    bad = target.address(0) + target.nbytes + 4096
+    h = engine.submit([(0, target.address(0), 4096), (0, bad, 4096)])
+    assert engine.wait(h, 1.0) is Status.FAILED
+
+
+def test_restart_over_a_failed_batchs_straggler_naive_vs_guarded() -> None:
+    # The issue's case: a ledger re-created over the same arena hands out block 0, then the
+    # FAILED batch's leftover slice writes all 4096 of its bytes into it.
+    target = InprocTarget(4 * 4096)
+    engine = InprocEngine(target.descriptor(), 4096, straggle_ticks=2)
+    try:
+        _failed_batch_with_a_straggler(engine, target)
+        naive = BlockLedger(4)  # the restarted process: every block free
+        ids = naive.allocate("new", 1)
+        assert ids.tolist() == [0]
+        target.array[:4096] = 0x11  # the new owner's KV
+        engine.advance(2)
+        assert int(np.count_nonzero(target.array[:4096] == 0xAB)) == 4096  # all of it, B's block
+
+        _failed_batch_with_a_straggler(engine, target)
+        guarded = BlockLedger.after_restart(4, peers=["prefill-0"])
+        with pytest.raises(OutOfBlocks):
+            guarded.allocate("new", 1)  # nothing is handed out before the fence
+        engine.advance(4)  # the straggler lands in a block nobody holds
+        engine.close()  # the fence: the copy thread joined, its late slices dropped
+        guarded.apply(AccessRevoked("prefill-0", fence="inproc_engine_closed"))
+        assert guarded.collect_releasable()[OLD].tolist() == [0, 1, 2, 3]
+        assert guarded.allocate("new", 1).tolist() == [0]
+        target.array[:4096] = 0x11
+        assert int(np.count_nonzero(target.array[:4096] == 0x11)) == 4096  # and it stays so
+    finally:
+        engine.close()
+        target.close()
 
 
 def test_after_restart_every_block_is_quarantined_until_fenced() -> None:

@@ -265,6 +265,10 @@ class InprocEngine:
                 self._copies.task_done()
 
     def close(self) -> None:
+        """Stop copying: the copy thread is joined, slices still due later are dropped, the
+        mapping is closed. Idempotent."""
+        if self._map.closed:
+            return
         if self._thread.is_alive():
             self._copies.put(None)
             self._thread.join(timeout=5)
