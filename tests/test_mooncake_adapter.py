@@ -7,18 +7,17 @@ Tests that need Mooncake run for real when ``mooncake.engine`` imports; with
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from mooncake_helpers import need_mooncake
 
 from kvlifetime.adapters.mooncake import (
     GrantTransfers,
     UnsafeTransport,
     batch_ended,
-    mooncake_available,
     require_protocol_v2,
     tcp_protocol,
 )
@@ -134,14 +133,6 @@ def test_inproc_unregister_is_not_revocation(inproc: tuple[InprocTarget, InprocE
 
 
 # --------------------------------------------------------------------------- the real engine
-
-
-def need_mooncake() -> None:
-    if mooncake_available():
-        return
-    if os.environ.get("KVLIFETIME_REQUIRE_MOONCAKE") == "1":
-        pytest.fail("KVLIFETIME_REQUIRE_MOONCAKE=1 but mooncake.engine does not import")
-    pytest.skip("mooncake-transfer-engine-non-cuda is not installed")
 
 
 def test_real_engine_completed_means_landed() -> None:

@@ -9,7 +9,6 @@ with ``KVLIFETIME_REQUIRE_MOONCAKE=1`` they fail instead of skipping.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -19,8 +18,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from mooncake_helpers import need_mooncake
 
-from kvlifetime.adapters.mooncake import mooncake_available
 from kvlifetime.errors import FenceUnavailable
 
 ARENA = 64 << 20
@@ -59,14 +58,6 @@ STREAM = textwrap.dedent(
     os._exit(0)
     """
 )
-
-
-def need_mooncake() -> None:
-    if mooncake_available():
-        return
-    if os.environ.get("KVLIFETIME_REQUIRE_MOONCAKE") == "1":
-        pytest.fail("KVLIFETIME_REQUIRE_MOONCAKE=1 but mooncake.engine does not import")
-    pytest.skip("mooncake-transfer-engine-non-cuda is not installed")
 
 
 @pytest.fixture
