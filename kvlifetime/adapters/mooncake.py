@@ -1,48 +1,13 @@
 """Mooncake's transfer statuses, turned into evidence; and Mooncake as a harness transfer engine.
 
-What each status proves, for ``mooncake-transfer-engine-non-cuda`` 0.3.13.post1 on the TCP
-transport (read in kvcache-ai/Mooncake: ``mooncake-integration/transfer_engine/
-transfer_engine_py.cpp`` and ``transport/tcp_transport``; measured on loopback by the tests in
-``tests/test_mooncake_adapter.py`` and ``tests/test_mooncake_fence.py``; the fence in
-docs/fencing.md):
-
-========================================  =====================================================
-raw fact                                  evidence it yields
-========================================  =====================================================
-``get_batch_transfer_status == 0``        the batch ENDED (protocol v2: the target wrote every
-(COMPLETED, protocol v2)                  byte and answered OK; no slice writes again). With
-                                          every batch 1..N completed: ``TransferQuiesced``
-                                          through N, or ``TransferCompleted(N)`` at the normal
-                                          end.
-``== 0`` on protocol v1 (MC_TCP_PROTO=1)  nothing: the bytes only entered the initiator's
-                                          socket buffer (measured: "success" with 0 bytes
-                                          written). The harness refuses to run on v1.
-``== -1`` (FAILED or timed out)           nothing. The wait returns at the FIRST failed task
-                                          while the batch's other slices keep running, and a
-                                          failed slice may still be copied from the target's
-                                          receive buffer. The TCP transport never resubmits a
-                                          slice, but nothing says the bytes stopped: the grant
-                                          stays open, and the blocks are quarantined.
-``transfer_check_status`` (1/0/-1/-2)     nothing the harness uses: it looks at task 0 only.
-submit refused (batch id 0)               nothing (treated as FAILED): whether a part of the
-                                          batch was handed to the transport is not reported.
-``unregister_memory`` on TCP              nothing: the range is checked once per request, when
-                                          the target reads its header; writes past that point
-                                          keep landing (measured: ~27.6 MiB after it returned).
-                                          It is NOT ``AccessRevoked``.
-``MooncakeTarget.fence()`` returned       ``AccessRevoked`` for every peer of the target: the
-(``"mooncake_target_recreated"``)         serving engine was destroyed (its io thread joined,
-                                          its sessions and listeners closed, observed gone) and
-                                          the arena re-registered on a new engine, new ports
-                                          (measured: 0 bytes landed after it returned, with a
-                                          write in flight; docs/fencing.md).
-target process gone                       nothing by itself (``PeerLost`` at most).
-========================================  =====================================================
-
-So a FAILED slice on the TCP transport is *final* in one narrow sense only - it is never
-retried - and that is not enough to free memory: the batch's other slices, and the failed
-slice's bytes already received, may land after the status was read. The only statuses that
-prove the end of access are COMPLETED statuses on protocol v2, for every batch of the grant.
+What each status and operation proves, for ``mooncake-transfer-engine-non-cuda`` 0.3.13.post1
+on the TCP transport, is data: the table is ``PROFILE`` (a ``kvlifetime.profiles.EngineProfile``,
+at the end of this module); ``kvlifetime evidence --engine mooncake-tcp`` prints it and
+docs/engine-mooncake-tcp.md is generated from it. Each row names the test that pins it, and
+``tests/test_mooncake_adapter.py`` checks the status rows against ``batch_ended`` and
+``GrantTransfers``. In short: only COMPLETED on protocol v2, for every batch of the grant,
+proves the end of access; FAILED, ``unregister_memory`` and a dead initiator prove nothing
+about memory; ``MooncakeTarget.fence()`` is the fence (docs/fencing.md).
 
 ``get_batch_transfer_status`` blocks (until every batch completed, the first failure, or
 ``MC_TRANSFER_TIMEOUT``), and it frees the batch ids it reports on: call it exactly once per
@@ -63,9 +28,16 @@ import numpy as np
 import numpy.typing as npt
 
 from kvlifetime.errors import FenceUnavailable, UsageError
-from kvlifetime.evidence import Evidence, SchedulingStopped, TransferCompleted, TransferQuiesced
+from kvlifetime.evidence import (
+    Claim,
+    Evidence,
+    SchedulingStopped,
+    TransferCompleted,
+    TransferQuiesced,
+)
 from kvlifetime.grant import GrantId, PeerId, RequestKey
 from kvlifetime.harness.transfer import Slice, Status
+from kvlifetime.profiles import NOTHING, EngineProfile, StatusRow
 
 LOOPBACK = "127.0.0.1"
 METADATA = "P2PHANDSHAKE"
@@ -477,3 +449,126 @@ class MooncakeEngine:
     def close(self) -> None:
         self._waiter.shutdown(wait=True, cancel_futures=True)
         self._engine.unregister_memory(self._src)
+
+
+# ============================================================ what each status proves (data)
+
+_ADAPTER = "tests/test_mooncake_adapter.py"
+_FENCE = "tests/test_mooncake_fence.py"
+
+PROFILE = EngineProfile(
+    name="mooncake-tcp",
+    package="mooncake-transfer-engine-non-cuda",
+    version="0.3.13.post1",
+    transport="TCP (protocol v2), loopback",
+    source="read in kvcache-ai/Mooncake: mooncake-integration/transfer_engine/"
+    "transfer_engine_py.cpp and transport/tcp_transport; measured on loopback "
+    "(docs/fencing.md)",
+    rows=(
+        StatusRow(
+            "`get_batch_transfer_status == 0` (COMPLETED, protocol v2)",
+            "TransferQuiesced or TransferCompleted",
+            {Claim.TRANSFERS_ENDED},
+            "anything about the grant's other batches: only with every batch 1..N completed "
+            "does the adapter emit TransferQuiesced through N, or TransferCompleted(N) at the "
+            "normal end; on its own a batch never closes a grant",
+            "code and measured",
+            f"{_ADAPTER}::test_real_engine_completed_means_landed",
+            proves="the batch ENDED: the target wrote every byte and answered OK; no slice of "
+            "it writes again",
+        ),
+        StatusRow(
+            "`get_batch_transfer_status == 0` on protocol v1 (`MC_TCP_PROTO=1`)",
+            NOTHING,
+            frozenset(),
+            "that the bytes reached the target: they only entered the initiator's socket "
+            'buffer (measured by hand: "success" with 0 bytes written). The harness refuses '
+            "to run on v1 (UnsafeTransport)",
+            "code and measured",
+            f"{_ADAPTER}::test_protocol_v1_completed_proves_nothing",
+        ),
+        StatusRow(
+            "`get_batch_transfer_status == -1` (FAILED, or `MC_TRANSFER_TIMEOUT`)",
+            NOTHING,
+            frozenset(),
+            "that the batch stopped: the wait returns at the FIRST failed task while the "
+            "batch's other slices keep running, and a failed slice may still be copied from "
+            "the target's receive buffer (measured: a FAILED batch's good slice lands after "
+            "the status). The TCP transport never resubmits a slice, but nothing says the "
+            "bytes stopped: the grant stays open, the blocks are quarantined",
+            "code and measured",
+            f"{_ADAPTER}::test_real_engine_completed_means_landed",
+        ),
+        StatusRow(
+            "`transfer_check_status` (1 / 0 / -1 / -2)",
+            NOTHING,
+            frozenset(),
+            "anything about the batch: it looks at task 0 only. The adapter never calls it",
+            "code",
+            "tests/test_profiles.py::test_mooncake_adapter_never_calls_transfer_check_status",
+        ),
+        StatusRow(
+            "submit refused (`batch_transfer_async_write` returns batch id 0 or -1)",
+            NOTHING,
+            frozenset(),
+            "whether a part of the batch was handed to the transport: it is not reported. "
+            "Treated as FAILED",
+            "code",
+            f"{_ADAPTER}::test_profile_rows_match_the_adapter",
+        ),
+        StatusRow(
+            "`unregister_memory` on TCP",
+            NOTHING,
+            frozenset(),
+            "that access ended: the range is checked once per request, when the target reads "
+            "its header; writes past that point keep landing (measured: ~27.6 MiB after it "
+            "returned). It is NOT AccessRevoked",
+            "code and measured",
+            f"{_FENCE}::test_unregister_is_not_a_fence_the_measurement_sees_late_bytes",
+        ),
+        StatusRow(
+            f'`MooncakeTarget.fence()` returned `"{FENCE_RECREATED}"`',
+            "AccessRevoked",
+            {Claim.ACCESS_REVOKED},
+            "anything about a peer handed the new `descriptor()` afterwards (it may write "
+            "again, by design), nor about another process that later binds an old port; it "
+            "cuts every peer of the engine at once, whichever grant it served",
+            "code and measured",
+            f"{_FENCE}::test_fence_ends_writes_in_flight_every_run",
+            proves="no peer of the old engine can write into the arena any more: the serving "
+            "engine was destroyed (its io thread joined, its sessions and listeners closed, "
+            "observed gone) and the arena re-registered on a new engine, on new ports "
+            "(measured: 0 bytes landed after it returned, with a write in flight)",
+        ),
+        StatusRow(
+            "initiator process killed, or its heartbeat failed",
+            "PeerLost",
+            {Claim.HEARTBEAT_FAILED},
+            "that its writes stopped: the target applies what it had received (measured by "
+            "hand: 13.7-18.1 MB landed after SIGKILL, up to 1.9 MB after the process was "
+            "reaped); only the fence ends that",
+            "code and measured",
+            f"{_FENCE}::test_fence_after_the_initiator_was_killed",
+        ),
+    ),
+    fence=FENCE_RECREATED,
+    fence_note="`MooncakeTarget.fence()`: a new engine serves the arena on ports no engine of "
+    "this target ever used; the old engine is destroyed (its C++ destructor joins the io "
+    "thread and closes the sessions and listeners) and observed gone (no socket of this "
+    "process left on its ports). About 1 s; it cuts every peer of the engine. It raises "
+    "FenceUnavailable (nothing fenced) where it cannot be observed. `unregister_memory` is "
+    "not a fence. See docs/fencing.md.",
+    peer_word="Statuses are read by the initiator's engine, in prefill, and relayed over the "
+    "wire: cancel_received, scheduling_stopped and transfers_ended (SchedulingStopped, "
+    "TransferQuiesced, TransferCompleted) rest on the peer's word; nothing on decode's side "
+    "observes completion. access_revoked never does: only decode's own fence makes it.",
+    notes=(
+        "A FAILED slice on the TCP transport is final in one narrow sense only - it is never "
+        "retried - and that is not enough to free memory: the batch's other slices, and the "
+        "failed slice's bytes already received, may land after the status was read. The only "
+        "statuses that prove the end of access are COMPLETED statuses on protocol v2, for "
+        "every batch of the grant.",
+    ),
+)
+"""What every Mooncake TCP status and operation proves (``kvlifetime evidence --engine
+mooncake-tcp``). Importable without Mooncake installed."""
