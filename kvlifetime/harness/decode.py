@@ -39,6 +39,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+import numpy.typing as npt
 import structlog
 
 from kvlifetime.errors import EvidenceError, KVLifetimeError, UnauthorizedEvidence, UsageError
@@ -53,6 +54,7 @@ from kvlifetime.harness.faults import (
     plan,
     restart_tick,
 )
+from kvlifetime.harness.oracle import ArenaDiff, TransportOracle
 from kvlifetime.harness.report import Report
 from kvlifetime.harness.simulate import BACKENDS, POLICIES, RESTARTS
 from kvlifetime.harness.transfer import InprocTarget, TargetMemory
@@ -108,6 +110,9 @@ class SimConfig:
     fence_quarantined_blocks: int = 256
     fence: bool = True  # proof policy: fence after a crash and on quarantine pressure
     restart: str = "none"  # decode restart mid-run: none / naive / guarded
+    # how the oracle sees landings: "auto" (the in-process engine's copy log, a real engine's
+    # arena diff) or "arena diff" (also on the in-process engine, to compare the two)
+    oracle: str = "auto"
     faults: FaultConfig = attrs.field(factory=FaultConfig)
 
     def __attrs_post_init__(self) -> None:
@@ -284,6 +289,12 @@ class DecodeWorker:
         self._finishes: dict[int, list[int]] = {}
         self._reaper: list[tuple[int, int]] = []  # (deadline, request): timeout policy
         self.fences: dict[str, int] = {}  # fence name -> times performed
+        # The oracle at the transport: the in-process engine's copy log, else an arena diff.
+        arena_diff = cfg.oracle == "arena diff" or not isinstance(target, InprocTarget)
+        self.oracle = TransportOracle(
+            cfg.num_blocks, cfg.block_bytes, "arena diff" if arena_diff else "copy log"
+        )
+        self._diff = ArenaDiff(target.array, cfg.block_bytes) if arena_diff else None
         self.retired: list[LedgerStats] = []  # the stats of ledgers replaced by a restart
         self.count: dict[str, int] = dict.fromkeys(
             (
@@ -312,9 +323,29 @@ class DecodeWorker:
 
     # ----------------------------------------------------------------- inbound
 
+    def observe(self) -> None:
+        """Hand the oracle every landing since the last look (before anything changes hands)."""
+        if self._diff is not None:
+            self.oracle.landed(*self._diff.landings())
+            return
+        assert isinstance(self.target, InprocTarget)
+        rows = self.target.landings()
+        if not len(rows):
+            return
+        bb = self.cfg.block_bytes
+        off, nbytes, words = rows[:, 0], rows[:, 1], rows[:, 2]
+        per = np.maximum(nbytes // bb, 1).astype(np.int64)
+        first = (off // bb).astype(np.int64)
+        if (per == 1).all():
+            self.oracle.landed(first, words)
+        else:  # a slice over several blocks: one landing per block it covers
+            blocks = np.concatenate([f + np.arange(k) for f, k in zip(first, per, strict=True)])
+            self.oracle.landed(blocks, np.repeat(words, per))
+
     def receive(self, frames: list[bytes], sender: str) -> None:
         """Frames that came in on the connection of peer ``sender`` (the transport's identity:
         evidence in them is stamped with it, whatever they say inside)."""
+        self.observe()  # the landings of the tick these frames close happened before them
         for frame in frames:
             try:
                 msg = decode(frame, sender=sender)
@@ -421,7 +452,8 @@ class DecodeWorker:
         else:
             self.ledger.set_deadline(key, self.now + self.cfg.proof_lease)
 
-    def _release(self, key: int | str, _ids: object) -> None:
+    def _release(self, key: int | str, ids: npt.NDArray[np.int64]) -> None:
+        self.oracle.freed(ids)  # back in the pool: from here, any landing in them is late
         r = self.reqs.pop(key, None) if isinstance(key, int) else None
         if r is None:
             return  # the previous incarnation's blocks after a guarded restart: no request
@@ -487,6 +519,7 @@ class DecodeWorker:
             self.last_admitted = n
             # The grant exists before the addresses leave the process.
             g = self.ledger.grant(key, peer, ids)
+            self.oracle.granted(key, ids, pattern.words(key, ids, g.generations))
             self.reqs[key] = _Req(p, g, n, last_news=n)
             self.next_request += 1
             if p.abort_after is not None:
@@ -524,6 +557,7 @@ class DecodeWorker:
         """``peer``'s access to the arena was ended for real by ``fence`` (observed complete
         by this process): its live requests that still wait for KV are ended, and the local
         ``AccessRevoked`` closes every grant to it, quarantined ones included."""
+        self.observe()  # what landed before the fence, while the blocks are still held
         for key, r in list(self.reqs.items()):
             if r.grant.peer == peer and r.ended is None and not r.finished and not r.consumed:
                 self.end(key, "lost_to_fence")
@@ -561,11 +595,14 @@ class DecodeWorker:
         self._aborts.clear()
         self._finishes.clear()
         self._reaper.clear()
+        self.observe()
         n = self.cfg.num_blocks
         if mode == "naive":
             self.ledger = BlockLedger(n)
+            self.oracle.freed(np.arange(n))
         else:
             self.ledger = BlockLedger.after_restart(n, peers=peers)
+            self.oracle.held_by_previous(np.arange(n))
 
     def idle(self) -> bool:
         """Nothing left but quarantined requests (which wait for proof that may never come)."""
@@ -648,6 +685,7 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
                 worker.receive(frames, peer.peer)
             n += 1
         peer.stop()
+        worker.observe()  # the last landings, before the arena goes
         for k, v in peer.stats.items():
             prefill_stats[k] = prefill_stats.get(k, 0) + v
     finally:
@@ -707,4 +745,5 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
         unauthorized_refused=c["unauthorized_refused"],
         lost_to_fence=c["lost_to_fence"],
         lost_to_restart=c["lost_to_restart"],
+        oracle=attrs.asdict(worker.oracle.counts()),
     )

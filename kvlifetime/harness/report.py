@@ -52,6 +52,12 @@ class Report:
     unauthorized_refused: int = 0  # evidence a peer may not assert (provenance), refused
     lost_to_fence: int = 0  # live requests ended because their peer was fenced
     lost_to_restart: int = 0  # requests decode held when it restarted
+    # the oracle at the transport (harness.oracle.OracleCounts as data): every landing seen
+    oracle: Mapping[str, int | str] = attrs.field(factory=dict)
+
+    def seen(self, key: str) -> int:
+        v = self.oracle.get(key, 0)
+        return v if isinstance(v, int) else 0
 
     @property
     def reclaimed_total(self) -> int:
@@ -69,6 +75,8 @@ class Report:
         d = attrs.asdict(self)
         d["mid_transfer_ratio"] = round(self.mid_transfer_ratio, 4)
         d["reclaimed_total"] = self.reclaimed_total
+        for k in ("late_writes", "late_into_owned", "late_into_free"):
+            d[k] = self.seen(k)
         return d
 
     def to_json(self) -> str:
@@ -93,7 +101,14 @@ class Report:
                 "ended mid-transfer",
                 f"{self.ended_mid_transfer} ({100 * self.mid_transfer_ratio:.1f}%)",
             ),
-            ("contaminated blocks", self.contaminated_blocks),
+            (
+                "late writes (oracle)",
+                f"{self.seen('late_writes')}: {self.seen('late_into_owned')} into another "
+                f"owner's block, {self.seen('late_into_free')} into a free block; "
+                f"{self.seen('late_blocks')} blocks, {self.seen('hit_requests')} requests hit "
+                f"(of {self.seen('writes')} landings, {self.oracle.get('method', '-')})",
+            ),
+            ("contaminated at consume", self.contaminated_blocks),
             ("contaminated requests", self.contaminated_requests),
             ("leaked blocks", self.leaked_blocks),
             ("quarantined blocks", f"{self.quarantined_blocks} ({self.quarantined_requests} req)"),
@@ -127,7 +142,10 @@ COMPARE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("restart", "restart"),
     ("requests", "requests"),
     ("mid-transfer", "ended_mid_transfer"),
-    ("contaminated", "contaminated_blocks"),
+    ("late writes", "late_writes"),
+    ("into owned", "late_into_owned"),
+    ("into free", "late_into_free"),
+    ("contaminated at consume", "contaminated_blocks"),
     ("leaked", "leaked_blocks"),
     ("quarantined", "quarantined_blocks"),
     ("peak quarantined", "peak_quarantined_blocks"),

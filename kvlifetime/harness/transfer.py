@@ -97,7 +97,10 @@ class TransferEngine(Protocol):
 
 # =========================================================================== in-process engine
 
-_HEADER = 64  # bytes before the arena in the shared segment; word 0: registered (1) or not (0)
+_HEADER = 64  # bytes before the arena in the shared segment; word 0: registered (1) or not (0),
+# word 1: how many slices the copy thread has logged (only grows)
+LOG_SLOTS = 1 << 16  # the landing log after the arena: a ring of (offset, nbytes, first word)
+_LOG_BYTES = LOG_SLOTS * 3 * 8
 INPROC_BASE = 1 << 40  # addresses look like pointers, so an offset is never mistaken for one
 
 
@@ -115,12 +118,16 @@ class InprocTarget:
     def __init__(self, nbytes: int) -> None:
         fd, self._path = tempfile.mkstemp(prefix="kvlifetime-arena-", dir=_shm_dir())
         try:
-            os.ftruncate(fd, _HEADER + nbytes)
-            self._map = mmap.mmap(fd, _HEADER + nbytes)
+            os.ftruncate(fd, _HEADER + nbytes + _LOG_BYTES)
+            self._map = mmap.mmap(fd, _HEADER + nbytes + _LOG_BYTES)
         finally:
             os.close(fd)
-        self._flag = np.ndarray((1,), dtype=np.uint64, buffer=self._map)
+        self._flag = np.ndarray((2,), dtype=np.uint64, buffer=self._map)
         self._array = np.ndarray((nbytes,), dtype=np.uint8, buffer=self._map, offset=_HEADER)
+        self._log = np.ndarray(
+            (LOG_SLOTS, 3), dtype=np.uint64, buffer=self._map, offset=_HEADER + nbytes
+        )
+        self._read = 0  # log entries already handed out by landings()
         self._flag[0] = 1
         self.nbytes = nbytes
         self._closed = False
@@ -138,6 +145,20 @@ class InprocTarget:
     def unregister(self) -> None:
         self._flag[0] = 0
 
+    def landings(self) -> npt.NDArray[np.uint64]:
+        """Every slice the copy thread wrote since the last call, in order, as rows of
+        (arena offset, nbytes, first word written). Raises ``OracleOverflow`` if the ring was
+        lapped (landings would be missed). Read it when the initiator is between ticks."""
+        from kvlifetime.harness.oracle import OracleOverflow
+
+        count = int(self._flag[1])
+        n = count - self._read
+        if n > LOG_SLOTS:
+            raise OracleOverflow(f"{n} landings since the last look, the log holds {LOG_SLOTS}")
+        idx = np.arange(self._read, count) % LOG_SLOTS
+        self._read = count
+        return self._log[idx].copy()
+
     def fence(self) -> str:
         # The copies run on a thread of the initiator's process, which mapped the arena itself:
         # nothing on this side can take that mapping away. The fence is on the initiator:
@@ -153,7 +174,7 @@ class InprocTarget:
         self._closed = True
         self._flag[0] = 0
         # numpy views must go before the mapping can be closed.
-        del self._flag, self._array
+        del self._flag, self._array, self._log
         self._map.close()
         os.unlink(self._path)
 
@@ -174,9 +195,12 @@ class InprocEngine:
     ) -> None:
         nbytes = int(target["nbytes"])
         with open(str(target["path"]), "r+b") as f:
-            self._map = mmap.mmap(f.fileno(), _HEADER + nbytes)
-        self._flag = np.ndarray((1,), dtype=np.uint64, buffer=self._map)
+            self._map = mmap.mmap(f.fileno(), _HEADER + nbytes + _LOG_BYTES)
+        self._flag = np.ndarray((2,), dtype=np.uint64, buffer=self._map)
         self._arena = np.ndarray((nbytes,), dtype=np.uint8, buffer=self._map, offset=_HEADER)
+        self._log = np.ndarray(
+            (LOG_SLOTS, 3), dtype=np.uint64, buffer=self._map, offset=_HEADER + nbytes
+        )
         self._base = int(target["base"])
         self._staging = np.zeros(staging_bytes, dtype=np.uint8)
         self._straggle = straggle_ticks
@@ -252,6 +276,12 @@ class InprocEngine:
                     off = dst - self._base
                     self._arena[off : off + n] = self._staging[src : src + n]
                     self.bytes_written += n
+                    # The oracle's log: what landed where, then the count (one writer).
+                    i = int(self._flag[1])
+                    head = self._staging[src : src + 8]
+                    word = int(head.view(np.uint64)[0]) if len(head) == 8 else 0
+                    self._log[i % LOG_SLOTS] = (off, n, word)
+                    self._flag[1] = i + 1
                 with self._lock:
                     b = self._batches.get(handle)
                     if b is not None:
@@ -272,5 +302,5 @@ class InprocEngine:
         if self._thread.is_alive():
             self._copies.put(None)
             self._thread.join(timeout=5)
-        del self._flag, self._arena
+        del self._flag, self._arena, self._log
         self._map.close()

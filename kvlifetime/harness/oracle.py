@@ -1,0 +1,174 @@
+"""The oracle at the transport: every write that lands (and every read), classified against the
+block's owner at that moment. Counted, not sampled.
+
+Decode's own check (``DecodeWorker._check``) looks at a block when it consumes it and when it
+lets go: a late write into a free block, a write later overwritten by the block's next owner,
+or one landing after the reader finished are invisible to it. The oracle sees each landing:
+
+- the in-process engine logs every slice its copy thread writes, in a ring inside the shared
+  mapping (``InprocTarget.landings``), so the oracle reads exactly what landed, in order;
+- a real engine (Mooncake, NIXL) moves bytes decode never sees pass, so decode diffs its arena
+  once per tick (``ArenaDiff``): each word that appeared in a block since the last tick is one
+  landing. It cannot see a write of the word a block already holds (it changes nothing there).
+  On the in-process engine both run on the same seed, and the tests require equal counts.
+
+A landing is *late* when its word is not the word of the block's current owner at its
+generation: "into another owner's block" when the block is held by another request (that
+request computes from someone else's data), "into a free block" when it is in the pool (its next
+owner gets it dirty unless it overwrites every byte first). A block held by a previous
+incarnation after a guarded restart accepts any word: nobody will read it before a fence.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+FREE = np.uint64(0)  # the pattern never produces 0: a zero word is nobody's
+ANY = np.uint64(0xFFFFFFFFFFFFFFFF)  # held by a previous incarnation: any word is its holder's
+
+
+class OracleOverflow(RuntimeError):
+    """The landing log was overwritten before it was read: the oracle would miss landings, so
+    the run stops instead of under-counting. Whose fault: the harness's log is too small."""
+
+
+@attrs.frozen(slots=True)
+class OracleCounts:
+    """What the oracle saw over a run. Every figure is a count of landings, never an estimate."""
+
+    method: str  # "copy log" (in-process engine) or "arena diff" (a real engine)
+    writes: int  # landings seen
+    late_writes: int  # landings whose word is not the block's current owner's
+    late_into_owned: int  # ... into a block another request holds
+    late_into_free: int  # ... into a block in the pool
+    late_blocks: int  # distinct blocks hit by a late write
+    hit_requests: int  # distinct requests whose held block received a late write
+    late_writers: int  # distinct requests whose writes landed late
+    into_previous: int  # landings into blocks a previous incarnation holds (harmless)
+    reads: int  # reads of source blocks seen
+    stale_reads: int  # reads of a source block that a new owner already holds (or is free)
+    stale_read_blocks: int
+
+
+class TransportOracle:
+    """Who owns each block right now, and what every landing did to it.
+
+    Decode tells it what it grants (``granted``: the words its peers will write) and what goes
+    back to the pool (``freed``); the transport tells it what landed (``landed``) and what was
+    read (``read``).
+    """
+
+    def __init__(self, num_blocks: int, block_bytes: int, method: str) -> None:
+        self.num_blocks = num_blocks
+        self.block_bytes = block_bytes
+        self.method = method
+        self.expected = np.zeros(num_blocks, dtype=np.uint64)  # owner's word; FREE; ANY
+        self.owner = np.full(num_blocks, -1, dtype=np.int64)  # owner request; -1: none
+        self._writer: dict[int, int] = {}  # word -> the request it was granted to
+        self.writes = 0
+        self.late_into_owned = 0
+        self.late_into_free = 0
+        self.into_previous = 0
+        self._late_blocks: set[int] = set()
+        self._hit: set[int] = set()
+        self._late_writers: set[int] = set()
+        self.reads = 0
+        self.stale_reads = 0
+        self._stale_read_blocks: set[int] = set()
+
+    # ----------------------------------------------------------------- what decode does
+
+    def granted(self, request: int, blocks: npt.ArrayLike, words: npt.NDArray[np.uint64]) -> None:
+        b = np.asarray(blocks, dtype=np.int64)
+        self.expected[b] = words
+        self.owner[b] = request
+        for w in words.tolist():
+            self._writer[w] = request
+
+    def freed(self, blocks: npt.ArrayLike) -> None:
+        b = np.asarray(blocks, dtype=np.int64)
+        self.expected[b] = FREE
+        self.owner[b] = -1
+
+    def held_by_previous(self, blocks: npt.ArrayLike) -> None:
+        b = np.asarray(blocks, dtype=np.int64)
+        self.expected[b] = ANY
+        self.owner[b] = -1
+
+    # ----------------------------------------------------------------- what the transport saw
+
+    def landed(self, blocks: npt.ArrayLike, words: npt.ArrayLike) -> None:
+        """One landing per (block, word): ``words[i]`` was written into ``blocks[i]``."""
+        b = np.asarray(blocks, dtype=np.int64)
+        w = np.asarray(words, dtype=np.uint64)
+        if not len(b):
+            return
+        self.writes += len(b)
+        exp = self.expected[b]
+        previous = exp == ANY
+        self.into_previous += int(np.count_nonzero(previous))
+        late = (w != exp) & ~previous
+        if not late.any():
+            return
+        lb, lw, le = b[late], w[late], exp[late]
+        free = le == FREE
+        self.late_into_free += int(np.count_nonzero(free))
+        self.late_into_owned += int(np.count_nonzero(~free))
+        self._late_blocks.update(lb.tolist())
+        self._hit.update(self.owner[lb[~free]].tolist())
+        for word in lw.tolist():
+            writer = self._writer.get(word)
+            if writer is not None:
+                self._late_writers.add(writer)
+
+    def read(self, blocks: npt.ArrayLike, words: npt.ArrayLike) -> None:
+        """A peer read ``blocks`` expecting them to hold ``words`` (its grant's): a read of a
+        block whose owner has changed since (or that is free) is stale."""
+        b = np.asarray(blocks, dtype=np.int64)
+        w = np.asarray(words, dtype=np.uint64)
+        self.reads += len(b)
+        stale = w != self.expected[b]
+        self.stale_reads += int(np.count_nonzero(stale))
+        self._stale_read_blocks.update(b[stale].tolist())
+
+    def counts(self) -> OracleCounts:
+        return OracleCounts(
+            method=self.method,
+            writes=self.writes,
+            late_writes=self.late_into_owned + self.late_into_free,
+            late_into_owned=self.late_into_owned,
+            late_into_free=self.late_into_free,
+            late_blocks=len(self._late_blocks),
+            hit_requests=len(self._hit),
+            late_writers=len(self._late_writers),
+            into_previous=self.into_previous,
+            reads=self.reads,
+            stale_reads=self.stale_reads,
+            stale_read_blocks=len(self._stale_read_blocks),
+        )
+
+
+class ArenaDiff:
+    """What landed in an arena since the last look, for engines whose copies decode cannot
+    see: each word that appeared in a block is one landing."""
+
+    def __init__(self, arena: npt.NDArray[np.uint8], block_bytes: int) -> None:
+        self._table = arena.view(np.uint64).reshape(-1, block_bytes // 8)
+        self._snap = self._table.copy()
+
+    def landings(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64]]:
+        table, snap = self._table, self._snap
+        changed = np.flatnonzero((table != snap).any(axis=1))
+        blocks: list[int] = []
+        words: list[int] = []
+        for blk in changed.tolist():
+            now = table[blk].copy()  # the engine may still be writing: look at one copy
+            before = np.unique(snap[blk])
+            for w in np.setdiff1d(np.unique(now), before, assume_unique=True).tolist():
+                if w != 0:
+                    blocks.append(blk)
+                    words.append(w)
+            snap[blk] = now
+        return np.asarray(blocks, dtype=np.int64), np.asarray(words, dtype=np.uint64)
