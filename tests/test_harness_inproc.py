@@ -60,6 +60,12 @@ def test_proof_policy_has_no_contamination_and_no_leak() -> None:
     assert r.quarantined_blocks == 0
 
 
+def test_a_peer_slower_than_its_deadline_is_quarantined_then_released_by_its_late_proof() -> None:
+    r = report("proof")
+    assert r.released_by_late_proof > 0  # quarantine is not a verdict: proof still ends it
+    assert r.contaminated_blocks == 0 and r.seen("late_writes") == 0
+
+
 def test_proof_policy_without_fences_keeps_its_quarantine() -> None:
     r = run(SimConfig(policy="proof", requests=N, seed=SEED, fence=False))
     assert r.contaminated_blocks == 0 and r.leaked_blocks == 0

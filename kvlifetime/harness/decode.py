@@ -136,6 +136,7 @@ class _Req:
     finished: bool = False
     last_news: int = 0  # tick of the last message about it (or of the last query)
     queries: int = 0
+    quarantined: bool = False  # its deadline passed without proof (it may come late)
 
 
 # =========================================================================== the prefill peer
@@ -289,6 +290,7 @@ class DecodeWorker:
         self._finishes: dict[int, list[int]] = {}
         self._reaper: list[tuple[int, int]] = []  # (deadline, request): timeout policy
         self.fences: dict[str, int] = {}  # fence name -> times performed
+        self._fencing = False  # releases made by a fence (not by a late proof)
         # The oracle at the transport: the in-process engine's copy log, else an arena diff.
         arena_diff = cfg.oracle == "arena diff" or not isinstance(target, InprocTarget)
         self.oracle = TransportOracle(
@@ -317,6 +319,7 @@ class DecodeWorker:
                 "lost_to_restart",
                 "admission_stalls",
                 "peak_quarantined_blocks",
+                "released_by_late_proof",
             ),
             0,
         )
@@ -457,6 +460,8 @@ class DecodeWorker:
         r = self.reqs.pop(key, None) if isinstance(key, int) else None
         if r is None:
             return  # the previous incarnation's blocks after a guarded restart: no request
+        if r.quarantined and not self._fencing:
+            self.count["released_by_late_proof"] += 1  # quarantine had a way out: the proof
         self.count["hold_ticks"] += self.now - r.admitted
         self.count["released_requests"] += 1
 
@@ -474,7 +479,10 @@ class DecodeWorker:
         for key in self._finishes.pop(n, []):
             self._finish(key)
         if self.cfg.policy != "naive":
-            self.ledger.expire(float(n))
+            for qkey in self.ledger.expire(float(n)):
+                q = self.reqs.get(qkey) if isinstance(qkey, int) else None
+                if q is not None:
+                    q.quarantined = True
         while self._reaper and self._reaper[0][0] <= n:
             _, key = heapq.heappop(self._reaper)
             if key in self.reqs and self.ledger.state(key) is not RequestState.TRANSFER_QUIESCED:
@@ -563,8 +571,12 @@ class DecodeWorker:
                 self.end(key, "lost_to_fence")
         self.ledger.apply(AccessRevoked(peer, fence=fence))
         self.fences[fence] = self.fences.get(fence, 0) + 1
-        for rkey, ids in self.ledger.collect_releasable().items():
-            self._release(rkey, ids)
+        self._fencing = True
+        try:
+            for rkey, ids in self.ledger.collect_releasable().items():
+                self._release(rkey, ids)
+        finally:
+            self._fencing = False
 
     def quarantined_blocks(self) -> int:
         q = self.ledger.stats().blocks_by_state.get(BlockState.QUARANTINED.label, 0)
@@ -745,5 +757,6 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
         unauthorized_refused=c["unauthorized_refused"],
         lost_to_fence=c["lost_to_fence"],
         lost_to_restart=c["lost_to_restart"],
+        released_by_late_proof=c["released_by_late_proof"],
         oracle=attrs.asdict(worker.oracle.counts()),
     )

@@ -28,6 +28,10 @@ class FaultConfig:
     p_slow: float = 0.05  # a batch takes slow_ticks (beyond the timeout policy's lease)
     slow_ticks: tuple[int, int] = (10, 30)
     fast_ticks: tuple[int, int] = (0, 3)
+    # a batch slower than the proof policy's deadline: its request is quarantined, then its
+    # late proof releases it (no fence needed)
+    p_late: float = 0.003
+    late_ticks: tuple[int, int] = (80, 160)
     p_fail: float = 0.004  # a batch gets one slice outside the arena: the engine FAILs it
     straggle_ticks: int = 4  # in-process engine: a FAILED batch's other slices land this late
     p_lose: float = 0.02  # a control message is lost
@@ -80,6 +84,10 @@ def plan(seed: int, request: int, cfg: FaultConfig) -> RequestPlan:
     )
     fails = rng.random(nchunks) < cfg.p_fail
     stub = int(rng.integers(0, cfg.max_stub_chunks + 1))
+    # Drawn last, so that every draw above is what it was before this knob existed.
+    late = rng.random(nchunks) < cfg.p_late
+    if late.any():
+        lat = np.where(late, rng.integers(cfg.late_ticks[0], cfg.late_ticks[1] + 1, nchunks), lat)
     return RequestPlan(
         request,
         nblocks,

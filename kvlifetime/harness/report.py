@@ -52,6 +52,7 @@ class Report:
     unauthorized_refused: int = 0  # evidence a peer may not assert (provenance), refused
     lost_to_fence: int = 0  # live requests ended because their peer was fenced
     lost_to_restart: int = 0  # requests decode held when it restarted
+    released_by_late_proof: int = 0  # quarantined, then released by proof that came late
     # the oracle at the transport (harness.oracle.OracleCounts as data): every landing seen
     oracle: Mapping[str, int | str] = attrs.field(factory=dict)
 
@@ -120,6 +121,7 @@ class Report:
             ("pool exhausted", "YES: the run stopped" if self.pool_exhausted else "no"),
             ("unauthorized refused", self.unauthorized_refused),
             ("lost to fence / restart", f"{self.lost_to_fence} / {self.lost_to_restart}"),
+            ("released by late proof", self.released_by_late_proof),
             ("refused evidence", sum(self.refused_evidence.values())),
             ("malformed frames refused", self.malformed_refused),
             ("evidence queries", self.queries),
