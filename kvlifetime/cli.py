@@ -31,6 +31,7 @@ from kvlifetime.diagrams import (
     DIAGRAM_FORMATS,
     MACHINES,
     docs_files,
+    engine_markdown,
     evidence_markdown,
     graphviz_available,
     render,
@@ -110,6 +111,15 @@ def _run_diagram(args: argparse.Namespace) -> int:
 
 
 def _add_evidence(p: argparse.ArgumentParser) -> None:
+    from kvlifetime.profiles import ENGINES
+
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=None,
+        help="print what every status and operation of this transfer engine proves (its "
+        "evidence profile) instead of the claims matrix",
+    )
     p.add_argument("--format", choices=EVIDENCE_FORMATS, default="md")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
 
@@ -120,7 +130,23 @@ def evidence_json() -> str:
     return json.dumps({"evidence": claims_matrix(), "provenance": rules_matrix()}, indent=2) + "\n"
 
 
+def engine_json(name: str) -> str:
+    """Engine ``name``'s evidence profile as JSON (``ProfileUnavailable`` if it has none)."""
+    from kvlifetime.profiles import profile
+
+    return json.dumps(profile(name).to_dict(), indent=2) + "\n"
+
+
 def _run_evidence(args: argparse.Namespace) -> int:
+    if args.engine is not None:
+        from kvlifetime.profiles import profile
+
+        if args.format == "md":
+            text = engine_markdown(profile(args.engine))
+        else:
+            text = engine_json(args.engine)
+        _emit(text, args)
+        return 0
     text = evidence_markdown() if args.format == "md" else evidence_json()
     _emit(text, args)
     return 0
@@ -345,7 +371,8 @@ COMMANDS: list[Command] = [
     ),
     Command(
         "evidence",
-        "print the evidence x claim matrix and who may make each claim",
+        "print the evidence x claim matrix and who may make each claim; with --engine, what "
+        "each status of a transfer engine proves",
         _add_evidence,
         _run_evidence,
     ),

@@ -22,11 +22,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from kvlifetime.errors import KVLifetimeError
-from kvlifetime.evidence import BY_NAME, Claim, claims_matrix
+from kvlifetime.evidence import BY_NAME, Claim, claims_matrix, proves_text
 from kvlifetime.table import Row, TransitionTable, table_for
+
+if TYPE_CHECKING:
+    from kvlifetime.profiles import EngineProfile
 
 MACHINES: tuple[str, ...] = ("request", "block")
 DIAGRAM_FORMATS: tuple[str, ...] = ("mermaid", "dot", "svg", "md")
@@ -274,6 +277,53 @@ def evidence_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+# --------------------------------------------------------------------------- engine profiles
+
+
+def engine_markdown(profile: EngineProfile) -> str:
+    """An engine's evidence profile (``kvlifetime.profiles``) as a markdown page: what every
+    status and operation of the engine proves, its fence, and what rests on the peer's word."""
+    from kvlifetime.profiles import origin, title
+
+    name = profile.name
+    lines = [
+        f"# {title(name)} (`{name}`): what each status proves",
+        "",
+        f"Generated from `{origin(name)}` by `kvlifetime evidence --engine {name} --format md`. "
+        "Do not edit.",
+        "",
+        f"Engine: `{profile.package}` {profile.version}; transport: {profile.transport}.",
+    ]
+    if profile.source:
+        lines += ["", f"Established from: {profile.source}."]
+    lines += [
+        "",
+        "Each row is a raw status or operation of the engine, the kvlifetime evidence it yields "
+        "(`nothing`: none, whatever the status is called), the claims that evidence supports "
+        "(`kvlifetime evidence`), and the test that pins the row.",
+        "",
+        "| status or operation | evidence | claims | proves | does not prove | established "
+        "| pinned by |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in profile.rows:
+        ev = " or ".join(f"`{c.__name__}`" for c in r.evidence_classes) or "nothing"
+        claims = ", ".join(c.value for c in Claim if c in r.claims)
+        test = f"`{r.test}`" if r.test else "(none yet)"
+        # What the row proves in words; else what its evidence proves (kvlifetime.evidence).
+        proves = r.proves or " / ".join(proves_text(c) for c in r.evidence_classes) or "nothing"
+        lines.append(
+            f"| {_cell(r.status)} | {ev} | {claims} | {_cell(proves)} "
+            f"| {_cell(r.does_not_prove)} | {r.established} | {test} |"
+        )
+    fence = f"**`{profile.fence}`**." if profile.fence else "**None.**"
+    lines += ["", "## Fence", "", f"{fence} {profile.fence_note}"]
+    lines += ["", "## On the peer's word", "", profile.peer_word]
+    if profile.notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in profile.notes]
+    return "\n".join(lines) + "\n"
+
+
 # --------------------------------------------------------------------------- docs/
 
 
@@ -285,6 +335,10 @@ def docs_files(*, include_svg: bool) -> dict[str, str]:
         files[f"{m}.md"] = render(m, "md")
         files[f"{m}.dot"] = render(m, "dot")
     files["evidence.md"] = evidence_markdown()
+    from kvlifetime.profiles import PROFILES
+
+    for name, profile in PROFILES.items():  # engines whose adapter declares a profile
+        files[f"engine-{name}.md"] = engine_markdown(profile)
     if include_svg:
         for m in MACHINES:
             files[f"{m}.svg"] = render(m, "svg")

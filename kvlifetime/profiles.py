@@ -383,6 +383,12 @@ def title(name: str) -> str:
     return _LOADERS[name][0]
 
 
+def origin(name: str) -> str:
+    """Where engine ``name``'s profile is declared (``"kvlifetime.adapters.mooncake.PROFILE"``)."""
+    module = _LOADERS[name][1]
+    return "kvlifetime.profiles.INPROC_PROFILE" if module is None else f"{module}.PROFILE"
+
+
 def profile(name: str) -> EngineProfile:
     """The profile of engine ``name``; ``ProfileUnavailable`` when its adapter declares none
     (yet), ``InvalidField`` when what it declares is malformed."""

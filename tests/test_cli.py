@@ -19,6 +19,7 @@ from kvlifetime.cli import Command, main, run_demo
 from kvlifetime.diagrams import evidence_markdown, render
 from kvlifetime.errors import InsufficientEvidence
 from kvlifetime.evidence import Claim, claims_matrix
+from kvlifetime.profiles import PROFILES
 from kvlifetime.table import table_for
 
 HAS_DOT = shutil.which("dot") is not None
@@ -150,6 +151,8 @@ def test_docs(capsys: Capsys, tmp_path: Path) -> None:
     assert status == 0
     names = {"request.mmd", "block.mmd", "request.md", "block.md", "request.dot", "block.dot"}
     names |= {"evidence.md"} | ({"request.svg", "block.svg"} if HAS_DOT else set())
+    names |= {f"engine-{e}.md" for e in PROFILES}  # inproc, mooncake-tcp (nixl-ucx once there)
+    assert {"engine-inproc.md", "engine-mooncake-tcp.md"} <= names
     assert {p.name for p in tmp_path.iterdir()} == names | {"ledger-api.md"}
     assert keep.read_text() == "hand-written\n"  # someone else's page is left alone
     assert sorted(out.split()) == sorted(str(tmp_path / n) for n in names)

@@ -217,3 +217,5 @@ def test_docs_are_up_to_date(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         )
     for m in MACHINES:
         assert (DOCS / f"{m}.svg").is_file()
+    # One page per engine with an evidence profile (kvlifetime.profiles), drift-checked above.
+    assert {"engine-inproc.md", "engine-mooncake-tcp.md"} <= set(generated)

@@ -21,7 +21,7 @@ from kvlifetime.adapters.mooncake import (
     require_protocol_v2,
     tcp_protocol,
 )
-from kvlifetime.evidence import SchedulingStopped, TransferCompleted, TransferQuiesced
+from kvlifetime.evidence import Evidence, SchedulingStopped, TransferCompleted, TransferQuiesced
 from kvlifetime.grant import GrantId
 from kvlifetime.harness.transfer import InprocEngine, InprocTarget, Status
 
@@ -91,6 +91,53 @@ def test_protocol_v1_is_refused() -> None:
     with pytest.raises(UnsafeTransport):
         require_protocol_v2({"MC_TCP_PROTO": "1"})
     require_protocol_v2({})
+
+
+def test_profile_rows_match_the_adapter() -> None:
+    """Every status row of the Mooncake PROFILE, checked against what the adapter does with that
+    status (``batch_ended``, ``GrantTransfers``, ``MooncakeEngine``): a row that says a status
+    yields more, less or other evidence than the adapter emits fails here."""
+    import re
+    import threading
+
+    from kvlifetime.adapters.mooncake import PROFILE, MooncakeEngine
+    from kvlifetime.profiles import NOTHING
+
+    def emitted(code: int, protocol: int) -> set[type[Evidence]]:
+        # Both ends a grant can have: the normal end, and scheduling stopped early.
+        out: set[type[Evidence]] = set()
+        for end in ("finish", "stop"):
+            t = tracker(protocol)
+            seq = t.post()
+            evs = getattr(t, end)() + t.on_status(seq, code)
+            out |= {type(e) for e in evs if not isinstance(e, SchedulingStopped)}
+        return out
+
+    checked = []
+    for row in PROFILE.rows:
+        got: set[type[Evidence]] = set()
+        m = re.search(r"get_batch_transfer_status == (-?\d+)", row.status)
+        if m is not None:
+            code, protocol = int(m.group(1)), 1 if "protocol v1" in row.status else 2
+            got = emitted(code, protocol)
+            assert batch_ended(code, protocol) == (row.evidence != NOTHING), row.status
+        elif row.status.startswith("submit refused"):
+            # A fake engine whose submit is refused with each batch id the row names.
+            for bid in map(int, re.findall(r"-?\d+", row.status.split("batch id", 1)[1])):
+                eng = MooncakeEngine.__new__(MooncakeEngine)
+                eng._engine = type("E", (), {"batch_transfer_async_write": lambda *a, b=bid: b})()
+                eng._target, eng._src, eng._futures = "t", 0, {}
+                eng._next, eng._lock = 1, threading.Lock()
+                status = eng.wait(eng.submit([(0, 0, 4096)]), 0)
+                assert status is Status.FAILED, (row.status, bid)
+                got |= emitted(int(status), 2)
+        else:
+            continue  # operations, not statuses: pinned by their own tests (row.test)
+        checked.append(row.status)
+        assert got == set(row.evidence_classes), (row.status, got)
+        for cls in got:
+            assert row.claims <= cls.PROVES, (row.status, cls)
+    assert len(checked) >= 4  # v2 COMPLETED, v1 COMPLETED, FAILED, submit refused
 
 
 # --------------------------------------------------------------------------- in-process engine
