@@ -95,6 +95,7 @@ def test_same_seed_same_figures() -> None:
 def test_faults_are_exercised() -> None:
     r = report("proof")
     assert r.aborted > 0 and r.rejected > 0 and r.transfer_failed > 0 and r.lost_to_crash > 0
+    assert r.prefix_hits > 0  # prefix-cache sharing: read-only, checked at consume as well
     assert r.malformed_refused > 0 or r.prefill.get("link_garbage", 0) >= 0
     assert sum(r.refused_evidence.values()) > 0  # duplicates after release: stale, refused
 

@@ -42,7 +42,13 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from kvlifetime.errors import EvidenceError, KVLifetimeError, UnauthorizedEvidence, UsageError
+from kvlifetime.errors import (
+    BlockUnavailable,
+    EvidenceError,
+    KVLifetimeError,
+    UnauthorizedEvidence,
+    UsageError,
+)
 from kvlifetime.evidence import AccessRevoked, PeerLost, SchedulingStopped, TransferCompleted
 from kvlifetime.grant import Grant
 from kvlifetime.harness import pattern
@@ -50,6 +56,7 @@ from kvlifetime.harness.faults import (
     FaultConfig,
     FaultyLink,
     RequestPlan,
+    chunks,
     crash_tick,
     plan,
     restart_tick,
@@ -137,6 +144,14 @@ class _Req:
     last_news: int = 0  # tick of the last message about it (or of the last query)
     queries: int = 0
     quarantined: bool = False  # its deadline passed without proof (it may come late)
+    # a prefix-cache hit: blocks shared read-only with an earlier request, and their words
+    shared: npt.NDArray[np.int64] | None = None
+    shared_words: npt.NDArray[np.uint64] | None = None
+
+    @property
+    def nchunks(self) -> int:
+        """Batches prefill writes for it (shared blocks are not written)."""
+        return chunks(len(self.grant.blocks))
 
 
 # =========================================================================== the prefill peer
@@ -291,6 +306,7 @@ class DecodeWorker:
         self._reaper: list[tuple[int, int]] = []  # (deadline, request): timeout policy
         self.fences: dict[str, int] = {}  # fence name -> times performed
         self._fencing = False  # releases made by a fence (not by a late proof)
+        self._prefix_sources: collections.deque[int] = collections.deque(maxlen=64)
         # The oracle at the transport: the in-process engine's copy log, else an arena diff.
         arena_diff = cfg.oracle == "arena diff" or not isinstance(target, InprocTarget)
         self.oracle = TransportOracle(
@@ -320,6 +336,7 @@ class DecodeWorker:
                 "admission_stalls",
                 "peak_quarantined_blocks",
                 "released_by_late_proof",
+                "prefix_hits",
             ),
             0,
         )
@@ -406,7 +423,14 @@ class DecodeWorker:
 
     def _check(self, key: int, r: _Req) -> np.ndarray[Any, np.dtype[np.bool_]]:
         w = pattern.words(key, r.grant.blocks, r.grant.generations)
-        return pattern.mismatched(self.target.array, r.grant.blocks, w, self.cfg.block_bytes)
+        bad = pattern.mismatched(self.target.array, r.grant.blocks, w, self.cfg.block_bytes)
+        if r.shared is not None and r.shared_words is not None:
+            # The shared prefix must still hold the words its first owner's peer wrote.
+            shared_bad = pattern.mismatched(
+                self.target.array, r.shared, r.shared_words, self.cfg.block_bytes
+            )
+            bad = np.concatenate([shared_bad, bad])
+        return bad
 
     def _consume(self, key: int, r: _Req) -> None:
         r.consumed = True
@@ -416,6 +440,8 @@ class DecodeWorker:
             self.count["contaminated_requests"] += 1
         self.count["kv_bytes"] += len(r.grant.blocks) * self.cfg.block_bytes
         self._finishes.setdefault(self.now + r.plan.decode_ticks, []).append(key)
+        if r.plan.nblocks > 1:
+            self._prefix_sources.append(key)  # its settled blocks may serve a prefix hit
 
     def _finish(self, key: int) -> None:
         r = self.reqs.get(key)
@@ -440,7 +466,7 @@ class DecodeWorker:
         self.count[why if why != "client_abort" else "aborted"] += 1
         open_now = bool(self.ledger.open_grants(key))
         # Prefill posts batch c at tick admitted+1+c and reads an abort before its tick's work.
-        posted = min(r.plan.nchunks, max(0, self.now - r.admitted))
+        posted = min(r.nchunks, max(0, self.now - r.admitted))
         if why == "rejected":
             posted = max(posted, r.plan.stub_chunks)
         if open_now and posted >= 1:
@@ -523,12 +549,13 @@ class DecodeWorker:
             if self.ledger.free_count() < p.nblocks:
                 self.count["admission_stalls"] += 1
                 break  # back-pressure: the request waits for blocks
-            ids = self.ledger.allocate(key, p.nblocks)
+            shared, shared_words = self._prefix_hit(key, p.prefix)
+            ids = self.ledger.allocate(key, p.nblocks - (0 if shared is None else len(shared)))
             self.last_admitted = n
             # The grant exists before the addresses leave the process.
             g = self.ledger.grant(key, peer, ids)
             self.oracle.granted(key, ids, pattern.words(key, ids, g.generations))
-            self.reqs[key] = _Req(p, g, n, last_news=n)
+            self.reqs[key] = _Req(p, g, n, last_news=n, shared=shared, shared_words=shared_words)
             self.next_request += 1
             if p.abort_after is not None:
                 self._aborts.setdefault(n + p.abort_after, []).append(key)
@@ -544,6 +571,34 @@ class DecodeWorker:
             )
             out.append(encode(assign))
         return out
+
+    def _prefix_hit(
+        self, key: int, k: int
+    ) -> tuple[npt.NDArray[np.int64] | None, npt.NDArray[np.uint64] | None]:
+        """Share the first ``k`` blocks of the most recent request still decoding, as a prefix
+        cache would; the ledger refuses what is not settled (an open write grant, a holder
+        draining or quarantined), and then the request writes all its blocks itself."""
+        src = self._prefix_sources
+        while k and src:
+            e = self.reqs.get(src[-1])
+            if (
+                e is None
+                or not e.consumed
+                or e.ended is not None
+                or e.finished
+                or len(e.grant.blocks) < k  # a sharer itself may have written fewer
+            ):
+                src.pop()
+                continue
+            blocks = e.grant.blocks[:k]
+            try:
+                self.ledger.acquire(key, blocks, shared=True)
+            except BlockUnavailable:
+                src.pop()
+                continue
+            self.count["prefix_hits"] += 1
+            return blocks, pattern.words(src[-1], blocks, e.grant.generations[:k])
+        return None, None
 
     next_request: int = 0
     last_admitted: int = 0  # tick of the last admission (the pool ran dry if it stays old)
@@ -619,6 +674,16 @@ class DecodeWorker:
     def idle(self) -> bool:
         """Nothing left but quarantined requests (which wait for proof that may never come)."""
         return all(self.ledger.state(k) is RequestState.QUARANTINED for k in self.reqs)
+
+
+def _leaked(ledger: BlockLedger) -> int:
+    """Blocks out of the pool that no quarantine explains: neither free, nor quarantined, nor
+    held by a quarantined request (a prefix it shares, settled, waits with it)."""
+    n = ledger.num_blocks
+    ok = ledger.block_state(np.arange(n)) == BlockState.FREE
+    for st in ledger.stats().quarantined:
+        ok[ledger.blocks_of(st.request)] = True
+    return int(np.count_nonzero(~ok))
 
 
 def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report:
@@ -708,7 +773,6 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
         target.close()
     st = worker.ledger.stats()
     quarantined = st.blocks_by_state.get(BlockState.QUARANTINED.label, 0)
-    free = st.blocks_by_state.get(BlockState.FREE.label, 0)
     refused: collections.Counter[str] = collections.Counter(st.refused_evidence)
     reclaimed: collections.Counter[str] = collections.Counter(st.reclaimed_blocks)
     unsafe = st.unsafe_releases
@@ -730,7 +794,7 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
         ended_mid_transfer=c["ended_mid_transfer"],
         contaminated_blocks=c["contaminated_blocks"],
         contaminated_requests=c["contaminated_requests"],
-        leaked_blocks=cfg.num_blocks - free - quarantined,
+        leaked_blocks=_leaked(worker.ledger),
         quarantined_blocks=quarantined,
         quarantined_requests=len(st.quarantined),
         unsafe_releases=unsafe,
@@ -758,5 +822,6 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
         lost_to_fence=c["lost_to_fence"],
         lost_to_restart=c["lost_to_restart"],
         released_by_late_proof=c["released_by_late_proof"],
+        prefix_hits=c["prefix_hits"],
         oracle=attrs.asdict(worker.oracle.counts()),
     )

@@ -32,6 +32,10 @@ class FaultConfig:
     # late proof releases it (no fence needed)
     p_late: float = 0.003
     late_ticks: tuple[int, int] = (80, 160)
+    # prefix caching: a request shares its first blocks, read-only, with an earlier request
+    # still decoding (when decode has one), and prefill writes only the rest
+    p_prefix: float = 0.25
+    prefix_blocks: tuple[int, int] = (1, 2)
     p_fail: float = 0.004  # a batch gets one slice outside the arena: the engine FAILs it
     straggle_ticks: int = 4  # in-process engine: a FAILED batch's other slices land this late
     p_lose: float = 0.02  # a control message is lost
@@ -63,10 +67,16 @@ class RequestPlan:
     latencies: tuple[int, ...]  # per batch (transfer seq 1..), ticks from post to landing
     fails: tuple[bool, ...]  # per batch: one slice is refused, the batch FAILs
     stub_chunks: int  # batches posted before a rejection is decided
+    prefix: int = 0  # leading blocks it may share with an earlier request (prefix cache hit)
 
     @property
     def nchunks(self) -> int:
         return len(self.latencies)
+
+
+def chunks(nblocks: int) -> int:
+    """Batches needed to write ``nblocks`` blocks."""
+    return -(-nblocks // BLOCKS_PER_CHUNK)
 
 
 def plan(seed: int, request: int, cfg: FaultConfig) -> RequestPlan:
@@ -88,6 +98,9 @@ def plan(seed: int, request: int, cfg: FaultConfig) -> RequestPlan:
     late = rng.random(nchunks) < cfg.p_late
     if late.any():
         lat = np.where(late, rng.integers(cfg.late_ticks[0], cfg.late_ticks[1] + 1, nchunks), lat)
+    prefix = 0
+    if rng.random() < cfg.p_prefix:
+        prefix = min(nblocks - 1, int(rng.integers(cfg.prefix_blocks[0], cfg.prefix_blocks[1] + 1)))
     return RequestPlan(
         request,
         nblocks,
@@ -97,6 +110,7 @@ def plan(seed: int, request: int, cfg: FaultConfig) -> RequestPlan:
         tuple(int(x) for x in lat),
         tuple(bool(x) for x in fails),
         min(stub, nchunks - 1),  # a rejection always comes before the last batch
+        prefix,
     )
 
 

@@ -26,7 +26,14 @@ from kvlifetime.adapters.mooncake import GrantTransfers
 from kvlifetime.evidence import CancelReceived, Evidence
 from kvlifetime.grant import GrantId
 from kvlifetime.harness import pattern
-from kvlifetime.harness.faults import BLOCKS_PER_CHUNK, FaultConfig, FaultyLink, RequestPlan, plan
+from kvlifetime.harness.faults import (
+    BLOCKS_PER_CHUNK,
+    FaultConfig,
+    FaultyLink,
+    RequestPlan,
+    chunks,
+    plan,
+)
 from kvlifetime.harness.transfer import Slice, Status, TransferEngine
 from kvlifetime.harness.wire import (
     INT64_MAX,
@@ -151,7 +158,8 @@ class PrefillWorker:
         if why is None:
             assert isinstance(a.request, int)  # checked by _unfit
             p = plan(self.seed, a.request, self.faults)
-            if p.nblocks != len(a.blocks):
+            # A prefix-cache hit at decode: its first ``prefix`` blocks are shared, not written.
+            if len(a.blocks) not in (p.nblocks, p.nblocks - p.prefix):
                 why = f"{len(a.blocks)} blocks, the request's plan has {p.nblocks}"
         if why is not None:
             self.counters["assign_refused"] += 1
@@ -160,7 +168,8 @@ class PrefillWorker:
             return
         job = _Job(a, p, GrantTransfers(a.grant, a.request, self.peer), next_tick=self.now + 1)
         if a.tokens > self.faults.capacity_tokens:
-            job.reject_at = self.now + 1 + p.stub_chunks
+            # The decision comes before the last batch, however many this request writes.
+            job.reject_at = self.now + 1 + min(p.stub_chunks, chunks(len(a.blocks)) - 1)
         self._jobs[a.grant] = job
         self.counters["assigned"] += 1
 
@@ -277,7 +286,7 @@ class PrefillWorker:
         self.counters["batches"] += 1
         job.next_chunk += 1
         job.next_tick = self.now + 1
-        if job.next_chunk == job.plan.nchunks:
+        if job.next_chunk == chunks(len(a.blocks)):
             self._send_evidence(job, job.transfers.finish())
 
     def _land(self, b: _Batch) -> None:

@@ -53,6 +53,7 @@ class Report:
     lost_to_fence: int = 0  # live requests ended because their peer was fenced
     lost_to_restart: int = 0  # requests decode held when it restarted
     released_by_late_proof: int = 0  # quarantined, then released by proof that came late
+    prefix_hits: int = 0  # requests that shared their first blocks with an earlier one
     # the oracle at the transport (harness.oracle.OracleCounts as data): every landing seen
     oracle: Mapping[str, int | str] = attrs.field(factory=dict)
 
@@ -122,6 +123,7 @@ class Report:
             ("unauthorized refused", self.unauthorized_refused),
             ("lost to fence / restart", f"{self.lost_to_fence} / {self.lost_to_restart}"),
             ("released by late proof", self.released_by_late_proof),
+            ("prefix-cache hits", self.prefix_hits),
             ("refused evidence", sum(self.refused_evidence.values())),
             ("malformed frames refused", self.malformed_refused),
             ("evidence queries", self.queries),
