@@ -3,15 +3,19 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+NIXL_PKGS := nixl==1.5.1 nixl-cu13==1.5.1
 
 .PHONY: demo demo-mooncake test lint typecheck bench docs clean system-deps
 
-# Python packages: the library with every extra (the harness, Prometheus, Mooncake) and the
-# test tools, in a local virtual environment.
+# Python packages: the library with every extra (the harness, Prometheus, Mooncake), NIXL and
+# the test tools, in a local virtual environment.
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 	$(BIN)/pip install -q -e '.[test,harness,prometheus,mooncake]'
+	# NIXL, lean: no torch, no CUDA libraries (an extra cannot say --no-deps; plain
+	# `pip install nixl` pulls about 3 GB of them). Only numpy is needed to import it.
+	$(BIN)/pip install -q --no-deps $(NIXL_PKGS)
 	touch $(STAMP)
 
 # Debian packages some tests need: graphviz (svg diagrams), libibverbs1 & co (Mooncake's

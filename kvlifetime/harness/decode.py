@@ -288,6 +288,10 @@ def fence_peer(peer: PrefillPeer, target: TargetMemory) -> str:
 def make_target(backend: str, nbytes: int) -> TargetMemory:
     if backend == "inproc":
         return InprocTarget(nbytes)
+    if backend == "nixl":
+        from kvlifetime.adapters.nixl import NixlTarget
+
+        return NixlTarget(nbytes)
     from kvlifetime.adapters.mooncake import MooncakeTarget
 
     return MooncakeTarget(nbytes)

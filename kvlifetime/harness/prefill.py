@@ -357,6 +357,10 @@ def make_engine(
         from kvlifetime.adapters.mooncake import MooncakeEngine
 
         return MooncakeEngine(target, staging_bytes)
+    if kind == "nixl":
+        from kvlifetime.adapters.nixl import NixlEngine
+
+        return NixlEngine(target, staging_bytes)
     raise ValueError(f"unknown transfer engine {kind!r}")
 
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from kvlifetime.harness.report import Report
 
 POLICIES: tuple[str, ...] = ("naive", "timeout", "proof")
-BACKENDS: tuple[str, ...] = ("inproc", "mooncake")
+BACKENDS: tuple[str, ...] = ("inproc", "mooncake", "nixl")
 RESTARTS: tuple[str, ...] = ("none", "naive", "guarded")
 DEMO_REQUESTS = 10_000
 DEMO_SEED = 2026
@@ -45,6 +45,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _require_backend(backend: str) -> None:
+    if backend == "nixl":
+        from kvlifetime.adapters.nixl import nixl_available, require_tcp
+        from kvlifetime.errors import UsageError
+
+        if not nixl_available():
+            raise UsageError(
+                "backend nixl needs NIXL's Python package: pip install --no-deps nixl==1.5.1 "
+                "nixl-cu13==1.5.1 (the lean install: no torch, no CUDA libraries; `make` does "
+                "it)"
+            )
+        require_tcp()  # UCX_TLS other than tcp: the initiator would write decode's memory itself
     if backend == "mooncake":
         from kvlifetime.adapters.mooncake import mooncake_available
         from kvlifetime.errors import UsageError

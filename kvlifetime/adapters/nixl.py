@@ -1,0 +1,641 @@
+"""NIXL's transfer states, turned into evidence; and NIXL as a harness transfer engine.
+
+What each state and operation proves, for ``nixl`` 1.5.1 (PyPI, the lean install: ``pip
+install --no-deps nixl==1.5.1 nixl-cu13==1.5.1``) with its UCX backend, DRAM segments, UCX over
+TCP on loopback (``UCX_TLS=tcp``), is data: the table is ``PROFILE`` (a
+``kvlifetime.profiles.EngineProfile``, at the end of this module); ``kvlifetime evidence
+--engine nixl-ucx`` prints it and docs/engine-nixl-ucx.md is generated from it. Read in
+ai-dynamo/nixl (``src/plugins/ucx/ucx_backend.cpp``, ``ucx_utils.cpp``,
+``src/core/nixl_agent.cpp``, ``agent_data.h``); measured between two processes by
+``tests/test_nixl_adapter.py`` and ``tests/test_nixl_fence.py`` (docs/fencing.md). In short:
+
+========================================  =====================================================
+raw fact                                  evidence it yields
+========================================  =====================================================
+``check_xfer_state(h) == "DONE"`` (or     the transfer ENDED: every byte is in the target's
+``transfer(h)`` returning ``"DONE"``)     memory and it touches memory no more (DONE needs
+                                          every put and a flush, a remote completion). With
+                                          every transfer 1..N done: ``TransferQuiesced``
+                                          through N, or ``TransferCompleted(N)``.
+a notification the target received       the data of that transfer landed before it (posted
+(``get_new_notifs``)                      once the transfer succeeded) - a local observation
+                                          of the memory owner. Its absence proves nothing.
+``"PROC"``                                nothing: still in flight.
+``release_xfer_handle(h)`` in flight      nothing: it returns at once and the transfer goes
+                                          on, reading the source and writing the target.
+target ``deregister_memory``              nothing (a local unmap; no peer is told): writes in
+                                          flight land, later ones with the old metadata too.
+                                          NOT ``AccessRevoked``.
+an exception from ``transfer`` /          nothing (``Status.FAILED``): the connection failed;
+``check_xfer_state``                      what was handed to the transport may or may not
+(``nixlRemoteDisconnectError`` ...)       land. The grant stays open, the blocks quarantined.
+``initialize_xfer`` raises (a descriptor  nothing (``Status.FAILED``): NIXL refused the whole
+outside the remote registration)          request before posting it (no byte of it lands,
+                                          measured), but the adapter claims no more than for
+                                          any failure.
+target agent destroyed, shared-memory     nothing: with CMA the initiator copies into the
+transports allowed (``UCX_TLS`` unset)    target's memory itself (measured: GBs landed after
+                                          the target's agent was gone).
+``NixlTarget.fence()`` returned           ``AccessRevoked`` for every peer of the target: the
+``"nixl_target_agent_recreated"``         serving agent (UCX over TCP only) was destroyed -
+                                          its progress thread joined, its UCX worker and
+                                          sockets closed, observed gone - and the arena
+                                          registered with a new agent, new name, new ports.
+initiator killed (and reaped)             nothing by itself (``PeerLost`` at most).
+========================================  =====================================================
+
+Why the fence needs TCP: over TCP the bytes are copied into the arena by the *target's* UCX
+worker (its progress thread reads the sockets), so ending that worker ends every write. With
+the shared-memory transports (CMA, the default on one host) the *initiator's* process writes
+into the target's memory itself; nothing the target does to its agent stops that.
+
+NIXL agents are not thread-safe in their default sync mode: ``NixlEngine`` makes every call on
+its agent under one lock (posts on the caller's thread, polls on its waiter thread).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import secrets
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kvlifetime.adapters.mooncake import (
+    GrantTransfers,
+    _listening_ports,
+    _own_tcp_sockets,
+    fence_observable,
+)
+from kvlifetime.errors import FenceUnavailable, UsageError
+from kvlifetime.evidence import Claim
+from kvlifetime.harness.transfer import Slice, Status
+from kvlifetime.profiles import NOTHING, EngineProfile, StatusRow
+
+__all__ = [
+    "DONE",
+    "FENCE_RECREATED",
+    "PROFILE",
+    "GrantTransfers",
+    "NixlEngine",
+    "NixlTarget",
+    "UnsafeUcxTransport",
+    "configure_ucx",
+    "nixl_available",
+    "status_of",
+    "tcp_only",
+    "xfer_ended",
+]
+
+DONE = "DONE"
+IN_PROGRESS = "PROC"
+TCP = "tcp"
+FENCE_RECREATED = "nixl_target_agent_recreated"
+_FENCE_ATTEMPTS = 8  # agents started before one lands on ports this target never used
+_FENCE_OBSERVE_S = 10.0  # how long the old agent's sockets may take to be seen gone
+_POLL_S = 0.0005  # the waiter's pause between sweeps of the transfers in flight
+
+
+class UnsafeUcxTransport(UsageError):
+    """UCX is configured with transports through which the initiator writes into the target's
+    memory itself (shared memory, CMA): no target-side operation could end its access, and
+    transfers may complete inside ``transfer()``. Whose fault: the caller's configuration
+    (``UCX_TLS``). Nothing was started."""
+
+    kind = "unsafe_ucx_transport"
+
+
+# =========================================================================== states -> evidence
+
+
+def xfer_ended(state: str) -> bool:
+    """Whether a raw ``check_xfer_state`` / ``transfer`` result proves the transfer landed and
+    touches memory no more: only ``"DONE"``. ``"PROC"`` proves nothing; nor does ``"ERR"``
+    (which the Python binding never returns in practice: errors are raised)."""
+    return state == DONE
+
+
+def status_of(state: str) -> Status:
+    """The harness status for a raw NIXL state that ended the wait: COMPLETED for DONE,
+    FAILED (which proves nothing) for anything else."""
+    return Status.COMPLETED if xfer_ended(state) else Status.FAILED
+
+
+# =========================================================================== UCX configuration
+
+
+def ucx_transports(env: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The transports ``UCX_TLS`` allows (empty: unset, UCX picks every one it has)."""
+    env = os.environ if env is None else env
+    raw = env.get("UCX_TLS", "")
+    return frozenset(t.strip().lower() for t in raw.split(",") if t.strip())
+
+
+def tcp_only(transports: frozenset[str]) -> bool:
+    """Whether only the TCP transport is allowed (the fence's precondition)."""
+    return transports == frozenset({TCP})
+
+
+def configure_ucx(tls: str | None = None) -> frozenset[str]:
+    """Set this process's UCX transports before an agent is created: ``tls`` if given, else
+    ``UCX_TLS=tcp`` unless the environment already says otherwise; NIXL's log quiet unless
+    asked (``NIXL_LOG_LEVEL``). Returns the transports the next agent will use."""
+    if tls is not None:
+        os.environ["UCX_TLS"] = tls
+    else:
+        os.environ.setdefault("UCX_TLS", TCP)
+    os.environ.setdefault("NIXL_LOG_LEVEL", "FATAL")
+    return ucx_transports()
+
+
+def require_tcp(env: Mapping[str, str] | None = None) -> None:
+    """Refuse a UCX configuration other than TCP only (``UnsafeUcxTransport``)."""
+    t = ucx_transports(env)
+    if t and not tcp_only(t):
+        raise UnsafeUcxTransport(
+            f"UCX_TLS={','.join(sorted(t))}: NIXL runs here with UCX over TCP only "
+            "(UCX_TLS=tcp). With shared-memory transports (CMA) the initiator writes into "
+            "decode's memory itself, so no target-side fence exists; unset UCX_TLS or set tcp"
+        )
+
+
+def _api() -> Any:
+    os.environ.setdefault("NIXL_LOG_LEVEL", "FATAL")
+    import nixl._api
+
+    return nixl._api
+
+
+def nixl_available() -> bool:
+    try:
+        _api()
+    except ImportError:
+        return False
+    return True
+
+
+_AGENT_LOCK = threading.Lock()  # agents start one at a time, so new ports are attributable
+
+
+def _new_agent(name: str) -> tuple[Any, frozenset[int]]:
+    """A NIXL agent with the UCX backend and its progress thread on, and the ports its UCX
+    worker listens on (empty where unobservable or ambiguous)."""
+    api = _api()
+    with _AGENT_LOCK:
+        observable = fence_observable()
+        before = _listening_ports() if observable else set()
+        agent = api.nixl_agent(
+            name, api.nixl_agent_config(enable_prog_thread=True, backends=["UCX"])
+        )
+        if "UCX" not in agent.backends:
+            raise OSError("nixl: the UCX backend did not load")
+        appeared = _listening_ports() - before if observable else set()
+    return agent, frozenset(appeared)
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+# =========================================================================== decode's side
+
+
+class NixlTarget:
+    """Decode's arena, registered (DRAM) with a NIXL agent whose UCX worker serves peers.
+
+    ``fence()`` ends every peer's access for real by replacing the serving agent (over TCP
+    only); the arena (a numpy array this object owns) outlives every agent that served it.
+    """
+
+    def __init__(
+        self, nbytes: int, *, name: str = "kvlifetime-decode", tls: str | None = None
+    ) -> None:
+        self.transports = configure_ucx(tls)  # UCX_TLS=tcp unless told otherwise
+        self._array = np.zeros(nbytes, dtype=np.uint8)
+        self._ptr = int(self._array.ctypes.data)
+        self.nbytes = nbytes
+        self._prefix = _unique(name)
+        self._incarnation = 0
+        self._agent, self._ports, self._reg = self._serve(self._name())
+        self._registered = True
+        self._used_ports: set[int] = set(self._ports)
+        self.fences = 0
+
+    def _name(self) -> str:
+        return f"{self._prefix}-{self._incarnation}"
+
+    def _serve(self, name: str) -> tuple[Any, frozenset[int], Any]:
+        agent, ports = _new_agent(name)
+        reg = agent.register_memory([(self._ptr, self.nbytes, 0, "")], "DRAM")
+        return agent, ports, reg
+
+    @property
+    def array(self) -> npt.NDArray[np.uint8]:
+        return self._array
+
+    @property
+    def name(self) -> str:
+        """The serving agent's name (it changes with every fence)."""
+        return str(self._agent.name)
+
+    @property
+    def ports(self) -> frozenset[int]:
+        """The ports the serving agent's UCX worker listens on; empty if unknown."""
+        return self._ports
+
+    def descriptor(self) -> dict[str, Any]:
+        # The metadata carries the remote keys: taken after registration, fresh every time.
+        return {
+            "kind": "nixl",
+            "agent": self.name,
+            "metadata": bytes(self._agent.get_agent_metadata()),
+            "base": self._ptr,
+            "nbytes": self.nbytes,
+            "ucx_tls": ",".join(sorted(self.transports)) or None,
+        }
+
+    def address(self, offset: int) -> int:
+        return self._ptr + offset
+
+    def notifications(self) -> dict[str, list[bytes]]:
+        """Notifications received since the last call, by initiator agent name: each proves
+        its transfer's data landed before it (a local observation)."""
+        got = self._agent.get_new_notifs()
+        return {str(k): [bytes(m) for m in v] for k, v in got.items()}
+
+    def unregister(self) -> None:
+        # Not revocation: a local unmap, no peer is told; writes in flight (and later ones
+        # using the old metadata) still land.
+        if self._registered:
+            self._registered = False
+            self._agent.deregister_memory(self._reg)
+
+    def fence(self) -> str:
+        """End every peer's access to the arena for real; return
+        ``"nixl_target_agent_recreated"`` once that is observed.
+
+        A new agent is started first (new name, on ports no agent of this target ever used)
+        and the arena registered with it; then the serving agent is destroyed: its UCX
+        engine's destructor stops and joins the progress thread - the only thread that reads
+        the peers' bytes off the sockets into the arena over TCP - then destroys the UCX
+        worker, closing its listeners and connections. The fence returns once no socket of
+        this process is bound to the old agent's ports. Every peer is cut at once; those
+        served afterwards need the new ``descriptor()``.
+
+        Raises ``FenceUnavailable`` (nothing fenced, the old agent still serving, or fenced
+        but unobserved) when UCX is not restricted to TCP (with CMA the initiator writes into
+        the arena itself), when this platform cannot show the process's sockets, when the old
+        agent's ports are unknown, or when its sockets stay open."""
+        if not tcp_only(self.transports):
+            raise FenceUnavailable(
+                f"nixl: the target agent runs UCX with transports {sorted(self.transports)} "
+                "(UCX_TLS); with shared memory (CMA) the initiator copies into the arena "
+                "itself and destroying the target's agent stops nothing (measured). Only "
+                "UCX_TLS=tcp has a target-side fence; nothing was fenced"
+            )
+        if not fence_observable():
+            raise FenceUnavailable(
+                "nixl: the fence is observed through /proc/self/net/tcp, which this platform "
+                "lacks; nothing was fenced"
+            )
+        old_ports = self._ports
+        if not old_ports:
+            raise FenceUnavailable(
+                "nixl: the serving agent's ports are unknown (other listeners opened while it "
+                "started), so its end cannot be observed; nothing was fenced"
+            )
+        self._incarnation += 1
+        new, new_ports, new_reg = self._fresh_agent()
+        old, old_reg, was_registered = self._agent, self._reg, self._registered
+        self._agent, self._ports, self._reg = new, new_ports, new_reg
+        self._used_ports |= new_ports
+        self._registered = True
+        if was_registered:
+            old.deregister_memory(old_reg)
+        del old, old_reg  # the only references: the agent is destroyed here, synchronously
+        deadline = time.monotonic() + _FENCE_OBSERVE_S
+        while any(port in old_ports for _state, port in _own_tcp_sockets()):
+            if time.monotonic() > deadline:
+                raise FenceUnavailable(
+                    "nixl: the old agent's sockets are still open "
+                    f"(ports {sorted(old_ports)}): something still holds it; not fenced"
+                )
+            time.sleep(0.01)
+        self.fences += 1
+        return FENCE_RECREATED
+
+    def _fresh_agent(self) -> tuple[Any, frozenset[int], Any]:
+        rejected: list[Any] = []  # never registered: a stale peer reaching one finds nothing
+        try:
+            for _ in range(_FENCE_ATTEMPTS):
+                agent, ports = _new_agent(self._name())
+                if ports and not ports & self._used_ports:
+                    reg = agent.register_memory([(self._ptr, self.nbytes, 0, "")], "DRAM")
+                    return agent, ports, reg
+                rejected.append(agent)
+                self._incarnation += 1
+        finally:
+            del rejected[:]
+        raise OSError(
+            f"nixl: {_FENCE_ATTEMPTS} agents started, none on observable ports this target "
+            "never used; not fenced (the old agent still serves)"
+        )
+
+    def close(self) -> None:
+        if getattr(self, "_agent", None) is None:
+            return
+        self.unregister()
+        self._agent = None
+        self._reg = None
+
+
+# =========================================================================== prefill's side
+
+
+class NixlEngine:
+    """Prefill's side: each batch is one NIXL WRITE transfer from registered staging memory
+    into a ``NixlTarget``; a waiter thread polls the transfers in flight until DONE or an
+    exception."""
+
+    def __init__(self, target: Mapping[str, Any], staging_bytes: int) -> None:
+        tls = target.get("ucx_tls")
+        configure_ucx(str(tls) if tls else None)
+        self._agent, _ports = _new_agent(_unique("kvlifetime-prefill"))
+        self._staging = np.zeros(staging_bytes, dtype=np.uint8)
+        self._src = int(self._staging.ctypes.data)
+        self._reg = self._agent.register_memory([(self._src, staging_bytes, 0, "")], "DRAM")
+        self._lock = threading.Lock()  # every call on the agent (sync mode NONE)
+        self._remote = self._agent.add_remote_agent(bytes(target["metadata"]))
+        self._futures: dict[int, concurrent.futures.Future[Status]] = {}
+        self._inflight: dict[int, tuple[Any, int]] = {}  # handle -> (xfer handle, bytes)
+        self._failed: list[Any] = []  # xfer handles that raised: never released (no abort)
+        self._next = 1
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._waiter = threading.Thread(target=self._poll_loop, name="nixl-status", daemon=True)
+        self._waiter.start()
+        self.bytes_written = 0
+
+    @property
+    def staging(self) -> npt.NDArray[np.uint8]:
+        return self._staging
+
+    def submit(self, slices: Sequence[Slice]) -> int:
+        fut: concurrent.futures.Future[Status] = concurrent.futures.Future()
+        with self._wake:
+            handle = self._next
+            self._next += 1
+            self._futures[handle] = fut
+        nbytes = sum(s[2] for s in slices)
+        with self._lock:
+            try:
+                local = self._agent.get_xfer_descs(
+                    [(self._src + s[0], s[2], 0) for s in slices], "DRAM"
+                )
+                remote = self._agent.get_xfer_descs([(s[1], s[2], 0) for s in slices], "DRAM")
+                # A descriptor outside the target's registration: refused here, nothing posted.
+                xfer = self._agent.initialize_xfer("WRITE", local, remote, self._remote)
+            except Exception:
+                fut.set_result(Status.FAILED)
+                return handle
+            try:
+                state = self._agent.transfer(xfer)
+            except Exception:
+                self._failed.append(xfer)  # proves nothing: bytes may have been handed over
+                fut.set_result(Status.FAILED)
+                return handle
+        if state == IN_PROGRESS:
+            with self._wake:
+                self._inflight[handle] = (xfer, nbytes)
+                self._wake.notify()
+        else:
+            self._settle(fut, xfer, state, nbytes)
+        return handle
+
+    def _settle(
+        self, fut: concurrent.futures.Future[Status], xfer: Any, state: str, nbytes: int
+    ) -> None:
+        status = status_of(state)
+        if status is Status.COMPLETED:
+            self.bytes_written += nbytes
+            with self._lock:
+                self._agent.release_xfer_handle(xfer)  # done: releasing it is safe now
+        else:
+            self._failed.append(xfer)
+        fut.set_result(status)
+
+    def _poll_loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._inflight and not self._stopping:
+                    self._wake.wait()
+                if self._stopping:
+                    return
+                batch = list(self._inflight.items())
+            for handle, (xfer, nbytes) in batch:
+                with self._lock:
+                    try:
+                        state = self._agent.check_xfer_state(xfer)
+                    except Exception:
+                        state = "ERR"  # nixlRemoteDisconnectError & co: proves nothing
+                if state == IN_PROGRESS:
+                    continue
+                with self._wake:
+                    self._inflight.pop(handle, None)
+                    fut = self._futures.get(handle)
+                if fut is not None:
+                    self._settle(fut, xfer, state, nbytes)
+            time.sleep(_POLL_S)
+
+    def wait(self, handle: int, timeout: float) -> Status:
+        with self._wake:
+            fut = self._futures.get(handle)
+        if fut is None:
+            return Status.FAILED
+        try:
+            status = fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            return Status.FAILED  # proves nothing, as a FAILED does; the wait stays owed
+        with self._wake:
+            self._futures.pop(handle, None)
+        return status
+
+    def advance(self, tick: int) -> None:
+        # Real time: UCX moves the bytes when it will.
+        return None
+
+    def close(self) -> None:
+        """Stop the waiter, forget the peer, destroy the agent (which ends its transfers: the
+        initiator's UCX worker goes with it). Idempotent."""
+        if self._stopping:
+            return
+        with self._wake:
+            self._stopping = True
+            self._wake.notify_all()
+        self._waiter.join(timeout=5)
+        with self._lock:
+            with contextlib.suppress(Exception):  # already gone (a disconnect)
+                self._agent.remove_remote_agent(self._remote)
+            self._inflight.clear()
+            self._failed.clear()
+            self._agent = None
+
+
+# ============================================================ what each state proves (data)
+
+_ADAPTER = "tests/test_nixl_adapter.py"
+_FENCE = "tests/test_nixl_fence.py"
+
+PROFILE = EngineProfile(
+    name="nixl-ucx",
+    package="nixl (nixl-cu13, lean install: --no-deps)",
+    version="1.5.1",
+    transport="UCX over TCP (UCX_TLS=tcp), loopback, DRAM segments",
+    source="read in ai-dynamo/nixl: src/plugins/ucx/ucx_backend.cpp, ucx_utils.cpp, "
+    "src/core/nixl_agent.cpp, agent_data.h; measured between two processes on loopback "
+    "(docs/fencing.md, ../shared/notes/nixl-ucx-semantics.md)",
+    rows=(
+        StatusRow(
+            '`check_xfer_state(h) == "DONE"` (or `transfer(h)` returning `"DONE"`)',
+            "TransferQuiesced or TransferCompleted",
+            {Claim.TRANSFERS_ENDED},
+            "anything about the grant's other transfers: only with every transfer 1..N done "
+            "does the adapter emit TransferQuiesced through N, or TransferCompleted(N) at the "
+            "normal end; RDMA and VRAM visibility were not testable here",
+            "code and measured",
+            f"{_ADAPTER}::test_done_means_every_byte_landed",
+            proves="every byte of the transfer is in the target's memory and the transfer "
+            "touches memory no more (DONE needs every put and a flush, a remote completion)",
+        ),
+        StatusRow(
+            "a notification received by the target (`get_new_notifs()`)",
+            "TransferQuiesced or TransferCompleted",
+            {Claim.TRANSFERS_ENDED},
+            "anything when it never comes: over TCP the initiator sends it only when it polls "
+            "its transfer, so a quiet initiator means a missing notification, not a missing "
+            "transfer",
+            "code and measured",
+            f"{_ADAPTER}::test_a_notification_follows_the_data",
+            proves="the data of that transfer landed before it (it is posted once the "
+            "transfer's status is success) - observed by the memory owner itself",
+        ),
+        StatusRow(
+            '`check_xfer_state(h) == "PROC"`',
+            NOTHING,
+            frozenset(),
+            "anything but that the transfer may still be running",
+            "code and measured",
+            f"{_ADAPTER}::test_done_means_every_byte_landed",
+        ),
+        StatusRow(
+            "`release_xfer_handle(h)` while in flight",
+            NOTHING,
+            frozenset(),
+            "that the transfer stopped, that the source may be reused, or that the target "
+            "will not be written: it returns at once and the transfer goes on, still reading "
+            "the source (bytes written to the source after the release reach the target); "
+            "its notification is never delivered",
+            "code and measured",
+            f"{_ADAPTER}::test_releasing_a_handle_in_flight_stops_nothing",
+        ),
+        StatusRow(
+            "target `deregister_memory` (`NixlTarget.unregister()`)",
+            NOTHING,
+            frozenset(),
+            "revocation: a purely local unmap, no peer is told; the write in flight lands in "
+            "full and a later transfer with the old metadata lands too. It is NOT "
+            "AccessRevoked",
+            "code and measured",
+            f"{_ADAPTER}::test_deregister_is_not_revocation",
+        ),
+        StatusRow(
+            "an exception from `transfer()` / `check_xfer_state()` "
+            "(`nixlRemoteDisconnectError` and others)",
+            NOTHING,
+            frozenset(),
+            "that nothing more lands, or what had been handed to the transport: part of the "
+            "transfer may be in the target's memory already (measured). Status.FAILED; the "
+            "grant stays open, the blocks are quarantined",
+            "code and measured",
+            f"{_ADAPTER}::test_a_disconnect_error_proves_nothing_about_what_landed",
+            proves="the connection to that peer failed",
+        ),
+        StatusRow(
+            "`initialize_xfer` raises (a descriptor outside the target's registration: "
+            "`nixlNotFoundError`)",
+            NOTHING,
+            frozenset(),
+            "more than any failure: NIXL checks every descriptor before it posts anything "
+            "(measured: no byte of the request's valid descriptors lands), but the harness "
+            "reports FAILED and the adapter claims nothing from it",
+            "code and measured",
+            f"{_ADAPTER}::test_a_descriptor_outside_the_arena_fails_the_whole_request",
+        ),
+        StatusRow(
+            "target agent destroyed while shared-memory transports are allowed "
+            "(`UCX_TLS` unset: CMA)",
+            NOTHING,
+            frozenset(),
+            "that the initiator's writes stopped: with CMA the initiator's process copies "
+            "into the target's memory itself (measured: GBs landed after the agent was "
+            "destroyed, and the initiator saw DONE). `NixlTarget.fence()` refuses",
+            "code and measured",
+            f"{_FENCE}::test_with_cma_destroying_the_target_agent_stops_nothing",
+        ),
+        StatusRow(
+            f'`NixlTarget.fence()` returned `"{FENCE_RECREATED}"` (UCX over TCP only)',
+            "AccessRevoked",
+            {Claim.ACCESS_REVOKED},
+            "anything about a peer handed the new `descriptor()` afterwards (it may write "
+            "again, by design), nor about transports other than TCP; it cuts every peer of "
+            "the agent at once, whichever grant it served",
+            "code and measured",
+            f"{_FENCE}::test_fence_ends_writes_in_flight_every_run",
+            proves="no peer of the old agent can write into the arena any more: the serving "
+            "agent was destroyed (its progress thread joined - over TCP the only thread that "
+            "copies received bytes into the arena - its UCX worker, listeners and "
+            "connections closed, observed gone) and the arena registered with a new agent, "
+            "new name, new ports (measured: 0 bytes landed after it returned)",
+        ),
+        StatusRow(
+            "initiator process killed (and reaped)",
+            "PeerLost",
+            {Claim.HEARTBEAT_FAILED},
+            "that its writes stopped: over TCP the target's progress thread applies what it "
+            "has received (measured: up to 9 MB landed after SIGKILL, before the reap; none "
+            "after the reap in 8 runs, which no code guarantees); only the fence ends it",
+            "code and measured",
+            f"{_FENCE}::test_fence_after_the_initiator_was_killed",
+        ),
+    ),
+    fence=FENCE_RECREATED,
+    fence_note="`NixlTarget.fence()`, with UCX over TCP only: a new agent (new name) serves "
+    "the arena on ports no agent of this target ever used; the old agent is destroyed (its "
+    "UCX engine joins the progress thread, then destroys the worker, closing its listeners "
+    "and connections) and observed gone (no socket of this process left on its ports). About "
+    "0.1 s; it cuts every peer of the agent. It raises FenceUnavailable (nothing fenced) "
+    "where UCX may use shared memory (CMA: the initiator writes itself) or where the end "
+    "cannot be observed. `deregister_memory`, `release_xfer_handle` and "
+    "`remove_remote_agent` are not fences. See docs/fencing.md.",
+    peer_word="In the harness, DONE is read by the initiator's agent, in prefill, and relayed "
+    "over the wire: cancel_received, scheduling_stopped and transfers_ended "
+    "(SchedulingStopped, TransferQuiesced, TransferCompleted) rest on the peer's word. A "
+    "notification is the one local observation of landing decode could use instead "
+    "(`NixlTarget.notifications()`); the harness does not yet. access_revoked never rests on "
+    "the peer: only decode's own fence makes it.",
+    notes=(
+        "Over TCP (UCX_TLS=tcp) transfers are asynchronous: transfer() returns PROC within "
+        "milliseconds and the target's progress thread writes the arena. With CMA (the "
+        "default on one host) transfer() may copy everything synchronously.",
+        "There is no abort of an in-flight transfer (ai-dynamo/nixl#2067); both the source "
+        "blocks (read) and the destination blocks (written) stay held until DONE.",
+    ),
+)
+"""What every NIXL (UCX over TCP) state and operation proves (``kvlifetime evidence --engine
+nixl-ucx``). Importable without NIXL installed."""
