@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NIXL_PKGS := nixl==1.5.1 nixl-cu13==1.5.1
 
-.PHONY: demo demo-mooncake test lint typecheck bench docs clean system-deps
+.PHONY: demo demo-mooncake demo-nixl soak test lint typecheck bench docs clean system-deps
 
 # Python packages: the library with every extra (the harness, Prometheus, Mooncake), NIXL and
 # the test tools, in a local virtual environment.
@@ -47,6 +47,15 @@ demo: $(STAMP)
 
 demo-mooncake: system-deps $(STAMP)
 	$(BIN)/kvlifetime demo --out out --backend mooncake
+
+demo-nixl: $(STAMP)
+	$(BIN)/kvlifetime demo --out out --backend nixl
+
+# The long proof run with fences, 50,000 requests, on each backend (minutes on Mooncake).
+soak: system-deps $(STAMP)
+	$(BIN)/python -m bench.soak --backend inproc --out out/soak-inproc.json
+	$(BIN)/python -m bench.soak --backend mooncake --out out/soak-mooncake.json
+	$(BIN)/python -m bench.soak --backend nixl --out out/soak-nixl.json
 
 docs: $(STAMP)
 	$(BIN)/kvlifetime docs --out docs

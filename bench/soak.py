@@ -1,6 +1,6 @@
 """The long run of the proof policy with fences: does the pool ever run out?
 
-``python -m bench.soak --backend inproc|mooncake --requests 50000 --crashes 4`` runs the
+``python -m bench.soak --backend inproc|mooncake|nixl --requests 50000 --crashes 4`` runs the
 harness with prefill crashes and FAILED batches on, and prints whether the pool ran short
 (admission stalls), how many blocks were quarantined at most, how many the fences reclaimed,
 and the contamination count (must be 0). It writes the report as JSON to ``--out``.
@@ -22,7 +22,7 @@ from kvlifetime.harness.faults import FaultConfig
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.soak")
-    p.add_argument("--backend", default="inproc", choices=("inproc", "mooncake"))
+    p.add_argument("--backend", default="inproc", choices=("inproc", "mooncake", "nixl"))
     p.add_argument("--requests", type=int, default=50_000)
     p.add_argument("--seed", type=int, default=2026)
     p.add_argument("--crashes", type=int, default=4, help="prefill crashes during the run")

@@ -44,7 +44,7 @@ Logger = Any  # a structlog bound logger (wrap_logger / get_logger return a lazy
 
 TABLE_FORMATS: tuple[str, ...] = ("md", "csv", "json")
 EVIDENCE_FORMATS: tuple[str, ...] = ("md", "json")
-DEMO_BACKENDS: tuple[str, ...] = ("inproc", "mooncake")
+DEMO_BACKENDS: tuple[str, ...] = ("inproc", "mooncake", "nixl")
 
 
 @attrs.frozen(slots=True)

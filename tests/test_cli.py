@@ -205,11 +205,11 @@ def test_demo(capsys: Capsys, tmp_path: Path, backend: str) -> None:
 
 
 def test_demo_rejects_unknown_backend(capsys: Capsys, tmp_path: Path) -> None:
-    status, _, err = run(capsys, "demo", "--out", str(tmp_path), "--backend", "nixl")
+    status, _, err = run(capsys, "demo", "--out", str(tmp_path), "--backend", "rdma")
     assert status == 2
-    assert "invalid choice: 'nixl'" in err
+    assert "invalid choice: 'rdma'" in err
     with pytest.raises(ValueError, match="unknown backend"):
-        run_demo(tmp_path, "nixl", io.StringIO())
+        run_demo(tmp_path, "rdma", io.StringIO())
 
 
 def test_run_demo_writes_to_given_stream(tmp_path: Path) -> None:
