@@ -56,6 +56,10 @@ class Report:
     prefix_hits: int = 0  # requests that shared their first blocks with an earlier one
     # the oracle at the transport (harness.oracle.OracleCounts as data): every landing seen
     oracle: Mapping[str, int | str] = attrs.field(factory=dict)
+    # "push": prefill writes into decode's blocks; "pull": decode reads prefill's (harness.pull)
+    direction: str = "push"
+    stale_reads: int = 0  # pull: reads whose bytes were not their grant's words (reader check)
+    stale_read_blocks: int = 0  # ... distinct source blocks they hit
 
     def seen(self, key: str) -> int:
         v = self.oracle.get(key, 0)
@@ -138,6 +142,16 @@ class Report:
         head = f"kvlifetime simulate: backend={self.backend} policy={self.policy} seed={self.seed}"
         if self.restart != "none":
             head += f" restart={self.restart}"
+        if self.direction != "push":
+            head += f" direction={self.direction}"
+            rows.insert(
+                7,
+                (
+                    "stale reads (reader)",
+                    f"{self.stale_reads} of {self.seen('reads')} reads, "
+                    f"{self.stale_read_blocks} source blocks",
+                ),
+            )
         return "\n".join([head, *(f"  {k:<{width}}  {v}" for k, v in rows)]) + "\n"
 
 
@@ -161,15 +175,25 @@ COMPARE_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 
+PULL_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("direction", "direction"),
+    ("stale reads", "stale_reads"),
+    ("stale read blocks", "stale_read_blocks"),
+)
+
+
 def compare_markdown(reports: Sequence[Report]) -> str:
     """The policies side by side, and what the proof policy costs against naive."""
-    head = "| backend | " + " | ".join(c for c, _ in COMPARE_COLUMNS) + " |"
-    sep = "| --- " * (len(COMPARE_COLUMNS) + 1) + "|"
+    columns = COMPARE_COLUMNS
+    if any(r.direction != "push" for r in reports):  # push-only tables stay as they were
+        columns = (*COMPARE_COLUMNS[:4], *PULL_COLUMNS, *COMPARE_COLUMNS[4:])
+    head = "| backend | " + " | ".join(c for c, _ in columns) + " |"
+    sep = "| --- " * (len(columns) + 1) + "|"
     lines = [head, sep]
     for r in reports:
         d = r.to_dict()
         cells = []
-        for _c, k in COMPARE_COLUMNS:
+        for _c, k in columns:
             v = d[k]
             if k == "ended_mid_transfer":
                 v = f"{v} ({100 * r.mid_transfer_ratio:.1f}%)"

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from kvlifetime.harness.report import Report
 
 POLICIES: tuple[str, ...] = ("naive", "timeout", "proof")
+PULL_POLICIES: tuple[str, ...] = ("naive", "lease", "proof")  # harness.pull: decode reads
+DIRECTIONS: tuple[str, ...] = ("push", "pull")
 BACKENDS: tuple[str, ...] = ("inproc", "mooncake", "nixl")
 RESTARTS: tuple[str, ...] = ("none", "naive", "guarded")
 DEMO_REQUESTS = 10_000
@@ -25,7 +27,14 @@ DEMO_SEED = 2026
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=BACKENDS, default="inproc")
-    p.add_argument("--policy", choices=POLICIES, default="proof")
+    p.add_argument(
+        "--direction",
+        choices=DIRECTIONS,
+        default="push",
+        help="push: prefill writes into decode's blocks (SGLang, Mooncake); pull: decode reads "
+        "prefill's source blocks (vLLM's NIXL path; policies naive, lease, proof)",
+    )
+    p.add_argument("--policy", choices=(*POLICIES, "lease"), default="proof")
     p.add_argument("--requests", type=int, default=1000, metavar="N")
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument(
@@ -76,7 +85,16 @@ def simulate(
     *,
     restart: str = "none",
     fence: bool = True,
+    direction: str = "push",
 ) -> Report:
+    from kvlifetime.errors import UsageError
+
+    if direction == "pull":
+        return _simulate_pull(backend, policy, requests, seed, stream, restart, fence)
+    if direction != "push":
+        raise UsageError(f"unknown direction {direction!r} ({', '.join(DIRECTIONS)})")
+    if policy not in POLICIES:
+        raise UsageError(f"policy {policy!r} is for --direction pull; push: {', '.join(POLICIES)}")
     from kvlifetime.harness.decode import SimConfig, run
 
     _require_backend(backend)
@@ -92,6 +110,28 @@ def simulate(
     return run(cfg, progress=lambda line: print(line, file=err, flush=True))
 
 
+def _simulate_pull(
+    backend: str,
+    policy: str,
+    requests: int,
+    seed: int,
+    stream: TextIO | None,
+    restart: str,
+    fence: bool,
+) -> Report:
+    from kvlifetime.errors import UsageError
+    from kvlifetime.harness.pull import PullConfig, run_pull
+
+    if policy not in PULL_POLICIES:
+        raise UsageError(f"policy {policy!r} is push-only; pull: {', '.join(PULL_POLICIES)}")
+    if restart != "none":
+        raise UsageError("--restart is push-only (the pull harness restarts no owner)")
+    _require_backend(backend)
+    err = sys.stderr if stream is None else stream
+    cfg = PullConfig(backend=backend, policy=policy, requests=requests, seed=seed, fence=fence)
+    return run_pull(cfg, progress=lambda line: print(line, file=err, flush=True))
+
+
 def run_command(args: argparse.Namespace) -> int:
     report = simulate(
         args.backend,
@@ -100,6 +140,7 @@ def run_command(args: argparse.Namespace) -> int:
         args.seed,
         restart=args.restart,
         fence=args.fence,
+        direction=getattr(args, "direction", "push"),
     )
     sys.stdout.write(report.to_text())
     if args.json:

@@ -15,6 +15,12 @@ run on a thread of the initiator's process. They reproduce the real engine's har
 - a batch is FAILED as soon as one slice fails, and its other slices still land afterwards:
   here, ``straggle_ticks`` ticks later, after the FAILED status was reported;
 - there is no cancel.
+
+READ (the pull direction, vLLM's NIXL path): the initiator (decode) copies slices of the target's
+memory (prefill's source arena) into its own staging with ``submit_read``. Same hard semantics:
+the copies run on the initiator's thread, a FAILED batch's other slices still read the source
+(and write the initiator's staging) ``straggle_ticks`` later, ``unregister`` refuses only new
+slices, and there is no cancel. A read changes nothing in the target: it is not in the landing log.
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ import numpy.typing as npt
 from kvlifetime.errors import FenceUnavailable
 
 Slice = tuple[int, int, int]
-"""One write: (offset in the initiator's staging memory, address in the target, length)."""
+"""One write: (offset in the initiator's staging memory, address in the target, length). For a
+read (``ReadEngine.submit_read``) the same triple, copied the other way: target -> staging."""
 
 
 class Status(enum.IntEnum):
@@ -93,6 +100,15 @@ class TransferEngine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class ReadEngine(TransferEngine, Protocol):
+    """An initiator that can also READ: copy slices of the target's memory into ``staging``."""
+
+    def submit_read(self, slices: Sequence[Slice]) -> int:
+        """Post one batch of reads (target address -> staging offset); its handle, for
+        ``wait``. Never blocks on the transfer itself. COMPLETED: every byte is in staging."""
+        ...
 
 
 # =========================================================================== in-process engine
@@ -188,7 +204,8 @@ class _Batch:
 
 class InprocEngine:
     """Initiator side of the in-process engine: copies on one thread, in submission order, so
-    that a seed decides which write lands last."""
+    that a seed decides which write lands last. Writes (``submit``) and reads (``submit_read``)
+    share the thread, the order and the failure semantics."""
 
     def __init__(
         self, target: Mapping[str, Any], staging_bytes: int, *, straggle_ticks: int = 4
@@ -207,12 +224,14 @@ class InprocEngine:
         self._batches: dict[int, _Batch] = {}
         self._next = 1
         self._tick = 0
-        self._late: list[tuple[int, int, list[Slice]]] = []  # (due tick, handle, slices)
-        self._copies: queue.Queue[tuple[int, list[Slice]] | None] = queue.Queue()
+        # (due tick, handle, slices, read)
+        self._late: list[tuple[int, int, list[Slice], bool]] = []
+        self._copies: queue.Queue[tuple[int, list[Slice], bool] | None] = queue.Queue()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._copy_loop, name="inproc-dma", daemon=True)
         self._thread.start()
         self.bytes_written = 0
+        self.bytes_read = 0
 
     @property
     def staging(self) -> npt.NDArray[np.uint8]:
@@ -220,11 +239,19 @@ class InprocEngine:
 
     def _accepts(self, s: Slice) -> bool:
         # The "header check": once per slice, when it is posted, never again.
-        _src, dst, n = s
+        src, dst, n = s
         off = dst - self._base
-        return bool(self._flag[0]) and off >= 0 and off + n <= len(self._arena)
+        local = src >= 0 and src + n <= len(self._staging)
+        return bool(self._flag[0]) and off >= 0 and off + n <= len(self._arena) and local
 
     def submit(self, slices: Sequence[Slice]) -> int:
+        return self._submit(slices, read=False)
+
+    def submit_read(self, slices: Sequence[Slice]) -> int:
+        """Post a batch of reads from the target's arena into ``staging``."""
+        return self._submit(slices, read=True)
+
+    def _submit(self, slices: Sequence[Slice], *, read: bool) -> int:
         ok = [s for s in slices if self._accepts(s)]
         failed = len(ok) != len(slices)
         with self._lock:
@@ -236,9 +263,9 @@ class InprocEngine:
             # FAILED is reported now; the accepted slices land later, after the status was read.
             b.done.set()
             if ok:
-                self._late.append((self._tick + self._straggle, handle, ok))
+                self._late.append((self._tick + self._straggle, handle, ok, read))
         elif ok:
-            self._copies.put((handle, ok))
+            self._copies.put((handle, ok, read))
         else:
             b.done.set()
         return handle
@@ -260,8 +287,8 @@ class InprocEngine:
         due = [x for x in self._late if x[0] <= tick]
         if due:
             self._late = [x for x in self._late if x[0] > tick]
-            for _t, handle, ok in due:
-                self._copies.put((handle, ok))
+            for _t, handle, ok, read in due:
+                self._copies.put((handle, ok, read))
         # Every copy due by now has landed before the tick ends: landing order is the seed's.
         self._copies.join()
 
@@ -271,9 +298,13 @@ class InprocEngine:
             try:
                 if item is None:
                     return
-                handle, slices = item
+                handle, slices, read = item
                 for src, dst, n in slices:
                     off = dst - self._base
+                    if read:  # the source is read, nothing in it changes: not a landing
+                        self._staging[src : src + n] = self._arena[off : off + n]
+                        self.bytes_read += n
+                        continue
                     self._arena[off : off + n] = self._staging[src : src + n]
                     self.bytes_written += n
                     # The oracle's log: what landed where, then the count (one writer).

@@ -207,6 +207,48 @@ class Stats:
     counters: Mapping[str, int]
 
 
+@attrs.frozen(slots=True)
+class ReadAssign:
+    """prefill -> decode (the pull direction): read request ``request``'s KV out of these
+    source blocks of prefill's arena (the grant, a READ grant, opened before this was sent)."""
+
+    TYPE: ClassVar[str] = "read_assign"
+    request: int | str
+    grant: GrantId
+    peer: str  # the peer the grant names: the decode (reader) worker's id
+    blocks: tuple[int, ...]  # prefill's source block ids (for the pattern)
+    generations: tuple[int, ...]  # one per block: the grant's generations
+    addresses: tuple[int, ...]  # one per block: where to read, in the source's address space
+
+
+@attrs.frozen(slots=True)
+class ReadsChecked:
+    """decode -> prefill (the pull direction): the reader checked the blocks one read batch
+    brought into its staging against the words of its grant. ``stale[i]`` is 1 when block
+    ``blocks[i]`` did not hold them (prefill gave it to another request before the read).
+
+    Not evidence, and never proof of anything: the harness's read oracle, counted. Like
+    ``Tick`` it models measurement, not the network (never lost or delayed)."""
+
+    TYPE: ClassVar[str] = "reads_checked"
+    request: int | str
+    grant: GrantId
+    seq: int  # the read batch (transfer sequence number, from 1)
+    blocks: tuple[int, ...]
+    stale: tuple[int, ...]  # one per block: 0 (the grant's words) or 1 (anything else)
+
+
+@attrs.frozen(slots=True)
+class ReaderPending:
+    """decode -> prefill (the pull direction), before each ``TickDone``: how many of its grants
+    still have reads to post or in flight, control frames still queued included. 0: the reader
+    will read nothing more unless assigned. Measurement, like ``TickDone``: never faulted."""
+
+    TYPE: ClassVar[str] = "reader_pending"
+    n: int  # the tick it describes
+    grants: int
+
+
 Message: TypeAlias = (
     Assign
     | Abort
@@ -218,6 +260,9 @@ Message: TypeAlias = (
     | TransferFailed
     | TickDone
     | Stats
+    | ReadAssign
+    | ReadsChecked
+    | ReaderPending
 )
 
 
@@ -256,6 +301,28 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[object], object]]]] = {
     ),
     TickDone.TYPE: (TickDone, {"n": lambda v: _int(v, -1)}),  # -1: ready, before tick 0
     Stats.TYPE: (Stats, {"counters": _counters}),
+    ReadAssign.TYPE: (
+        ReadAssign,
+        {
+            "request": _req,
+            "grant": _grant,
+            "peer": _str,
+            "blocks": _ints,
+            "generations": lambda v: _ints(v, 0, UINT32_MAX),
+            "addresses": lambda v: _ints(v, 0, UINT64_MAX),
+        },
+    ),
+    ReaderPending.TYPE: (ReaderPending, {"n": _int, "grants": _int}),
+    ReadsChecked.TYPE: (
+        ReadsChecked,
+        {
+            "request": _req,
+            "grant": _grant,
+            "seq": lambda v: _int(v, 1),
+            "blocks": _ints,
+            "stale": lambda v: _ints(v, 0, 1),
+        },
+    ),
 }
 
 
@@ -322,9 +389,13 @@ def decode(frame: bytes, *, sender: str | None = None) -> Message:
         raise MalformedMessage(f"{kind}: {e}") from e
     except Exception as e:  # e.g. InvalidField from GrantId: the peer's fault, not ours
         raise MalformedMessage(f"{kind}: {type(e).__name__}: {e}") from e
-    if cls is Assign:
+    if cls is Assign or cls is ReadAssign:
         n = len(kwargs["blocks"])  # type: ignore[arg-type]
         if n == 0 or len(kwargs["generations"]) != n or len(kwargs["addresses"]) != n:  # type: ignore[arg-type]
-            raise MalformedMessage("assign: blocks, generations and addresses differ in length")
+            raise MalformedMessage(f"{kind}: blocks, generations and addresses differ in length")
+    if cls is ReadsChecked:
+        n = len(kwargs["blocks"])  # type: ignore[arg-type]
+        if n == 0 or len(kwargs["stale"]) != n:  # type: ignore[arg-type]
+            raise MalformedMessage("reads_checked: blocks and stale differ in length, or none")
     msg: Message = cls(**kwargs)
     return msg
