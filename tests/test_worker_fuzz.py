@@ -360,7 +360,8 @@ def prefill_still_works(r: Rig) -> None:
     r.prefill.handle(a)
     out: list[bytes] = []
     start = r.prefill.now + 1
-    for n in range(start, start + 80):
+    # Long enough for the slowest batch the fault model allows (a late one) to land.
+    for n in range(start, start + 80 + FAULTS.late_ticks[1]):
         out += r.prefill.tick(n)
     _collect(r, out)
     assert _completed(out, a.grant), r.prefill.stats()
