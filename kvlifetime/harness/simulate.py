@@ -157,20 +157,26 @@ def demo_harness(
     seed: int = DEMO_SEED,
     policies: Sequence[str] = POLICIES,
     restarts: Sequence[str] = ("naive", "guarded"),
+    pulls: Sequence[str] = PULL_POLICIES,
 ) -> list[Path]:
     """Run the harness once per policy under one seed, then the proof policy with each decode
-    restart; write out/report.txt, report.json and harness-table.md."""
+    restart, then the pull direction once per pull policy (where the backend reads);
+    write out/report.txt, report.json and harness-table.md."""
     from kvlifetime.harness.report import compare_markdown
 
     reports = []
-    runs = [(policy, "none") for policy in policies]
+    runs = [(policy, "none", "push") for policy in policies]
     # A decode restart mid-run, naive vs guarded, under the proof policy.
-    runs += [("proof", restart) for restart in restarts]
-    for policy, restart in runs:
-        what = f"policy {policy}" + (f", decode restart {restart}" if restart != "none" else "")
+    runs += [("proof", restart, "push") for restart in restarts]
+    # vLLM's direction: decode reads prefill's blocks (not on NIXL yet: no READ engine).
+    if backend != "nixl":
+        runs += [(policy, "none", "pull") for policy in pulls]
+    for policy, restart, direction in runs:
+        what = f"{direction}, policy {policy}"
+        what += f", decode restart {restart}" if restart != "none" else ""
         stream.write(f"\nsimulating {requests} requests, backend {backend}, {what} ...\n")
         stream.flush()
-        r = simulate(backend, policy, requests, seed, stream, restart=restart)
+        r = simulate(backend, policy, requests, seed, stream, restart=restart, direction=direction)
         stream.write(r.to_text())
         reports.append(r)
     table = compare_markdown(reports)
