@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvlifetime.harness.decode import SimConfig, run
+from kvlifetime.harness.peer import PeerFailed
 from kvlifetime.harness.report import Report
 
 SEED = 11
@@ -107,11 +108,11 @@ def test_no_process_left_behind() -> None:
 
 
 def test_a_peer_that_keeps_crashing_is_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvlifetime.harness import decode
+    from kvlifetime.harness import peer
 
     # Every incarnation dies at its first tick: the run gives up, and reaps every process.
-    monkeypatch.setattr(decode, "crash_tick", lambda *a: 0)
-    with pytest.raises(decode.PeerFailed):
+    monkeypatch.setattr(peer, "crash_tick", lambda *a: 0)
+    with pytest.raises(PeerFailed):
         run(SimConfig(requests=100, max_restarts=2))
     assert multiprocessing.active_children() == []
     assert _children() == []

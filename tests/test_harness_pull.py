@@ -125,9 +125,9 @@ def test_no_process_left_behind() -> None:
 
 
 def test_a_reader_that_keeps_crashing_is_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvlifetime.harness import pull
+    from kvlifetime.harness import peer
 
-    monkeypatch.setattr(pull, "crash_tick", lambda *a: 0)
+    monkeypatch.setattr(peer, "crash_tick", lambda *a: 0)
     with pytest.raises(ReaderFailed):
         run_pull(PullConfig(requests=100, max_restarts=2))
     assert multiprocessing.active_children() == []

@@ -31,8 +31,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import heapq
-import multiprocessing
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,7 +43,6 @@ import structlog
 from kvlifetime.errors import (
     BlockUnavailable,
     EvidenceError,
-    KVLifetimeError,
     UnauthorizedEvidence,
     UsageError,
 )
@@ -57,11 +54,11 @@ from kvlifetime.harness.faults import (
     FaultyLink,
     RequestPlan,
     chunks,
-    crash_tick,
     plan,
     restart_tick,
 )
 from kvlifetime.harness.oracle import ArenaDiff, TransportOracle
+from kvlifetime.harness.peer import PeerFailed, PeerProcess, fence_peer, peer_config
 from kvlifetime.harness.report import Report
 from kvlifetime.harness.simulate import BACKENDS, POLICIES, RESTARTS
 from kvlifetime.harness.transfer import InprocTarget, TargetMemory
@@ -73,10 +70,7 @@ from kvlifetime.harness.wire import (
     Message,
     Query,
     Rejected,
-    Stats,
-    Stop,
     Tick,
-    TickDone,
     TransferFailed,
     decode,
     encode,
@@ -85,13 +79,6 @@ from kvlifetime.ledger import BlockLedger, LedgerStats
 from kvlifetime.machines import BlockState, RequestState
 
 log = structlog.get_logger("kvlifetime")
-
-
-class PeerFailed(KVLifetimeError):
-    """The prefill worker could not be started or answered nothing at all. Whose fault: the
-    environment (engine missing, process killed). The run stopped; every process was reaped."""
-
-    kind = "peer_failed"
 
 
 @attrs.frozen(slots=True)
@@ -157,8 +144,8 @@ class _Req:
 # =========================================================================== the prefill peer
 
 
-class PrefillPeer:
-    """One prefill process and the socket to it. Every exit path reaps the process."""
+class PrefillPeer(PeerProcess):
+    """One prefill process (the writer) and the socket dedicated to it."""
 
     def __init__(
         self,
@@ -171,118 +158,11 @@ class PrefillPeer:
         crashed: int = 0,
         start: int = 0,
     ) -> None:
-        import zmq
-
-        self.peer = f"prefill-{incarnation}"
-        self.incarnation = incarnation
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind("tcp://127.0.0.1:*")
-        endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        pcfg = {
-            "endpoint": endpoint,
-            "peer": self.peer,
-            "seed": cfg.seed,
-            "faults": cfg.faults.to_dict(),
-            "block_bytes": cfg.block_bytes,
-            "staging_bytes": cfg.staging_blocks * cfg.block_bytes,
-            "target": target.descriptor(),
-            "crash_tick": crash_tick(cfg.seed, crashed, expected, cfg.faults, start),
-            "parent_pid": os.getpid(),
-            "link_salt": 1000 + incarnation,
-        }
         from kvlifetime.harness.prefill import prefill_main
 
-        mp = multiprocessing.get_context("spawn")
-        self.proc = mp.Process(target=prefill_main, args=(pcfg,), name=self.peer, daemon=True)
-        self.proc.start()
-        self.stats: dict[str, int] = {}
-        try:
-            frames = self.until_tick_done(-1, 120.0)
-        except BaseException:
-            self.close()
-            raise
-        if frames is None:
-            self.close()
-            raise PeerFailed(f"{self.peer} did not start (exit code {self.proc.exitcode})")
-
-    def send(self, frame: bytes) -> None:
-        self.sock.send(frame)
-
-    def until_tick_done(self, n: int, timeout_s: float) -> list[bytes] | None:
-        """Frames up to ``TickDone(n)``; None when the peer died or hung (it is then reaped)."""
-        out: list[bytes] = []
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.sock.poll(100):
-                frame = self.sock.recv()
-                try:
-                    msg = decode(frame, sender=self.peer)
-                except MalformedMessage:
-                    out.append(frame)  # refused (and counted) by the caller
-                    continue
-                if isinstance(msg, TickDone) and msg.n == n:
-                    return out
-                out.append(frame)
-                continue
-            if not self.proc.is_alive() or time.monotonic() > deadline:
-                self.kill()
-                return None
-
-    def stop(self) -> None:
-        """Ask for the counters and a clean exit; force it if it does not come."""
-        try:
-            if self.proc.is_alive():
-                self.sock.send(encode(Stop()))
-                end = time.monotonic() + 10
-                while time.monotonic() < end and self.sock.poll(100):
-                    try:
-                        msg = decode(self.sock.recv())
-                    except MalformedMessage:
-                        continue
-                    if isinstance(msg, Stats):
-                        self.stats = dict(msg.counters)
-                        break
-                self.proc.join(10)
-        finally:
-            self.close()
-
-    def kill(self) -> None:
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(5)
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(5)
-
-    def close(self) -> None:
-        self.kill()
-        self.sock.close(0)
-
-    def reaped(self) -> bool:
-        """Whether the process is gone and its exit status collected (no thread of it runs)."""
-        return not self.proc.is_alive() and self.proc.exitcode is not None
-
-
-def fence_peer(peer: PrefillPeer, target: TargetMemory) -> str:
-    """End ``peer``'s access to decode's arena for real; return the fence's name once its
-    completion is observed. Raises ``PeerFailed`` if it cannot be.
-
-    - in-process engine: the copies run on a thread of the initiator's process, so reaping that
-      process (kill, then wait for its exit status) ends every copy it could still make;
-    - Mooncake TCP: the initiator is reaped too, but the target may still apply what it had
-      received, so the target's serving engine is re-created (``MooncakeTarget.fence``: its
-      sessions closed and threads joined; the arena re-registered on a new endpoint).
-    """
-    peer.close()
-    if not peer.reaped():
-        raise PeerFailed(f"{peer.peer} could not be reaped: no fence")
-    if isinstance(target, InprocTarget):
-        return "inproc_initiator_reaped"
-    return target.fence()
-
-
-# =========================================================================== decode
+        config = peer_config(cfg, incarnation, expected, crashed=crashed, start=start)
+        config["target"] = target.descriptor()
+        super().__init__(ctx, f"prefill-{incarnation}", incarnation, prefill_main, config)
 
 
 def make_target(backend: str, nbytes: int) -> TargetMemory:

@@ -13,9 +13,6 @@ a few stub batches were already posted, as engines that bootstrap before admissi
 from __future__ import annotations
 
 import collections
-import os
-import sys
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +31,7 @@ from kvlifetime.harness.faults import (
     chunks,
     plan,
 )
+from kvlifetime.harness.peer import serve
 from kvlifetime.harness.transfer import Slice, Status, TransferEngine
 from kvlifetime.harness.wire import (
     INT64_MAX,
@@ -41,22 +39,16 @@ from kvlifetime.harness.wire import (
     Abort,
     Assign,
     EvidenceMsg,
-    MalformedMessage,
     Message,
     Query,
     Rejected,
-    Stats,
-    Stop,
-    Tick,
     TickDone,
     TransferFailed,
-    decode,
     encode,
 )
 
 log = structlog.get_logger("kvlifetime")
 
-CRASH_EXIT = 70  # exit status of a deliberate crash
 _FINALS_KEPT = 8192  # concluded grants whose final messages can still be sent again
 _STATUS_TIMEOUT = 60.0  # seconds; Mooncake's own transfer timeout is 30 s
 
@@ -368,18 +360,11 @@ def prefill_main(cfg: dict[str, Any]) -> None:
     """Entry point of the prefill process (``multiprocessing`` spawn target).
 
     ``cfg``: endpoint, peer, seed, faults (dict), block_bytes, staging_bytes, target
-    (descriptor), crash_tick (or None), parent_pid, idle_exit_s.
+    (descriptor), crash_tick (or None), parent_pid, link_salt, idle_exit_s.
     """
-    import zmq
-
     faults = FaultConfig.from_dict(cfg["faults"])
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    engine: TransferEngine | None = None
-    crash_tick = cfg.get("crash_tick")
-    try:
-        sock.connect(cfg["endpoint"])
+
+    def start() -> tuple[PrefillWorker, TransferEngine]:
         engine = make_engine(cfg["target"], int(cfg["staging_bytes"]), faults)
         worker = PrefillWorker(
             engine,
@@ -390,37 +375,6 @@ def prefill_main(cfg: dict[str, Any]) -> None:
             target=cfg["target"],
             link_salt=int(cfg.get("link_salt", 1)),
         )
-        sock.send(encode(TickDone(-1)))  # ready
-        idle_since = time.monotonic()
-        while True:
-            if not sock.poll(500):
-                # Decode gone (or hung): an orphaned worker exits instead of lingering.
-                gone = os.getppid() != int(cfg["parent_pid"])
-                if gone or time.monotonic() - idle_since > float(cfg.get("idle_exit_s", 60)):
-                    return
-                continue
-            idle_since = time.monotonic()
-            frame = sock.recv()
-            try:
-                msg = decode(frame)
-            except MalformedMessage as e:
-                worker.refuse(e, frame)
-                continue
-            if isinstance(msg, Tick):
-                if crash_tick is not None and msg.n >= int(crash_tick):
-                    sys.stdout.flush()
-                    os._exit(CRASH_EXIT)  # a crash: no cleanup, no goodbye
-                for out in worker.tick(msg.n):
-                    sock.send(out)
-            elif isinstance(msg, Stop):
-                sock.send(encode(Stats(worker.stats())))
-                # Give the frame a moment to leave before the socket closes with linger 0.
-                sock.poll(200)
-                return
-            else:
-                worker.handle(msg)
-    finally:
-        if engine is not None:
-            engine.close()
-        sock.close(0)
-        ctx.term()
+        return worker, engine
+
+    serve(cfg, start)

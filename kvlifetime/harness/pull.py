@@ -36,9 +36,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import heapq
-import multiprocessing
-import os
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -49,7 +46,7 @@ import numpy.typing as npt
 import structlog
 
 from kvlifetime.adapters.mooncake import GrantTransfers
-from kvlifetime.errors import EvidenceError, KVLifetimeError, UnauthorizedEvidence, UsageError
+from kvlifetime.errors import EvidenceError, UnauthorizedEvidence, UsageError
 from kvlifetime.evidence import (
     AccessRevoked,
     Evidence,
@@ -65,10 +62,10 @@ from kvlifetime.harness.faults import (
     FaultConfig,
     FaultyLink,
     RequestPlan,
-    crash_tick,
     plan,
 )
 from kvlifetime.harness.oracle import TransportOracle
+from kvlifetime.harness.peer import PeerFailed, PeerProcess, fence_peer, peer_config, serve
 from kvlifetime.harness.report import Report
 from kvlifetime.harness.simulate import BACKENDS, PULL_POLICIES
 from kvlifetime.harness.transfer import InprocTarget, ReadEngine, Slice, Status, TargetMemory
@@ -82,8 +79,6 @@ from kvlifetime.harness.wire import (
     ReadAssign,
     ReaderPending,
     ReadsChecked,
-    Stats,
-    Stop,
     Tick,
     TickDone,
     TransferFailed,
@@ -95,18 +90,16 @@ from kvlifetime.machines import BlockState, RequestState
 
 log = structlog.get_logger("kvlifetime")
 
-CRASH_EXIT = 70  # exit status of a deliberate crash
 _FINALS_KEPT = 8192  # concluded grants whose final messages can still be sent again
 _STATUS_TIMEOUT = 60.0  # seconds; Mooncake's own transfer timeout is 30 s
 PLANTED = 1 << 40  # request number of the "other request" a planted stale read belongs to
 
 
-class ReaderFailed(KVLifetimeError):
-    """The decode (reader) worker could not be started or answered nothing at all. Whose fault:
-    the environment (engine missing, process killed). The run stopped; every process was
-    reaped."""
+class ReaderFailed(PeerFailed):
+    """The decode (reader) process could not be started or answered nothing at all. Whose
+    fault: the environment. The run stopped; every process was reaped."""
 
-    kind = "peer_failed"
+    kind = "reader_failed"
 
 
 @attrs.frozen(slots=True)
@@ -495,16 +488,9 @@ def reader_main(cfg: dict[str, Any]) -> None:
 
     ``cfg``: endpoint, peer, seed, faults (dict), block_bytes, staging_bytes, source
     (descriptor), crash_tick (or None), parent_pid, link_salt, idle_exit_s."""
-    import zmq
-
     faults = FaultConfig.from_dict(cfg["faults"])
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    engine: ReadEngine | None = None
-    crash_at = cfg.get("crash_tick")
-    try:
-        sock.connect(cfg["endpoint"])
+
+    def start() -> tuple[ReaderWorker, ReadEngine]:
         engine = make_read_engine(cfg["source"], int(cfg["staging_bytes"]), faults)
         worker = ReaderWorker(
             engine,
@@ -515,45 +501,16 @@ def reader_main(cfg: dict[str, Any]) -> None:
             source=cfg["source"],
             link_salt=int(cfg.get("link_salt", 1)),
         )
-        sock.send(encode(TickDone(-1)))  # ready
-        idle_since = time.monotonic()
-        while True:
-            if not sock.poll(500):
-                gone = os.getppid() != int(cfg["parent_pid"])
-                if gone or time.monotonic() - idle_since > float(cfg.get("idle_exit_s", 60)):
-                    return
-                continue
-            idle_since = time.monotonic()
-            frame = sock.recv()
-            try:
-                msg = decode(frame)
-            except MalformedMessage as e:
-                worker.refuse(e, frame)
-                continue
-            if isinstance(msg, Tick):
-                if crash_at is not None and msg.n >= int(crash_at):
-                    sys.stdout.flush()
-                    os._exit(CRASH_EXIT)  # a crash: no cleanup, no goodbye
-                for out in worker.tick(msg.n):
-                    sock.send(out)
-            elif isinstance(msg, Stop):
-                sock.send(encode(Stats(worker.stats())))
-                sock.poll(200)
-                return
-            else:
-                worker.handle(msg)
-    finally:
-        if engine is not None:
-            engine.close()
-        sock.close(0)
-        ctx.term()
+        return worker, engine
+
+    serve(cfg, start)
 
 
 # =========================================================================== the reader process
 
 
-class ReaderPeer:
-    """One decode (reader) process and the socket to it. Every exit path reaps the process."""
+class ReaderPeer(PeerProcess):
+    """One decode (reader) process and the socket dedicated to it."""
 
     def __init__(
         self,
@@ -566,108 +523,25 @@ class ReaderPeer:
         crashed: int = 0,
         start: int = 0,
     ) -> None:
-        import zmq
-
-        self.peer = f"decode-{incarnation}"
-        self.incarnation = incarnation
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind("tcp://127.0.0.1:*")
-        rcfg = {
-            "endpoint": self.sock.getsockopt_string(zmq.LAST_ENDPOINT),
-            "peer": self.peer,
-            "seed": cfg.seed,
-            "faults": cfg.faults.to_dict(),
-            "block_bytes": cfg.block_bytes,
-            "staging_bytes": cfg.staging_blocks * cfg.block_bytes,
-            "source": source.descriptor(),
-            "crash_tick": crash_tick(cfg.seed, crashed, expected, cfg.faults, start),
-            "parent_pid": os.getpid(),
-            "link_salt": 1000 + incarnation,
-        }
-        mp = multiprocessing.get_context("spawn")
-        self.proc = mp.Process(target=reader_main, args=(rcfg,), name=self.peer, daemon=True)
-        self.proc.start()
-        self.stats: dict[str, int] = {}
+        config = peer_config(cfg, incarnation, expected, crashed=crashed, start=start)
+        config["source"] = source.descriptor()
         try:
-            frames = self.until_tick_done(-1, 120.0)
-        except BaseException:
-            self.close()
+            super().__init__(ctx, f"decode-{incarnation}", incarnation, reader_main, config)
+        except ReaderFailed:
             raise
-        if frames is None:
-            self.close()
-            raise ReaderFailed(f"{self.peer} did not start (exit code {self.proc.exitcode})")
-
-    def send(self, frame: bytes) -> None:
-        self.sock.send(frame)
-
-    def until_tick_done(self, n: int, timeout_s: float) -> list[bytes] | None:
-        """Frames up to ``TickDone(n)``; None when the reader died or hung (it is then reaped)."""
-        out: list[bytes] = []
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.sock.poll(100):
-                frame = self.sock.recv()
-                try:
-                    msg = decode(frame, sender=self.peer)
-                except MalformedMessage:
-                    out.append(frame)
-                    continue
-                if isinstance(msg, TickDone) and msg.n == n:
-                    return out
-                out.append(frame)
-                continue
-            if not self.proc.is_alive() or time.monotonic() > deadline:
-                self.kill()
-                return None
-
-    def stop(self) -> None:
-        try:
-            if self.proc.is_alive():
-                self.sock.send(encode(Stop()))
-                end = time.monotonic() + 10
-                while time.monotonic() < end and self.sock.poll(100):
-                    try:
-                        msg = decode(self.sock.recv())
-                    except MalformedMessage:
-                        continue
-                    if isinstance(msg, Stats):
-                        self.stats = dict(msg.counters)
-                        break
-                self.proc.join(10)
-        finally:
-            self.close()
-
-    def kill(self) -> None:
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(5)
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(5)
-
-    def close(self) -> None:
-        self.kill()
-        self.sock.close(0)
-
-    def reaped(self) -> bool:
-        return not self.proc.is_alive() and self.proc.exitcode is not None
+        except PeerFailed as e:
+            raise ReaderFailed(str(e)) from e
 
 
 def fence_reader(peer: ReaderPeer, source: TargetMemory) -> str:
-    """End ``peer``'s access to prefill's source arena for real; return the fence's name once
-    its completion is observed (raises ``ReaderFailed`` if it cannot be).
-
-    In-process engine: the reads are copies made by a thread of the reader's process, which
-    mapped the arena itself: reaping that process ends every read it could still make.
-    Mooncake TCP: the reader is reaped too, and the serving engine of the source is re-created
-    (``MooncakeTarget.fence``) so that nothing of the old endpoint serves a read any more."""
-    peer.close()
-    if not peer.reaped():
-        raise ReaderFailed(f"{peer.peer} could not be reaped: no fence")
-    if isinstance(source, InprocTarget):
-        return "inproc_initiator_reaped"
-    return source.fence()
+    """End ``peer``'s access to prefill's source arena for real (``peer.fence_peer``: the
+    reads are the reader's copies; on Mooncake the source's serving engine is re-created)."""
+    try:
+        return fence_peer(peer, source)
+    except ReaderFailed:
+        raise
+    except PeerFailed as e:
+        raise ReaderFailed(str(e)) from e
 
 
 # =========================================================================== the owner (prefill)

@@ -202,7 +202,7 @@ def compare_markdown(reports: Sequence[Report]) -> str:
             cells.append(str(v))
         lines.append(f"| {r.backend} | " + " | ".join(cells) + " |")
     out = "\n".join(lines) + "\n"
-    by = {r.policy: r for r in reports if r.restart == "none"}
+    by = {r.policy: r for r in reports if r.restart == "none" and r.direction == "push"}
     naive, proof = by.get("naive"), by.get("proof")
     if naive is not None and proof is not None and naive.requests_per_s > 0:
         hold = proof.mean_hold_ticks / max(naive.mean_hold_ticks, 1e-9)
@@ -210,16 +210,25 @@ def compare_markdown(reports: Sequence[Report]) -> str:
             f"\nproof vs naive: {proof.requests_per_s / naive.requests_per_s:.2f}x the "
             f"throughput, blocks held {hold:.2f}x"
             f" as long (quarantined requests count once fenced and released), "
-            f"{proof.contaminated_blocks} contaminated blocks instead of "
-            f"{naive.contaminated_blocks}; at most {proof.peak_quarantined_blocks} quarantined, "
+            f"{proof.seen('late_writes')} late writes instead of {naive.seen('late_writes')} "
+            f"({naive.contaminated_blocks} contaminated at consume); "
+            f"at most {proof.peak_quarantined_blocks} quarantined, "
             f"{proof.reclaimed_total} reclaimed by {proof.fences_total} fences, "
             f"{proof.quarantined_blocks} left at the end\n"
+        )
+    pulls = {r.policy: r for r in reports if r.direction == "pull"}
+    if pulls:
+        out += (
+            "\npull (decode reads): "
+            + ", ".join(f"{p} {r.stale_reads} stale reads" for p, r in sorted(pulls.items()))
+            + "\n"
         )
     rs = {r.restart: r for r in reports if r.restart != "none"}
     if "naive" in rs and "guarded" in rs:
         out += (
-            f"\ndecode restart: naive {rs['naive'].contaminated_blocks} contaminated blocks, "
-            f"guarded {rs['guarded'].contaminated_blocks} "
+            f"\ndecode restart: naive {rs['naive'].seen('late_writes')} late writes "
+            f"({rs['naive'].contaminated_blocks} contaminated at consume), "
+            f"guarded {rs['guarded'].seen('late_writes')} "
             f"({rs['guarded'].fences_total} fences, "
             f"{sum(rs['guarded'].reclaimed_blocks.values())} blocks reclaimed)\n"
         )

@@ -1,0 +1,244 @@
+"""A peer process in lock-step with the memory owner, both ends of it.
+
+The owner's side (``PeerProcess``): one process per peer incarnation and a ZeroMQ socket
+dedicated to it, so that the socket *is* the peer's identity (evidence coming in on it is
+stamped ``Source.peer(name)``, whatever it says inside); every exit path reaps the process;
+``fence_peer`` ends its access to the owner's memory for real. The peer's side (``serve``):
+the process loop around a worker, the same for a prefill writer (push) and a decode reader
+(pull): ticks, a deliberate crash, a clean stop, and an orphan that exits on its own.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from kvlifetime.errors import KVLifetimeError
+from kvlifetime.harness.faults import FaultConfig, crash_tick
+from kvlifetime.harness.transfer import InprocTarget, TargetMemory
+from kvlifetime.harness.wire import (
+    MalformedMessage,
+    Message,
+    Stats,
+    Stop,
+    Tick,
+    TickDone,
+    decode,
+    encode,
+)
+
+CRASH_EXIT = 70  # exit status of a deliberate crash
+
+
+class PeerFailed(KVLifetimeError):
+    """A peer process could not be started or answered nothing at all. Whose fault: the
+    environment (engine missing, process killed). The run stopped; every process was reaped."""
+
+    kind = "peer_failed"
+
+
+class RunShape(Protocol):
+    """What a peer's configuration is made from (``SimConfig``, ``PullConfig``)."""
+
+    @property
+    def seed(self) -> int: ...
+    @property
+    def faults(self) -> FaultConfig: ...
+    @property
+    def block_bytes(self) -> int: ...
+    @property
+    def staging_blocks(self) -> int: ...
+
+
+def peer_config(
+    cfg: RunShape, incarnation: int, expected: int, *, crashed: int, start: int
+) -> dict[str, Any]:
+    """The configuration every peer process takes (plain data: it crosses a spawn)."""
+    return {
+        "seed": cfg.seed,
+        "faults": cfg.faults.to_dict(),
+        "block_bytes": cfg.block_bytes,
+        "staging_bytes": cfg.staging_blocks * cfg.block_bytes,
+        "crash_tick": crash_tick(cfg.seed, crashed, expected, cfg.faults, start),
+        "link_salt": 1000 + incarnation,
+    }
+
+
+class PeerProcess:
+    """One peer process and the socket dedicated to it. Every exit path reaps the process."""
+
+    def __init__(
+        self,
+        ctx: Any,
+        name: str,
+        incarnation: int,
+        main: Callable[[dict[str, Any]], None],
+        config: dict[str, Any],
+    ) -> None:
+        import zmq
+
+        self.peer = name
+        self.incarnation = incarnation
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind("tcp://127.0.0.1:*")
+        endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        full = {**config, "endpoint": endpoint, "peer": name, "parent_pid": os.getpid()}
+        mp = multiprocessing.get_context("spawn")
+        self.proc = mp.Process(target=main, args=(full,), name=name, daemon=True)
+        self.proc.start()
+        self.stats: dict[str, int] = {}
+        try:
+            frames = self.until_tick_done(-1, 120.0)
+        except BaseException:
+            self.close()
+            raise
+        if frames is None:
+            self.close()
+            raise PeerFailed(f"{self.peer} did not start (exit code {self.proc.exitcode})")
+
+    def send(self, frame: bytes) -> None:
+        self.sock.send(frame)
+
+    def until_tick_done(self, n: int, timeout_s: float) -> list[bytes] | None:
+        """Frames up to ``TickDone(n)``; None when the peer died or hung (it is then reaped)."""
+        out: list[bytes] = []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.sock.poll(100):
+                frame = self.sock.recv()
+                try:
+                    msg = decode(frame, sender=self.peer)
+                except MalformedMessage:
+                    out.append(frame)  # refused (and counted) by the caller
+                    continue
+                if isinstance(msg, TickDone) and msg.n == n:
+                    return out
+                out.append(frame)
+                continue
+            if not self.proc.is_alive() or time.monotonic() > deadline:
+                self.kill()
+                return None
+
+    def stop(self) -> None:
+        """Ask for the counters and a clean exit; force it if it does not come."""
+        try:
+            if self.proc.is_alive():
+                self.sock.send(encode(Stop()))
+                end = time.monotonic() + 10
+                while time.monotonic() < end and self.sock.poll(100):
+                    try:
+                        msg = decode(self.sock.recv(), sender=self.peer)
+                    except MalformedMessage:
+                        continue
+                    if isinstance(msg, Stats):
+                        self.stats = dict(msg.counters)
+                        break
+                self.proc.join(10)
+        finally:
+            self.close()
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(5)
+
+    def close(self) -> None:
+        self.kill()
+        self.sock.close(0)
+
+    def reaped(self) -> bool:
+        """Whether the process is gone and its exit status collected (no thread of it runs)."""
+        return not self.proc.is_alive() and self.proc.exitcode is not None
+
+
+def fence_peer(peer: PeerProcess, target: TargetMemory) -> str:
+    """End ``peer``'s access to the owner's memory for real; return the fence's name once its
+    completion is observed. Raises ``PeerFailed`` if it cannot be.
+
+    - in-process engine: the copies (writes or reads) run on a thread of the peer's process,
+      which mapped the arena itself, so reaping that process (kill, then wait for its exit
+      status) ends every copy it could still make;
+    - Mooncake TCP, NIXL over UCX/TCP: the peer is reaped too, but the owner's serving side may
+      still apply what it had received, so it is re-created (``target.fence()``: the old one's
+      sessions closed and threads joined, observed; the memory served on a new endpoint).
+    """
+    peer.close()
+    if not peer.reaped():
+        raise PeerFailed(f"{peer.peer} could not be reaped: no fence")
+    if isinstance(target, InprocTarget):
+        return "inproc_initiator_reaped"
+    return target.fence()
+
+
+# =========================================================================== the peer's side
+
+
+class Worker(Protocol):
+    """What ``serve`` drives: a sans-IO worker that takes messages and ticks, returns frames."""
+
+    def handle(self, msg: Message) -> None: ...
+    def tick(self, n: int) -> list[bytes]: ...
+    def stats(self) -> dict[str, int]: ...
+    def refuse(self, error: Exception, frame: bytes) -> None: ...
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+def serve(cfg: dict[str, Any], start: Callable[[], tuple[Worker, Closable]]) -> None:
+    """The peer process's loop: connect, build the worker (``start`` returns it and the engine
+    to close on the way out), then answer ticks until stopped. A malformed frame is refused
+    and counted by the worker; a crash is ``os._exit`` at the planned tick, no goodbye; an
+    orphan (owner gone or silent for ``idle_exit_s``) exits instead of lingering."""
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    engine: Closable | None = None
+    crash_at = cfg.get("crash_tick")
+    try:
+        sock.connect(cfg["endpoint"])
+        worker, engine = start()
+        sock.send(encode(TickDone(-1)))  # ready
+        idle_since = time.monotonic()
+        while True:
+            if not sock.poll(500):
+                gone = os.getppid() != int(cfg["parent_pid"])
+                if gone or time.monotonic() - idle_since > float(cfg.get("idle_exit_s", 60)):
+                    return
+                continue
+            idle_since = time.monotonic()
+            frame = sock.recv()
+            try:
+                msg = decode(frame)
+            except MalformedMessage as e:
+                worker.refuse(e, frame)
+                continue
+            if isinstance(msg, Tick):
+                if crash_at is not None and msg.n >= int(crash_at):
+                    sys.stdout.flush()
+                    os._exit(CRASH_EXIT)  # a crash: no cleanup, no goodbye
+                for out in worker.tick(msg.n):
+                    sock.send(out)
+            elif isinstance(msg, Stop):
+                sock.send(encode(Stats(worker.stats())))
+                # Give the frame a moment to leave before the socket closes with linger 0.
+                sock.poll(200)
+                return
+            else:
+                worker.handle(msg)
+    finally:
+        if engine is not None:
+            engine.close()
+        sock.close(0)
+        ctx.term()
