@@ -12,7 +12,6 @@ a few stub batches were already posted, as engines that bootstrap before admissi
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,17 +19,16 @@ import attrs
 import structlog
 
 from kvlifetime.adapters.mooncake import GrantTransfers
-from kvlifetime.evidence import CancelReceived, Evidence
-from kvlifetime.grant import GrantId
+from kvlifetime.evidence import CancelReceived
 from kvlifetime.harness import pattern
 from kvlifetime.harness.faults import (
     BLOCKS_PER_CHUNK,
     FaultConfig,
-    FaultyLink,
     RequestPlan,
     chunks,
     plan,
 )
+from kvlifetime.harness.initiator import InitiatorWorker
 from kvlifetime.harness.peer import serve
 from kvlifetime.harness.transfer import Slice, Status, TransferEngine
 from kvlifetime.harness.wire import (
@@ -40,7 +38,6 @@ from kvlifetime.harness.wire import (
     Assign,
     EvidenceMsg,
     Message,
-    Query,
     Rejected,
     TickDone,
     TransferFailed,
@@ -49,7 +46,6 @@ from kvlifetime.harness.wire import (
 
 log = structlog.get_logger("kvlifetime")
 
-_FINALS_KEPT = 8192  # concluded grants whose final messages can still be sent again
 _STATUS_TIMEOUT = 60.0  # seconds; Mooncake's own transfer timeout is 30 s
 
 
@@ -73,7 +69,7 @@ class _Batch:
     slots: list[int]
 
 
-class PrefillWorker:
+class PrefillWorker(InitiatorWorker[_Job]):
     """The logic of a prefill worker, free of sockets: feed it messages, it returns frames."""
 
     def __init__(
@@ -87,63 +83,28 @@ class PrefillWorker:
         target: Mapping[str, Any],
         link_salt: int = 1,
     ) -> None:
+        super().__init__(
+            len(engine.staging),
+            peer=peer,
+            seed=seed,
+            faults=faults,
+            block_bytes=block_bytes,
+            arena=target,
+            link_salt=link_salt,
+        )
         self.engine = engine
-        self.peer = peer
-        self.seed = seed
-        self.faults = faults
-        self.block_bytes = block_bytes
-        # An address past the end of the arena: the engine refuses it, failing the batch.
-        self._base = int(target["base"])
-        self._nbytes = int(target["nbytes"])
-        self._bad_address = self._base + self._nbytes + 16 * block_bytes
-        self.link = FaultyLink(seed, link_salt, faults)
-        self._jobs: dict[GrantId, _Job] = {}
-        self._finals: collections.OrderedDict[GrantId, _Job] = collections.OrderedDict()
         self._line: dict[int, list[_Batch]] = {}
-        nslots = len(engine.staging) // block_bytes
-        self._free_slots = list(range(nslots - 1, -1, -1))
-        self.counters: collections.Counter[str] = collections.Counter()
-        self.now = 0
 
     # ----------------------------------------------------------------- messages
 
-    def refuse(self, error: Exception, frame: bytes) -> None:
-        """A frame that is not a message: logged and counted, and the worker goes on."""
-        self.counters["malformed_refused"] += 1
-        if structlog.is_configured():
-            log.error("message_refused", worker=self.peer, error=str(error), size=len(frame))
-
-    def handle(self, msg: Message) -> None:
-        """Act on one message. Nothing a message holds makes this raise: each handler checks
-        what it takes first (refused and counted); a failure none of them foresaw is logged
-        and counted as ``handler_failed``, and the worker goes on with the next message."""
-        try:
-            if isinstance(msg, Assign):
-                self._assign(msg)
-            elif isinstance(msg, Abort):
-                self._abort(msg)
-            elif isinstance(msg, Query):
-                self._query(msg)
-            else:
-                self.counters["unexpected_refused"] += 1
-                if structlog.is_configured():
-                    log.error("message_refused", worker=self.peer, error=f"unexpected {msg.TYPE}")
-        except Exception as e:  # a bug of ours, not the peer's: never the end of the worker
-            self.counters["handler_failed"] += 1
-            if structlog.is_configured():
-                log.exception(
-                    "handler_failed", worker=self.peer, message=type(msg).__name__, error=str(e)
-                )
-
-    def _send(self, job: _Job | None, msg: Message) -> None:
-        frame = encode(msg)
-        if job is not None:
-            job.finals.append(frame)
-        self.link.offer(frame, self.now)
-
-    def _send_evidence(self, job: _Job, evs: list[Evidence]) -> None:
-        for ev in evs:
-            self._send(job, EvidenceMsg(ev))
+    def _dispatch(self, msg: Message) -> bool:
+        if isinstance(msg, Assign):
+            self._assign(msg)
+        elif isinstance(msg, Abort):
+            self._abort(msg)
+        else:
+            return False
+        return True
 
     def _assign(self, a: Assign) -> None:
         why = self._unfit(a)
@@ -191,14 +152,6 @@ class PrefillWorker:
             return f"tokens must be an int >= 0, got {a.tokens!r}"
         return None
 
-    def _known(self, grant: GrantId, request: int | str) -> _Job | None:
-        job = self._jobs.get(grant) or self._finals.get(grant)
-        if job is not None and job.assign.request != request:
-            # Exact keys only: a grant naming another request is refused, never "close enough".
-            self.counters["mismatched_refused"] += 1
-            return None
-        return job
-
     def _abort(self, m: Abort) -> None:
         job = self._known(m.grant, m.request)
         if job is None:
@@ -212,17 +165,6 @@ class PrefillWorker:
         self._send(job, EvidenceMsg(CancelReceived(m.grant, m.request, self.peer)))
         self._send_evidence(job, job.transfers.stop())
         self._maybe_conclude(job)
-
-    def _query(self, q: Query) -> None:
-        job = self._known(q.grant, q.request)
-        if job is not None and job.finals:
-            # Evidence is idempotent: sending all of it again is always safe.
-            self.counters["queries_answered"] += 1
-            self._resend(job)
-
-    def _resend(self, job: _Job) -> None:
-        for frame in job.finals:
-            self.link.offer(frame, self.now)
 
     # ----------------------------------------------------------------- time
 
@@ -309,25 +251,13 @@ class PrefillWorker:
         if t.last_seq is None:
             return
         if t.concluded and (not t.failed or self._all_landed(job)):
-            g = job.assign.grant
-            self._jobs.pop(g, None)
-            self._finals[g] = job
-            while len(self._finals) > _FINALS_KEPT:
-                self._finals.popitem(last=False)
+            self._concluded(job.assign.grant, job)
 
     def _all_landed(self, job: _Job) -> bool:
         return not any(b.job is job for bs in self._line.values() for b in bs)
 
     def busy(self) -> bool:
         return bool(self._jobs) or bool(self._line) or self.link.pending() > 0
-
-    def stats(self) -> dict[str, int]:
-        out = dict(self.counters)
-        out["link_lost"] = self.link.lost
-        out["link_duplicated"] = self.link.duplicated
-        out["link_delayed"] = self.link.delayed
-        out["link_garbage"] = self.link.garbage
-        return out
 
 
 def _is_int(v: object) -> bool:

@@ -33,7 +33,6 @@ arena at that moment gives a second, independent count (``owner_view_*`` in the 
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import heapq
 import time
@@ -64,6 +63,7 @@ from kvlifetime.harness.faults import (
     RequestPlan,
     plan,
 )
+from kvlifetime.harness.initiator import InitiatorWorker
 from kvlifetime.harness.oracle import TransportOracle
 from kvlifetime.harness.peer import PeerFailed, PeerProcess, fence_peer, peer_config, serve
 from kvlifetime.harness.report import Report
@@ -90,7 +90,6 @@ from kvlifetime.machines import BlockState, RequestState
 
 log = structlog.get_logger("kvlifetime")
 
-_FINALS_KEPT = 8192  # concluded grants whose final messages can still be sent again
 _STATUS_TIMEOUT = 60.0  # seconds; Mooncake's own transfer timeout is 30 s
 PLANTED = 1 << 40  # request number of the "other request" a planted stale read belongs to
 
@@ -174,7 +173,7 @@ class _Batch:
     slots: list[int]
 
 
-class ReaderWorker:
+class ReaderWorker(InitiatorWorker[_Job]):
     """The decode worker of the pull direction, free of sockets: feed it messages and ticks, it
     returns frames. It owns no KV blocks of prefill's: it reads them under prefill's grant."""
 
@@ -189,60 +188,27 @@ class ReaderWorker:
         source: Mapping[str, Any],
         link_salt: int = 1,
     ) -> None:
+        super().__init__(
+            len(engine.staging),
+            peer=peer,
+            seed=seed,
+            faults=faults,
+            block_bytes=block_bytes,
+            arena=source,
+            link_salt=link_salt,
+        )
         self.engine = engine
-        self.peer = peer
-        self.seed = seed
-        self.faults = faults
-        self.block_bytes = block_bytes
-        self._base = int(source["base"])
-        self._nbytes = int(source["nbytes"])
-        # An address past the end of the source arena: the engine refuses it, failing the batch.
-        self._bad_address = self._base + self._nbytes + 16 * block_bytes
-        self.link = FaultyLink(seed, link_salt, faults)
-        self._jobs: dict[GrantId, _Job] = {}
-        self._finals: collections.OrderedDict[GrantId, _Job] = collections.OrderedDict()
         self._line: dict[int, list[_Batch]] = {}
         self._straggling: list[int] = []  # ticks until which a FAILED batch may still read
         self._checked: list[bytes] = []  # this tick's ReadsChecked frames
-        nslots = len(engine.staging) // block_bytes
-        self._free_slots = list(range(nslots - 1, -1, -1))
-        self.counters: collections.Counter[str] = collections.Counter()
-        self.now = 0
 
     # ----------------------------------------------------------------- messages
 
-    def refuse(self, error: Exception, frame: bytes) -> None:
-        self.counters["malformed_refused"] += 1
-        if structlog.is_configured():
-            log.error("message_refused", worker=self.peer, error=str(error), size=len(frame))
-
-    def handle(self, msg: Message) -> None:
-        """Act on one message; nothing a message holds makes this raise (see
-        ``PrefillWorker.handle``)."""
-        try:
-            if isinstance(msg, ReadAssign):
-                self._assign(msg)
-            elif isinstance(msg, Query):
-                self._query(msg)
-            else:
-                self.counters["unexpected_refused"] += 1
-                if structlog.is_configured():
-                    log.error("message_refused", worker=self.peer, error=f"unexpected {msg.TYPE}")
-        except Exception as e:  # a bug of ours, not the peer's: never the end of the worker
-            self.counters["handler_failed"] += 1
-            if structlog.is_configured():
-                log.exception(
-                    "handler_failed", worker=self.peer, message=type(msg).__name__, error=str(e)
-                )
-
-    def _send(self, job: _Job, msg: Message) -> None:
-        frame = encode(msg)
-        job.finals.append(frame)
-        self.link.offer(frame, self.now)
-
-    def _send_evidence(self, job: _Job, evs: list[Evidence]) -> None:
-        for ev in evs:
-            self._send(job, EvidenceMsg(ev))
+    def _dispatch(self, msg: Message) -> bool:
+        if isinstance(msg, ReadAssign):
+            self._assign(msg)
+            return True
+        return False
 
     def _assign(self, a: ReadAssign) -> None:
         why = self._unfit(a)
@@ -290,20 +256,6 @@ class ReaderWorker:
             if off < 0 or off % bb or off + bb > self._nbytes:
                 return f"address {addr!r} is not a block of the source arena"
         return None
-
-    def _known(self, grant: GrantId, request: int | str) -> _Job | None:
-        job = self._jobs.get(grant) or self._finals.get(grant)
-        if job is not None and job.assign.request != request:
-            self.counters["mismatched_refused"] += 1
-            return None
-        return job
-
-    def _query(self, q: Query) -> None:
-        job = self._known(q.grant, q.request)
-        if job is not None and job.finals:
-            self.counters["queries_answered"] += 1
-            for frame in job.finals:
-                self.link.offer(frame, self.now)
 
     # ----------------------------------------------------------------- time
 
@@ -412,19 +364,7 @@ class ReaderWorker:
         if t.concluded and (
             not t.failed or not any(b.job is job for v in self._line.values() for b in v)
         ):
-            g = job.assign.grant
-            self._jobs.pop(g, None)
-            self._finals[g] = job
-            while len(self._finals) > _FINALS_KEPT:
-                self._finals.popitem(last=False)
-
-    def stats(self) -> dict[str, int]:
-        out = dict(self.counters)
-        out["link_lost"] = self.link.lost
-        out["link_duplicated"] = self.link.duplicated
-        out["link_delayed"] = self.link.delayed
-        out["link_garbage"] = self.link.garbage
-        return out
+            self._concluded(job.assign.grant, job)
 
 
 # =========================================================================== read engines
