@@ -499,7 +499,7 @@ PROFILE = EngineProfile(
     transport="UCX over TCP (UCX_TLS=tcp), loopback, DRAM segments",
     source="read in ai-dynamo/nixl: src/plugins/ucx/ucx_backend.cpp, ucx_utils.cpp, "
     "src/core/nixl_agent.cpp, agent_data.h; measured between two processes on loopback "
-    "(docs/fencing.md, ../shared/notes/nixl-ucx-semantics.md)",
+    "(docs/fencing.md; tests/test_nixl_adapter.py, tests/test_nixl_fence.py)",
     rows=(
         StatusRow(
             '`check_xfer_state(h) == "DONE"` (or `transfer(h)` returning `"DONE"`)',
