@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import multiprocessing
-import os
-from pathlib import Path
 
 import pytest
+from harness_helpers import child_processes
 
 from kvlifetime.harness.decode import SimConfig, run
 from kvlifetime.harness.peer import PeerFailed
@@ -14,26 +13,6 @@ from kvlifetime.harness.report import Report
 
 SEED = 11
 N = 1500
-
-
-def _children() -> list[int]:
-    """Processes whose parent is this one (the harness must leave none behind)."""
-    me = str(os.getpid())
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[1] != me or fields[0] == "Z":
-            continue
-        # multiprocessing's own resource tracker lives as long as this process: not ours.
-        if b"resource_tracker" in (d / "cmdline").read_bytes():
-            continue
-        out.append(int(d.name))
-    return out
 
 
 _cache: dict[tuple[str, int], Report] = {}
@@ -104,7 +83,7 @@ def test_faults_are_exercised() -> None:
 def test_no_process_left_behind() -> None:
     run(SimConfig(policy="naive", requests=200, seed=3))
     assert multiprocessing.active_children() == []
-    assert _children() == []
+    assert child_processes() == []
 
 
 def test_a_peer_that_keeps_crashing_is_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -115,7 +94,7 @@ def test_a_peer_that_keeps_crashing_is_reaped(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(PeerFailed):
         run(SimConfig(requests=100, max_restarts=2))
     assert multiprocessing.active_children() == []
-    assert _children() == []
+    assert child_processes() == []
 
 
 def test_simulate_cli_json_is_the_last_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
-from pathlib import Path
 
 import msgpack
 import pytest
+from harness_helpers import child_processes
 from mooncake_helpers import need_mooncake
 
 from kvlifetime.errors import UsageError
@@ -33,24 +32,6 @@ QUIET = FaultConfig(
     p_malformed=0.0,
     crash=False,
 )
-
-
-def _children() -> list[int]:
-    """Processes whose parent is this one (the harness must leave none behind)."""
-    me = str(os.getpid())
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            cmd = (d / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if fields[1] != me or fields[0] == "Z" or b"resource_tracker" in cmd:
-            continue
-        out.append(int(d.name))
-    return out
 
 
 _cache: dict[tuple[str, int], Report] = {}
@@ -121,7 +102,7 @@ def test_a_planted_stale_read_is_counted_exactly_once() -> None:
 def test_no_process_left_behind() -> None:
     run_pull(PullConfig(policy="naive", requests=200, seed=3))
     assert multiprocessing.active_children() == []
-    assert _children() == []
+    assert child_processes() == []
 
 
 def test_a_reader_that_keeps_crashing_is_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -131,7 +112,7 @@ def test_a_reader_that_keeps_crashing_is_reaped(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(ReaderFailed):
         run_pull(PullConfig(requests=100, max_restarts=2))
     assert multiprocessing.active_children() == []
-    assert _children() == []
+    assert child_processes() == []
 
 
 def test_report_and_table_show_the_reads() -> None:
@@ -284,4 +265,4 @@ def test_mooncake_pull_gives_the_in_process_figures() -> None:
         if policy == "proof":
             assert mc.fences.get("mooncake_target_recreated", 0) >= 1
             assert mc.leaked_blocks == 0 and mc.quarantined_blocks == 0
-    assert _children() == []
+    assert child_processes() == []
