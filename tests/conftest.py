@@ -13,9 +13,22 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
+from kvlifetime.harness.transfer import InprocEngine, InprocTarget
+
 
 @pytest.fixture(autouse=True)
 def _structlog_unconfigured() -> Iterator[None]:
     structlog.reset_defaults()
     yield
     structlog.reset_defaults()
+
+
+@pytest.fixture
+def inproc() -> Iterator[tuple[InprocTarget, InprocEngine]]:
+    """A small in-process target (16 blocks of 4 KiB) and an engine writing into it, whose
+    FAILED batches' other slices land 3 ticks later."""
+    target = InprocTarget(16 * 4096)
+    engine = InprocEngine(target.descriptor(), 8 * 4096, straggle_ticks=3)
+    yield target, engine
+    engine.close()
+    target.close()

@@ -8,7 +8,6 @@ Tests that need Mooncake run for real when ``mooncake.engine`` imports; with
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -141,15 +140,6 @@ def test_profile_rows_match_the_adapter() -> None:
 
 
 # --------------------------------------------------------------------------- in-process engine
-
-
-@pytest.fixture
-def inproc() -> Iterator[tuple[InprocTarget, InprocEngine]]:
-    target = InprocTarget(16 * 4096)
-    engine = InprocEngine(target.descriptor(), 8 * 4096, straggle_ticks=3)
-    yield target, engine
-    engine.close()
-    target.close()
 
 
 def test_inproc_failed_batch_still_lands_later(inproc: tuple[InprocTarget, InprocEngine]) -> None:

@@ -109,9 +109,9 @@ def landed_after(arena: np.ndarray[Any, Any]) -> int:
 
 
 def own_sockets_on(ports: frozenset[int]) -> list[tuple[str, int]]:
-    from kvlifetime.adapters.mooncake import _own_tcp_sockets
+    from kvlifetime.adapters.sockets import own_tcp_sockets
 
-    return [s for s in _own_tcp_sockets() if s[1] in ports]
+    return [s for s in own_tcp_sockets() if s[1] in ports]
 
 
 def test_unregister_is_not_a_fence_the_measurement_sees_late_bytes(target: Any) -> None:

@@ -17,7 +17,7 @@ import pytest
 from nixl_helpers import Initiator, need_nixl
 
 from kvlifetime.adapters import nixl
-from kvlifetime.adapters.mooncake import _own_tcp_sockets
+from kvlifetime.adapters.sockets import own_tcp_sockets
 from kvlifetime.errors import FenceUnavailable
 
 ARENA = 64 << 20
@@ -60,7 +60,7 @@ def landed_after(arena: np.ndarray[Any, Any]) -> int:
 
 
 def on_ports(ports: frozenset[int]) -> list[tuple[str, int]]:
-    return [s for s in _own_tcp_sockets() if s[1] in ports]
+    return [s for s in own_tcp_sockets() if s[1] in ports]
 
 
 def test_the_control_sees_late_bytes(target: Any) -> None:

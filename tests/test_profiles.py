@@ -325,15 +325,6 @@ def test_mooncake_adapter_never_calls_transfer_check_status() -> None:
 # --------------------------------------------------------------------------- inproc, measured
 
 
-@pytest.fixture
-def inproc() -> Iterator[tuple[InprocTarget, InprocEngine]]:
-    target = InprocTarget(16 * 4096)
-    engine = InprocEngine(target.descriptor(), 8 * 4096, straggle_ticks=3)
-    yield target, engine
-    engine.close()
-    target.close()
-
-
 def test_inproc_completed_means_landed(inproc: tuple[InprocTarget, InprocEngine]) -> None:
     target, engine = inproc
     for i in range(1, 50):

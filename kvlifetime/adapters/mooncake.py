@@ -19,7 +19,6 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,6 +26,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from kvlifetime.adapters.sockets import fence_observable, listening_ports, wait_closed
 from kvlifetime.errors import FenceUnavailable, UsageError
 from kvlifetime.evidence import (
     Claim,
@@ -181,54 +181,14 @@ def _new_engine() -> Any:
     return _new_engine_with_ports()[0]
 
 
-# ---------------------------------------------------------------- what this process listens on
+# ---------------------------------------------------------------- the engine's ports
 #
-# A fence must be *observed* complete: the target's engine is gone once no socket of this
-# process is bound to its ports any more (its data listener, the sessions accepted on it, and
-# the handshake listener). Mooncake's Python binding names the handshake (rpc) port only; the
-# data port is found as the other listening port that appeared while the engine started.
+# A fence must be *observed* complete (``adapters.sockets``): the target's engine is gone once
+# no socket of this process is bound to its ports any more. Mooncake's Python binding names the
+# handshake (rpc) port only; the data port is found as the other listening port that appeared
+# while the engine started.
 
 _ENGINE_LOCK = threading.Lock()  # engines start one at a time, so new ports are attributable
-_TCP_TABLES = ("/proc/self/net/tcp", "/proc/self/net/tcp6")
-_LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp
-
-
-def _socket_inodes() -> set[str]:
-    inodes: set[str] = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue  # closed meanwhile
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    return inodes
-
-
-def _own_tcp_sockets() -> list[tuple[str, int]]:
-    """(state, local port) of every TCP socket this process holds open."""
-    inodes = _socket_inodes()
-    found: list[tuple[str, int]] = []
-    for table in _TCP_TABLES:
-        try:
-            with open(table) as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            cols = row.split()
-            if len(cols) > 9 and cols[9] in inodes:
-                found.append((cols[3], int(cols[1].rsplit(":", 1)[1], 16)))
-    return found
-
-
-def _listening_ports() -> set[int]:
-    return {port for state, port in _own_tcp_sockets() if state == _LISTEN}
-
-
-def fence_observable() -> bool:
-    """Whether this platform lets the adapter see its own sockets (Linux ``/proc``)."""
-    return os.path.isdir("/proc/self/fd") and any(os.path.exists(t) for t in _TCP_TABLES)
 
 
 def _new_engine_with_ports() -> tuple[Any, frozenset[int]]:
@@ -238,12 +198,12 @@ def _new_engine_with_ports() -> tuple[Any, frozenset[int]]:
     module = _engine_module()
     with _ENGINE_LOCK:
         observable = fence_observable()
-        before = _listening_ports() if observable else set()
+        before = listening_ports() if observable else set()
         te = module.TransferEngine()
         rc = te.initialize(LOOPBACK, METADATA, "tcp", "")
         if rc != 0:
             raise OSError(f"mooncake TransferEngine.initialize returned {rc}")
-        appeared = _listening_ports() - before if observable else set()
+        appeared = listening_ports() - before if observable else set()
     rpc = int(te.get_rpc_port())
     ports = frozenset(appeared) if rpc in appeared and len(appeared) == 2 else frozenset()
     return te, ports
@@ -251,7 +211,6 @@ def _new_engine_with_ports() -> tuple[Any, frozenset[int]]:
 
 FENCE_RECREATED = "mooncake_target_recreated"
 _FENCE_ATTEMPTS = 8  # engines started before one lands on ports this target never used
-_FENCE_OBSERVE_S = 10.0  # how long the old engine's sockets may take to be seen gone
 
 
 class MooncakeTarget:
@@ -341,14 +300,7 @@ class MooncakeTarget:
             # Refuse new requests at once while the engine goes; the destructor does the rest.
             old.unregister_memory(self._ptr)
         del old  # the only reference: the engine is destroyed here, synchronously
-        deadline = time.monotonic() + _FENCE_OBSERVE_S
-        while any(port in old_ports for _state, port in _own_tcp_sockets()):
-            if time.monotonic() > deadline:
-                raise FenceUnavailable(
-                    "mooncake TCP: the old engine's sockets are still open "
-                    f"(ports {sorted(old_ports)}): something still holds it; not fenced"
-                )
-            time.sleep(0.01)
+        wait_closed(old_ports, "mooncake TCP")
         self.fences += 1
         return FENCE_RECREATED
 
@@ -406,7 +358,18 @@ class MooncakeEngine:
         return self._staging
 
     def submit(self, slices: Sequence[Slice]) -> int:
-        bid = self._engine.batch_transfer_async_write(
+        """Post one batch of WRITEs (staging -> the target's memory)."""
+        return self._post(self._engine.batch_transfer_async_write, slices)
+
+    def submit_read(self, slices: Sequence[Slice]) -> int:
+        """Post one batch of READs (the target's memory -> staging) with
+        ``batch_transfer_async_read``: the target checks each slice's range when it reads the
+        request (outside its registered memory: refused, the batch FAILs), then sends the
+        bytes; statuses are read on the waiter thread exactly as for writes."""
+        return self._post(self._engine.batch_transfer_async_read, slices)
+
+    def _post(self, transfer: Any, slices: Sequence[Slice]) -> int:
+        bid = transfer(
             self._target,
             [self._src + s[0] for s in slices],
             [s[1] for s in slices],

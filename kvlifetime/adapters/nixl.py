@@ -67,12 +67,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kvlifetime.adapters.mooncake import (
-    GrantTransfers,
-    _listening_ports,
-    _own_tcp_sockets,
-    fence_observable,
-)
+from kvlifetime.adapters.mooncake import GrantTransfers
+from kvlifetime.adapters.sockets import fence_observable, listening_ports, wait_closed
 from kvlifetime.errors import FenceUnavailable, UsageError
 from kvlifetime.evidence import Claim
 from kvlifetime.harness.transfer import Slice, Status
@@ -98,7 +94,6 @@ IN_PROGRESS = "PROC"
 TCP = "tcp"
 FENCE_RECREATED = "nixl_target_agent_recreated"
 _FENCE_ATTEMPTS = 8  # agents started before one lands on ports this target never used
-_FENCE_OBSERVE_S = 10.0  # how long the old agent's sockets may take to be seen gone
 _POLL_S = 0.0005  # the waiter's pause between sweeps of the transfers in flight
 
 
@@ -189,13 +184,13 @@ def _new_agent(name: str) -> tuple[Any, frozenset[int]]:
     api = _api()
     with _AGENT_LOCK:
         observable = fence_observable()
-        before = _listening_ports() if observable else set()
+        before = listening_ports() if observable else set()
         agent = api.nixl_agent(
             name, api.nixl_agent_config(enable_prog_thread=True, backends=["UCX"])
         )
         if "UCX" not in agent.backends:
             raise OSError("nixl: the UCX backend did not load")
-        appeared = _listening_ports() - before if observable else set()
+        appeared = listening_ports() - before if observable else set()
     return agent, frozenset(appeared)
 
 
@@ -319,14 +314,7 @@ class NixlTarget:
         if was_registered:
             old.deregister_memory(old_reg)
         del old, old_reg  # the only references: the agent is destroyed here, synchronously
-        deadline = time.monotonic() + _FENCE_OBSERVE_S
-        while any(port in old_ports for _state, port in _own_tcp_sockets()):
-            if time.monotonic() > deadline:
-                raise FenceUnavailable(
-                    "nixl: the old agent's sockets are still open "
-                    f"(ports {sorted(old_ports)}): something still holds it; not fenced"
-                )
-            time.sleep(0.01)
+        wait_closed(old_ports, "nixl")
         self.fences += 1
         return FENCE_RECREATED
 

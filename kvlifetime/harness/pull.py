@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -141,7 +141,7 @@ class PullConfig:
 
 PULL_BACKENDS: tuple[str, ...] = ("inproc", "mooncake")
 """Backends with an asynchronous batch READ: the in-process engine's ``submit_read`` and
-Mooncake's ``batch_transfer_async_read`` (``MooncakeReadEngine``)."""
+Mooncake's ``batch_transfer_async_read`` (``MooncakeEngine.submit_read``)."""
 
 
 def _is_int(v: object) -> bool:
@@ -379,48 +379,10 @@ def make_read_engine(
 
         return InprocEngine(source, staging_bytes, straggle_ticks=faults.straggle_ticks)
     if kind == "mooncake":
-        return MooncakeReadEngine(source, staging_bytes)
+        from kvlifetime.adapters.mooncake import MooncakeEngine
+
+        return MooncakeEngine(source, staging_bytes)  # its submit_read posts the READs
     raise ValueError(f"unknown transfer engine {kind!r}")
-
-
-def _mooncake_read_engine_class() -> type[Any]:
-    import concurrent.futures
-
-    from kvlifetime.adapters.mooncake import _REFUSED_BATCH_IDS, MooncakeEngine
-
-    class _MooncakeReadEngine(MooncakeEngine):
-        """Mooncake's ``batch_transfer_async_read`` (TCP, protocol v2): the target (prefill)
-        checks each slice's range when it reads the request (an address outside its registered
-        memory is refused and the batch FAILs), then sends the bytes; statuses are read on the
-        waiter thread exactly as for writes."""
-
-        def submit_read(self, slices: Sequence[Slice]) -> int:
-            bid = self._engine.batch_transfer_async_read(
-                self._target,
-                [self._src + s[0] for s in slices],
-                [s[1] for s in slices],
-                [s[2] for s in slices],
-            )
-            with self._lock:
-                handle = self._next
-                self._next += 1
-            fut: concurrent.futures.Future[int]
-            if bid is None or int(bid) in _REFUSED_BATCH_IDS:
-                fut = concurrent.futures.Future()
-                fut.set_result(int(Status.FAILED))
-            else:
-                fut = self._waiter.submit(self._status, int(bid), sum(s[2] for s in slices))
-            self._futures[handle] = fut
-            return handle
-
-    return _MooncakeReadEngine
-
-
-def MooncakeReadEngine(source: Mapping[str, Any], staging_bytes: int) -> ReadEngine:
-    """Decode's side of the pull direction on Mooncake TCP: batched asynchronous READs from
-    prefill's ``MooncakeTarget`` into a registered staging buffer."""
-    engine: ReadEngine = _mooncake_read_engine_class()(source, staging_bytes)
-    return engine
 
 
 def reader_main(cfg: dict[str, Any]) -> None:
