@@ -17,7 +17,7 @@ import structlog
 from kvlifetime.evidence import Evidence
 from kvlifetime.grant import GrantId
 from kvlifetime.harness.faults import FaultConfig, FaultyLink
-from kvlifetime.harness.wire import EvidenceMsg, Message, Query, encode
+from kvlifetime.harness.wire import INT64_MAX, UINT32_MAX, EvidenceMsg, Message, Query, encode
 
 log = structlog.get_logger("kvlifetime")
 
@@ -27,6 +27,27 @@ FINALS_KEPT = 8192  # concluded grants whose final messages can still be sent ag
 class _Assigned(Protocol):
     @property
     def request(self) -> int | str: ...
+
+
+class _Grantlike(Protocol):
+    """What an assignment of a grant to this initiator says (``Assign``, ``ReadAssign``)."""
+
+    @property
+    def grant(self) -> GrantId: ...
+    @property
+    def peer(self) -> str: ...
+    @property
+    def request(self) -> int | str: ...
+    @property
+    def blocks(self) -> tuple[int, ...]: ...
+    @property
+    def generations(self) -> tuple[int, ...]: ...
+    @property
+    def addresses(self) -> tuple[int, ...]: ...
+
+
+def is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 class Job(Protocol):
@@ -72,6 +93,34 @@ class InitiatorWorker(Generic[JobT]):
         self.now = 0
 
     # ----------------------------------------------------------------- messages
+
+    def _unfit_grant(self, a: _Grantlike, arena: str, *, distinct: bool = False) -> str | None:
+        """Why this worker cannot take the grant ``a`` assigns (None: it can), checked before
+        anything changes: a refused assignment posts nothing, so nothing of it touches memory.
+        ``arena`` names the owner's memory in the reason; ``distinct``: a block named twice is
+        refused too."""
+        if a.grant in self._jobs or a.grant in self._finals:
+            return "grant already assigned"
+        if a.peer != self.peer:
+            return f"grant is to {a.peer!r}, this worker is {self.peer!r}"
+        r = a.request
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r <= INT64_MAX:
+            return f"request must be a request number in [0, {INT64_MAX}], got {r!r}"
+        n = len(a.blocks)
+        if n == 0 or len(a.generations) != n or len(a.addresses) != n:
+            return "blocks, generations and addresses differ in length"
+        bb, nblocks = self.block_bytes, self._nbytes // self.block_bytes
+        if not all(is_int(b) and 0 <= b < nblocks for b in a.blocks):
+            return f"a block id outside the {arena} {nblocks} blocks"
+        if distinct and len(set(a.blocks)) != n:
+            return "a block named twice"
+        if not all(is_int(g) and 0 <= g <= UINT32_MAX for g in a.generations):
+            return "a generation outside [0, 2**32)"
+        for addr in a.addresses:
+            off = addr - self._base if is_int(addr) else -1
+            if off < 0 or off % bb or off + bb > self._nbytes:
+                return f"address {addr!r} is not a block of the {arena} arena"
+        return None
 
     def refuse(self, error: Exception, frame: bytes) -> None:
         """A frame that is not a message: logged and counted, and the worker goes on."""
@@ -136,6 +185,18 @@ class InitiatorWorker(Generic[JobT]):
         self._finals[grant] = job
         while len(self._finals) > FINALS_KEPT:
             self._finals.popitem(last=False)
+
+    def _advance_clock(self, n: int) -> bool:
+        """Move to tick ``n``; False for a tick before the current one (time never goes back:
+        it is counted and does nothing but its ``TickDone``). A non-int or one beyond int64,
+        which the schema never lets through, raises ``ValueError``."""
+        if is_int(n) and n < self.now:
+            self.counters["stale_ticks_refused"] += 1
+            return False
+        if not is_int(n) or n > INT64_MAX:
+            raise ValueError(f"tick must be an int in [0, {INT64_MAX}], got {n!r}")
+        self.now = n
+        return True
 
     def stats(self) -> dict[str, int]:
         out = dict(self.counters)

@@ -28,12 +28,10 @@ from kvlifetime.harness.faults import (
     chunks,
     plan,
 )
-from kvlifetime.harness.initiator import InitiatorWorker
+from kvlifetime.harness.initiator import InitiatorWorker, is_int
 from kvlifetime.harness.peer import serve
 from kvlifetime.harness.transfer import Slice, Status, TransferEngine
 from kvlifetime.harness.wire import (
-    INT64_MAX,
-    UINT32_MAX,
     Abort,
     Assign,
     EvidenceMsg,
@@ -129,28 +127,10 @@ class PrefillWorker(InitiatorWorker[_Job]):
     def _unfit(self, a: Assign) -> str | None:
         """Why this worker cannot take ``a`` (None: it can). Checked before anything changes:
         a refused Assign posts nothing, so nothing of it can ever land."""
-        if a.grant in self._jobs or a.grant in self._finals:
-            return "grant already assigned"
-        if a.peer != self.peer:
-            return f"grant is to {a.peer!r}, this worker is {self.peer!r}"
-        r = a.request
-        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r <= INT64_MAX:
-            return f"request must be a request number in [0, {INT64_MAX}], got {r!r}"
-        n = len(a.blocks)
-        if n == 0 or len(a.generations) != n or len(a.addresses) != n:
-            return "blocks, generations and addresses differ in length"
-        bb, nblocks = self.block_bytes, self._nbytes // self.block_bytes
-        if not all(_is_int(b) and 0 <= b < nblocks for b in a.blocks):
-            return f"a block id outside the target's {nblocks} blocks"
-        if not all(_is_int(g) and 0 <= g <= UINT32_MAX for g in a.generations):
-            return "a generation outside [0, 2**32)"
-        for addr in a.addresses:
-            off = addr - self._base if _is_int(addr) else -1
-            if off < 0 or off % bb or off + bb > self._nbytes:
-                return f"address {addr!r} is not a block of the target's arena"
-        if not _is_int(a.tokens) or a.tokens < 0:
+        why = self._unfit_grant(a, "target's")
+        if why is None and (not is_int(a.tokens) or a.tokens < 0):
             return f"tokens must be an int >= 0, got {a.tokens!r}"
-        return None
+        return why
 
     def _abort(self, m: Abort) -> None:
         job = self._known(m.grant, m.request)
@@ -173,12 +153,8 @@ class PrefillWorker(InitiatorWorker[_Job]):
 
         Time never goes back: a tick before the current one does nothing (counted) but its
         ``TickDone``. A tick that skips ahead lands every batch due by then."""
-        if _is_int(n) and n < self.now:
-            self.counters["stale_ticks_refused"] += 1
+        if not self._advance_clock(n):
             return [encode(TickDone(n))]
-        if not _is_int(n) or n > INT64_MAX:
-            raise ValueError(f"tick must be an int in [0, {INT64_MAX}], got {n!r}")
-        self.now = n
         for job in list(self._jobs.values()):
             if job.next_tick <= n and job.transfers.last_seq is None:
                 self._step(job)
@@ -258,10 +234,6 @@ class PrefillWorker(InitiatorWorker[_Job]):
 
     def busy(self) -> bool:
         return bool(self._jobs) or bool(self._line) or self.link.pending() > 0
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 # =========================================================================== the process

@@ -70,8 +70,6 @@ from kvlifetime.harness.report import Report
 from kvlifetime.harness.simulate import BACKENDS, PULL_POLICIES
 from kvlifetime.harness.transfer import InprocTarget, ReadEngine, Slice, Status, TargetMemory
 from kvlifetime.harness.wire import (
-    INT64_MAX,
-    UINT32_MAX,
     EvidenceMsg,
     MalformedMessage,
     Message,
@@ -142,10 +140,6 @@ class PullConfig:
 PULL_BACKENDS: tuple[str, ...] = ("inproc", "mooncake")
 """Backends with an asynchronous batch READ: the in-process engine's ``submit_read`` and
 Mooncake's ``batch_transfer_async_read`` (``MooncakeEngine.submit_read``)."""
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 # =========================================================================== the reader (decode)
@@ -234,40 +228,15 @@ class ReaderWorker(InitiatorWorker[_Job]):
     def _unfit(self, a: ReadAssign) -> str | None:
         """Why this worker cannot take ``a`` (None: it can), checked before anything changes:
         a refused ReadAssign posts nothing, so nothing of it is ever read."""
-        if a.grant in self._jobs or a.grant in self._finals:
-            return "grant already assigned"
-        if a.peer != self.peer:
-            return f"grant is to {a.peer!r}, this worker is {self.peer!r}"
-        r = a.request
-        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r <= INT64_MAX:
-            return f"request must be a request number in [0, {INT64_MAX}], got {r!r}"
-        n = len(a.blocks)
-        if n == 0 or len(a.generations) != n or len(a.addresses) != n:
-            return "blocks, generations and addresses differ in length"
-        bb, nblocks = self.block_bytes, self._nbytes // self.block_bytes
-        if not all(_is_int(b) and 0 <= b < nblocks for b in a.blocks):
-            return f"a block id outside the source's {nblocks} blocks"
-        if len(set(a.blocks)) != n:
-            return "a block named twice"
-        if not all(_is_int(g) and 0 <= g <= UINT32_MAX for g in a.generations):
-            return "a generation outside [0, 2**32)"
-        for addr in a.addresses:
-            off = addr - self._base if _is_int(addr) else -1
-            if off < 0 or off % bb or off + bb > self._nbytes:
-                return f"address {addr!r} is not a block of the source arena"
-        return None
+        return self._unfit_grant(a, "source's", distinct=True)
 
     # ----------------------------------------------------------------- time
 
     def tick(self, n: int) -> list[bytes]:
         """Do tick ``n``'s work; return the frames due now (``ReaderPending`` and ``TickDone``
         last). Time never goes back (a stale tick does nothing but its ``TickDone``)."""
-        if _is_int(n) and n < self.now:
-            self.counters["stale_ticks_refused"] += 1
+        if not self._advance_clock(n):
             return [encode(TickDone(n))]
-        if not _is_int(n) or n > INT64_MAX:
-            raise ValueError(f"tick must be an int in [0, {INT64_MAX}], got {n!r}")
-        self.now = n
         for job in list(self._jobs.values()):
             if job.transfers.last_seq is not None:
                 continue
