@@ -1,4 +1,4 @@
-"""Claims and the acknowledgement classes (DESIGN §3).
+"""Claims and the acknowledgement classes (docs/evidence.md).
 
 Evidence is data: an immutable object that states exactly what it proves, about which grant,
 and nothing more. It never mutates anything by itself; ``BlockLedger.apply`` (through

@@ -1,4 +1,4 @@
-"""Argument checks for every public call, in one place (DESIGN §3 "What bad input gets").
+"""Argument checks for every public call, in one place (README, "Strict inputs").
 
 Every public entry point of ``BlockLedger``, the evidence classes and ``Grant`` validates its
 arguments with these functions *before* it touches anything, so that a refused call raises one of

@@ -231,7 +231,8 @@ def _empty() -> BlockIds:
 
 
 class BlockLedger:
-    """The lifetime of every block of one KV pool, guarded by evidence. See DESIGN §3-§4.
+    """The lifetime of every block of one KV pool, guarded by evidence. See README "Embedding
+    the ledger" and docs/ledger-api.md.
 
     Every public call validates its arguments (``kvlifetime.inputs``) before it touches
     anything: a refused call raises a ``KVLifetimeError`` and changes nothing, for anyone.

@@ -136,7 +136,7 @@ REQUEST_GUARDS: Mapping[str, Callable[[RequestFacts], bool]] = {
 
 
 class RequestLifecycle(StateMachine):
-    """The lifetime of one request (DESIGN §3, "Request lifecycle").
+    """The lifetime of one request (docs/request.md).
 
     ``facts`` is read by the guards; the machine never changes it.
     """
@@ -297,7 +297,7 @@ BLOCK_GUARDS: Mapping[str, Callable[[BlockFacts], bool]] = {
 
 
 class BlockLifecycle(StateMachine):
-    """The lifetime of one KV block (DESIGN §3, "Block lifecycle").
+    """The lifetime of one KV block (docs/block.md).
 
     A block that is not ``free`` is never handed out as a fresh block; it is handed out shared
     only from ``owned`` / ``exposed`` with no open write grant.

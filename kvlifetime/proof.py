@@ -1,6 +1,7 @@
 """What has been proven about one grant: evidence accumulated, independent of arrival order.
 
-This is the one place where DESIGN §3's evidence rules live:
+This is the one place where the evidence rules live (README, "What each piece of evidence
+proves"; docs/evidence.md):
 
 - a grant is **closed** when access was revoked, or when scheduling stopped at ``last_seq = N``
   and every transfer through ``N`` ended (in either order), or when the transfer completed;

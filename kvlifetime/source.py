@@ -1,4 +1,4 @@
-"""Who said it: the source every piece of evidence carries (DESIGN: "Who may prove what").
+"""Who said it: the source every piece of evidence carries (README, "Who may prove what").
 
 A claim is only as good as whoever makes it, so the ledger never reads a claim without its
 source. There are two kinds:

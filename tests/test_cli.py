@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import structlog
+from mooncake_helpers import need_mooncake
+from nixl_helpers import need_nixl
 from structlog.testing import capture_logs
 
 from kvlifetime import cli
@@ -181,8 +183,13 @@ def test_docs_needs_out(capsys: Capsys) -> None:
 # --------------------------------------------------------------------------- demo
 
 
-@pytest.mark.parametrize("backend", ["inproc", "mooncake"])
+@pytest.mark.parametrize("backend", ["inproc", "mooncake", "nixl"])
 def test_demo(capsys: Capsys, tmp_path: Path, backend: str) -> None:
+    """What `make demo`, `make demo-mooncake` and `make demo-nixl` run, at a small size."""
+    if backend == "mooncake":
+        need_mooncake()
+    elif backend == "nixl":
+        need_nixl()
     out_dir = tmp_path / "out"
     status, out, _ = run(
         capsys, "demo", "--out", str(out_dir), "--backend", backend, "--requests", "200"

@@ -35,7 +35,7 @@ from kvlifetime.source import LOCAL, Source
 C = Claim
 GID = GrantId("inc-a", 7)
 
-# DESIGN §3, "Evidence and claims", as data.
+# docs/evidence.md, "Evidence and what it proves", as data.
 EXPECTED_PROVES: dict[type[Evidence], frozenset[Claim]] = {
     CancelReceived: frozenset({C.CANCEL_RECEIVED}),
     SchedulingStopped: frozenset({C.CANCEL_RECEIVED, C.SCHEDULING_STOPPED}),

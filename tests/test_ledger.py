@@ -1,4 +1,4 @@
-"""BlockLedger unit tests: every method and every error (DESIGN §3, docs/ledger-api.md).
+"""BlockLedger unit tests: every method and every error (docs/ledger-api.md).
 
 Each test asserts the whole observable state after its steps (h11-style), and every refusal is
 checked to change nothing (``fingerprint()`` before and after).

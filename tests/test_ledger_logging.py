@@ -1,4 +1,4 @@
-"""BlockLedger logging (DESIGN §4, "Logging"; docs/ledger-api.md, "Structured log events").
+"""BlockLedger logging (README, "Logging"; docs/ledger-api.md, "Structured log events").
 
 One ``request_transition`` event per transition, with its fields; refusals and unsafe releases at
 warning; and silence when the application did not configure structlog.

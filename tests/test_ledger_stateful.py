@@ -208,7 +208,8 @@ class SReq:
 
 
 class Shadow:
-    """What the ledger must look like, written from DESIGN §3 alone."""
+    """What the ledger must look like, written from the contract alone (README,
+    docs/evidence.md, docs/block.md)."""
 
     def __init__(self) -> None:
         self.reqs: dict[RequestKey, SReq] = {}
@@ -238,7 +239,7 @@ class Shadow:
         return BlockState.DRAINING
 
     def advance(self, r: SReq) -> list[tuple[str, str, str]]:
-        """The chain of named transitions the evidence now proves (DESIGN §3)."""
+        """The chain of named transitions the evidence now proves (docs/request.md)."""
         out: list[tuple[str, str, str]] = []
         while True:
             op = r.open()
@@ -430,7 +431,7 @@ class LedgerMachine(RuleBasedStateMachine):
         try:
             self.L.acquire(key, ids, shared=True)
         except errors.BlockUnavailable:
-            assert stricter, f"sharing {ids} refused although DESIGN §3 allows it"
+            assert stricter, f"sharing {ids} refused although the contract allows it"
             assert self.L.fingerprint() == fp
             return
         if r is None:
@@ -463,7 +464,7 @@ class LedgerMachine(RuleBasedStateMachine):
         try:
             g = self.L.grant(key, peer, ids, access, deadline=dl)
         except errors.BlockUnavailable:
-            # Stricter than DESIGN only for a write grant by a sharer that is the last holder.
+            # Stricter than the contract only for a write grant by a sharer that is the last holder.
             assert access is Access.WRITE and set(ids) & r.shared
             assert self.L.fingerprint() == fp
             return

@@ -1,5 +1,5 @@
 """BlockLedger under threads: evidence arrives on transfer-engine threads while the scheduler
-allocates and releases (DESIGN §4, "Threads"). At the end nothing is lost: every block is
+allocates and releases (README, "Embedding the ledger"). At the end nothing is lost: every block is
 accounted for, every generation bumped exactly once per release, every refusal counted."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def evidence_for(g: Grant, rng: random.Random) -> list[Evidence]:
 
 
 def closes(evs: list[Evidence]) -> bool:
-    """Whether this evidence of one grant proves it closed (DESIGN §3), computed here."""
+    """Whether this evidence of one grant proves it closed (docs/evidence.md), computed here."""
     last = [e.last_seq for e in evs if isinstance(e, SchedulingStopped | TransferCompleted)]
     through = [e.through_seq for e in evs if isinstance(e, TransferQuiesced)]
     through += [e.last_seq for e in evs if isinstance(e, TransferCompleted)]

@@ -1,4 +1,5 @@
-"""GrantProof: what accumulated evidence adds up to, independent of arrival order (DESIGN §3)."""
+"""GrantProof: what accumulated evidence adds up to, independent of arrival order
+(docs/evidence.md)."""
 
 from __future__ import annotations
 

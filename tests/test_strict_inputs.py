@@ -1,4 +1,4 @@
-"""Strict inputs (DESIGN §3 "What bad input gets", issue 10 item 4).
+"""Strict inputs (README, "Strict inputs").
 
 Every public entry point of ``BlockLedger``, the evidence classes and ``Grant`` is walked with a
 table of bad values. Each refusal must raise the right kvlifetime error class (never a
@@ -363,7 +363,7 @@ def test_every_entry_point_refuses_bad_values_and_changes_nothing(
 )
 def test_apply_refuses_what_is_not_evidence(bad: object) -> None:
     L = populated()
-    # Refused evidence is counted (DESIGN: logged and counted); nothing else changes.
+    # Refused evidence is counted (README: logged and counted); nothing else changes.
     assert_refused(L, lambda L: L.apply(bad), MalformedEvidence, evidence_counters=False)  # type: ignore[arg-type]
 
 

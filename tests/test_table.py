@@ -1,8 +1,8 @@
 """The contract, pinned: every (state, event) pair of both lifecycles, allowed and forbidden.
 
-``EXPECTED_*`` below is written by hand from DESIGN.md §3 and is the reference; the compiled
-tables and the python-statemachine machines must both agree with it, pair by pair, under facts
-that make each guard hold and fail.
+``EXPECTED_*`` below is written by hand from the contract (README, docs/request.md) and is
+the reference; the compiled tables and the python-statemachine machines must both agree with
+it, pair by pair, under facts that make each guard hold and fail.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``kvlifetime verify`` with lying peers (``--faults lie``): DESIGN, "Who may prove what".
+"""``kvlifetime verify`` with lying peers (``--faults lie``): README, "Who may prove what".
 
 A lying peer sends, at any moment, every claim it may not make. With provenance (every policy
 but ``trusting``) the real ledger refuses each one as unauthorized and nothing changes, so the

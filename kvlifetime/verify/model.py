@@ -801,7 +801,7 @@ def _ask_lies(
         out.append(i)
         scratch = None
     if refused_any and scratch is not None and scratch.fingerprint() != snap.fingerprint():
-        # Refused evidence changes nothing (DESIGN, "What bad input gets"), else a refused lie
+        # Refused evidence changes nothing (README, "Strict inputs"), else a refused lie
         # is no self-loop and leaving it out is unsound: take each one that changed the ledger
         # (its step breaks).
         out.extend(i for i, (_lie, ev) in enumerate(table) if i not in out and _changes(base, ev))
