@@ -46,7 +46,7 @@ from kvlifetime.errors import (
     UnauthorizedEvidence,
     UsageError,
 )
-from kvlifetime.evidence import AccessRevoked, PeerLost, SchedulingStopped, TransferCompleted
+from kvlifetime.evidence import PeerLost, SchedulingStopped, TransferCompleted
 from kvlifetime.grant import Grant
 from kvlifetime.harness import pattern
 from kvlifetime.harness.faults import (
@@ -58,6 +58,7 @@ from kvlifetime.harness.faults import (
     restart_tick,
 )
 from kvlifetime.harness.oracle import ArenaDiff, TransportOracle
+from kvlifetime.harness.owner import FencingOwner
 from kvlifetime.harness.peer import PeerFailed, PeerProcess, fence_peer, peer_config
 from kvlifetime.harness.report import Report
 from kvlifetime.harness.simulate import BACKENDS, POLICIES, RESTARTS
@@ -177,7 +178,9 @@ def make_target(backend: str, nbytes: int) -> TargetMemory:
     return MooncakeTarget(nbytes)
 
 
-class DecodeWorker:
+class DecodeWorker(FencingOwner):
+    cfg: SimConfig
+
     def __init__(self, cfg: SimConfig, target: TargetMemory, ledger: BlockLedger) -> None:
         self.cfg = cfg
         self.target = target
@@ -188,8 +191,7 @@ class DecodeWorker:
         self._aborts: dict[int, list[int]] = {}
         self._finishes: dict[int, list[int]] = {}
         self._reaper: list[tuple[int, int]] = []  # (deadline, request): timeout policy
-        self.fences: dict[str, int] = {}  # fence name -> times performed
-        self._fencing = False  # releases made by a fence (not by a late proof)
+        self._init_fencing()
         self._prefix_sources: collections.deque[int] = collections.deque(maxlen=64)
         # The oracle at the transport: the in-process engine's copy log, else an arena diff.
         arena_diff = cfg.oracle == "arena diff" or not isinstance(target, InprocTarget)
@@ -508,31 +510,7 @@ class DecodeWorker:
         for key, r in list(self.reqs.items()):
             if r.grant.peer == peer and r.ended is None and not r.finished and not r.consumed:
                 self.end(key, "lost_to_fence")
-        self.ledger.apply(AccessRevoked(peer, fence=fence))
-        self.fences[fence] = self.fences.get(fence, 0) + 1
-        self._fencing = True
-        try:
-            for rkey, ids in self.ledger.collect_releasable().items():
-                self._release(rkey, ids)
-        finally:
-            self._fencing = False
-
-    def quarantined_blocks(self) -> int:
-        q = self.ledger.stats().blocks_by_state.get(BlockState.QUARANTINED.label, 0)
-        self.count["peak_quarantined_blocks"] = max(self.count["peak_quarantined_blocks"], q)
-        return q
-
-    def wants_fence(self, n: int, *, quiet: bool) -> bool:
-        """The proof policy fences on quarantine pressure (checked every 8 ticks), and once
-        the system is ``quiet`` with only quarantined requests left (so that it ends with
-        nothing lost)."""
-        cfg = self.cfg
-        if n % 8 and not quiet:
-            return False
-        q = self.quarantined_blocks()  # sampled for the report's peak whatever the policy
-        if cfg.policy != "proof" or not cfg.fence:
-            return False
-        return q > 0 and (quiet or 0 < cfg.fence_quarantined_blocks <= q)
+        self._revoked(peer, fence)
 
     # ----------------------------------------------------------------- a decode restart
 

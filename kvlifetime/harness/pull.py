@@ -47,7 +47,6 @@ import structlog
 from kvlifetime.adapters.mooncake import GrantTransfers
 from kvlifetime.errors import EvidenceError, UnauthorizedEvidence, UsageError
 from kvlifetime.evidence import (
-    AccessRevoked,
     Evidence,
     PeerLost,
     SchedulingStopped,
@@ -65,6 +64,7 @@ from kvlifetime.harness.faults import (
 )
 from kvlifetime.harness.initiator import InitiatorWorker
 from kvlifetime.harness.oracle import TransportOracle
+from kvlifetime.harness.owner import FencingOwner
 from kvlifetime.harness.peer import PeerFailed, PeerProcess, fence_peer, peer_config, serve
 from kvlifetime.harness.report import Report
 from kvlifetime.harness.simulate import BACKENDS, PULL_POLICIES
@@ -442,9 +442,11 @@ def make_source(backend: str, nbytes: int) -> TargetMemory:
     return MooncakeTarget(nbytes)
 
 
-class SourceOwner:
+class SourceOwner(FencingOwner):
     """Prefill in the pull direction: the memory owner. It computes KV into its own source
     blocks, grants them READ to the decode peer, and decides when they go back to its pool."""
+
+    cfg: PullConfig
 
     def __init__(self, cfg: PullConfig, source: TargetMemory, ledger: BlockLedger) -> None:
         self.cfg = cfg
@@ -460,8 +462,7 @@ class SourceOwner:
         self.reader_pending = 0  # the reader's last ReaderPending
         self._reaper: list[tuple[int, int]] = []  # (deadline, request): lease policy
         self._ending: list[int] = []  # admitted this tick: prefill ends them at the next
-        self.fences: dict[str, int] = {}
-        self._fencing = False
+        self._init_fencing()
         # Prefill's own view of its arena: the word each block holds (it is the only writer).
         self.oracle = TransportOracle(cfg.num_blocks, cfg.block_bytes, "owner view")
         self.stale_blocks: set[int] = set()
@@ -720,28 +721,7 @@ class SourceOwner:
 
     def fenced(self, peer: str, fence: str) -> None:
         self.reader_lost(peer, "lost_to_fence")
-        self.ledger.apply(AccessRevoked(peer, fence=fence))
-        self.fences[fence] = self.fences.get(fence, 0) + 1
-        self._fencing = True
-        try:
-            for rkey, ids in self.ledger.collect_releasable().items():
-                self._release(rkey, ids)
-        finally:
-            self._fencing = False
-
-    def quarantined_blocks(self) -> int:
-        q = self.ledger.stats().blocks_by_state.get(BlockState.QUARANTINED.label, 0)
-        self.count["peak_quarantined_blocks"] = max(self.count["peak_quarantined_blocks"], q)
-        return q
-
-    def wants_fence(self, n: int, *, quiet: bool) -> bool:
-        cfg = self.cfg
-        if n % 8 and not quiet:
-            return False
-        q = self.quarantined_blocks()
-        if cfg.policy != "proof" or not cfg.fence:
-            return False
-        return q > 0 and (quiet or 0 < cfg.fence_quarantined_blocks <= q)
+        self._revoked(peer, fence)
 
     def idle(self) -> bool:
         """The reader will read nothing more, and every request left is released (its final
