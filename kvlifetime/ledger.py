@@ -12,10 +12,11 @@ What is stored per block, and why only that (12 bytes a block, 16 once ``allocat
 - ``_sharers`` (uint16): how many requests hold it shared (prefix-cache hits). It never wraps:
   the shared acquire that would make it 65,536 is refused (``HolderLimit``, ``MAX_SHARERS``).
 - ``_unsettled`` (uint16; uint32 once the ledger holds 65,535 grant records): how many open
-  grants on the block make its content unsettled — a write grant, or any grant of a request that
-  has ended (the block is draining or quarantined). A shared acquire reads it for its batch
-  only, so its cost does not grow with the number of live sharers. It is kept from the first
-  shared acquire on (built then from the open grants, once): a ledger that never shares never
+  write grants cover the block — while one is open its content is unsettled. Open read grants
+  never unsettle a block, whether their request runs or has ended (draining, quarantined): a
+  reader does not change the content. A shared acquire reads it for its batch only, so its
+  cost does not grow with the number of live sharers. It is kept from the first shared acquire
+  on (built then from the open grants, once): a ledger that never shares never
   pays for it on the grant / evidence hot path. Each count is at most the number of grant
   records, so widening before that number reaches the dtype's limit means it never wraps (and
   ``grant`` refuses the 2**32-1st record: ``HolderLimit``).
@@ -385,8 +386,9 @@ class BlockLedger:
         """Record that ``request`` holds ``ids`` (handed out by the engine's own allocator).
 
         Exclusive: every block must be free. ``shared=True`` (a prefix-cache hit): every block
-        must already be held, with no open write grant, and be neither draining nor
-        quarantined (its content is settled). Refused blocks raise ``BlockUnavailable``.
+        must already be held and have no open write grant (its content is settled; open read
+        grants do not unsettle it, even of a holder that ended). Refused blocks raise
+        ``BlockUnavailable``.
         """
         request = inputs.request_key(request)
         shared = inputs.flag(shared, "shared")
@@ -609,8 +611,8 @@ class BlockLedger:
 
     def _close(self, rec: _GrantRecord) -> None:
         rec.is_open = False
-        if self._tracking and (rec.grant.access is Access.WRITE or rec.req.state != _ADMITTED):
-            self._unsettled[rec.grant.blocks] -= 1  # counted while open (see _moved)
+        if self._tracking and rec.grant.access is Access.WRITE:
+            self._unsettled[rec.grant.blocks] -= 1  # counted while open
         serial = rec.grant.id.serial
         del rec.req.open[serial]
         peer_open = self._by_peer[rec.grant.peer]
@@ -770,9 +772,8 @@ class BlockLedger:
         for serial, rec in req.grants.items():
             del self._grants[serial]
             if serial in req.open:
-                # Only force_release forgets an open grant; the request had ended, so it was
-                # counted in _unsettled (see _moved).
-                if self._tracking:
+                # Only force_release forgets an open grant: a write grant was counted.
+                if self._tracking and rec.grant.access is Access.WRITE:
                     self._unsettled[rec.grant.blocks] -= 1
                 peer_open = self._by_peer[rec.grant.peer]
                 del peer_open[serial]
@@ -819,12 +820,6 @@ class BlockLedger:
         if self.checked:
             self._mirror(req, event, target)
         req.state = target
-        if source == _ADMITTED and req.open and self._tracking:
-            # The owner ended it: its open read grants now unsettle their blocks too (draining
-            # or quarantined, not shareable). Write grants were counted when they opened.
-            for open_rec in req.open.values():
-                if open_rec.grant.access is Access.READ:
-                    self._unsettled[open_rec.grant.blocks] += 1
         if target in _BOOKKEEPING:
             if target == _TRANSFER_QUIESCED:
                 self._releasable[req.key] = None
@@ -1120,9 +1115,8 @@ class BlockLedger:
         keep it up to date from then on."""
         unsettled = np.zeros(self.num_blocks, dtype=self._unsettled.dtype)
         for req in self._requests.values():
-            ended = req.state != _ADMITTED
             for rec in req.open.values():
-                if ended or rec.grant.access is Access.WRITE:
+                if rec.grant.access is Access.WRITE:
                     unsettled[rec.grant.blocks] += 1  # a grant's blocks are distinct
         self._unsettled = unsettled
         self._tracking = True
@@ -1212,13 +1206,14 @@ class BlockLedger:
             or any(np.isin(arr, s, assume_unique=True).any() for s in req.shared)
         ):
             raise BlockUnavailable(f"request {req.key!r} already holds some of these blocks")
-        # Settled content only: no open write grant, no holder draining or quarantined.
+        # Settled content only: no open write grant. Open read grants do not unsettle a block,
+        # whether their request runs or has ended (draining, quarantined): a reader does not
+        # change the content.
         unsettled = self._unsettled.take(arr)
         if unsettled.any():
             raise BlockUnavailable(
                 f"blocks {arr[unsettled > 0][:16].tolist()} are not settled: an open write "
-                "grant may still change them, or a holder that ended still has an open grant "
-                "on them (draining or quarantined): not shareable"
+                "grant may still change them: not shareable"
             )
         if len(arr) and int(sharers.max()) >= self.MAX_SHARERS:
             raise HolderLimit(

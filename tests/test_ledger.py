@@ -257,12 +257,12 @@ def test_shared_acquire_refusals() -> None:
     L.acquire("w", [0])
     gw = L.grant("w", "p", [0], Access.WRITE)  # open write grant
     L.acquire("d", [1])
-    L.grant("d", "p", [1], Access.READ)
-    L.finish("d")  # draining
+    L.grant("d", "p", [1], Access.WRITE)
+    L.finish("d")  # draining under a write grant
     L.acquire("q", [2])
-    gq = L.grant("q", "p", [2], Access.READ, deadline=1.0)
+    gq = L.grant("q", "p", [2], Access.WRITE, deadline=1.0)
     L.reject("q")
-    assert L.expire(2.0) == ["q"]  # quarantined
+    assert L.expire(2.0) == ["q"]  # quarantined under a write grant
     L.acquire("a", [3])
     assert_whole_state(
         L,
@@ -272,8 +272,8 @@ def test_shared_acquire_refusals() -> None:
     before = L.fingerprint()
     cases = {
         "under open write grant": [0],
-        "draining": [1],
-        "quarantined": [2],
+        "draining under a write grant": [1],
+        "quarantined under a write grant": [2],
         "nobody holds it": [5],
         "partly free": [3, 5],
     }
@@ -292,6 +292,42 @@ def test_shared_acquire_refusals() -> None:
     with pytest.raises(errors.BlockUnavailable):
         L.acquire("s", [0], shared=True)  # the same sharer twice
     assert gq.blocks.tolist() == [2]
+
+
+def test_read_grants_of_ended_holders_leave_blocks_shareable(checked: bool) -> None:
+    """Only an open write grant unsettles a block: a reader does not change the content, so a
+    block draining or quarantined under read grants only may still be shared (it stays out of
+    the pool until every grant is proven over)."""
+    L = ledger(4, checked=checked)
+    L.acquire("d", [0])
+    gd = L.grant("d", "p", [0], Access.READ)
+    L.finish("d")  # draining under a read grant
+    L.acquire("q", [1])
+    gq = L.grant("q", "p", [1], Access.READ, deadline=1.0)
+    L.reject("q")
+    assert L.expire(2.0) == ["q"]  # quarantined under a read grant
+    assert_whole_state(L, requests={"d": R.FINISHED, "q": R.QUARANTINED}, blocks=[D, QQ, F, F])
+    L.acquire("s", [0, 1], shared=True)
+    assert_whole_state(
+        L,
+        requests={"d": R.FINISHED, "q": R.QUARANTINED, "s": R.ADMITTED},
+        blocks=[X, X, F, F],  # a running holder again, a grant still open
+        holders=[2, 2, 0, 0],
+    )
+    # A write grant stays refused (two holders); a read grant of the sharer is fine.
+    before = L.fingerprint()
+    with pytest.raises(errors.BlockUnavailable):
+        L.grant("s", "p", [0], Access.WRITE)
+    assert L.fingerprint() == before
+    gs = L.grant("s", "p2", [0], Access.READ)
+    # The ended holders let go once their grants are proven over; the sharer keeps the blocks.
+    L.apply(TransferCompleted.of(gd, 1))
+    L.apply(TransferCompleted.of(gq, 1))
+    assert {k: v.tolist() for k, v in L.collect_releasable().items()} == {"d": [], "q": []}
+    L.apply(TransferCompleted.of(gs, 1))
+    L.finish("s")
+    assert sorted(L.release("s").tolist()) == [0, 1]
+    assert_whole_state(L, requests={}, blocks=[F, F, F, F], generations=[1, 1, 0, 0])
 
 
 def test_acquire_by_ended_request_is_illegal() -> None:

@@ -601,50 +601,57 @@ def test_unsettled_counter_widens_before_it_could_wrap() -> None:
     assert L.holders([0]).tolist() == [2]
 
 
-def test_shared_acquire_sees_one_draining_sharer_among_many() -> None:
-    """The O(batch) check stays exact with many sharers: one that ended with an open read
-    grant makes the block draining, not shareable, until its grant is proven over."""
+def test_shared_acquire_among_many_sharers_sees_only_write_grants() -> None:
+    """The O(batch) check stays exact with many sharers: a sharer that ended with an open read
+    grant leaves the block shareable (a reader does not change the content); a write grant on
+    a block of the same batch is seen, and refused, until it is proven over."""
     L = BlockLedger(4)
-    L.acquire("owner", [0, 1])
+    L.acquire("owner", [0, 1, 2])
     for i in range(2000):
         L.acquire(i, [0, 1], shared=True)
     g = L.grant(1234, "reader", [1], Access.READ)
     L.acquire("ok", [0, 1], shared=True)  # a read grant of a running sharer: settled
-    L.reject(1234)
-    assert_refused(L, lambda L: L.acquire("late", [1], shared=True), errors.BlockUnavailable)
-    L.acquire("late-0", [0], shared=True)  # block 0 is not under that grant
-    L.apply(TransferCompleted.of(g, 0))
+    L.reject(1234)  # draining under a read grant: still settled
     L.acquire("late", [1], shared=True)
-    assert L.holders([0, 1]).tolist() == [2003, 2003]
+    gw = L.grant("owner", "writer", [2], Access.WRITE)
+    assert_refused(L, lambda L: L.acquire("w", [1, 2], shared=True), errors.BlockUnavailable)
+    L.apply(TransferCompleted.of(gw, 0))
+    L.acquire("w", [1, 2], shared=True)
+    L.apply(TransferCompleted.of(g, 0))
+    assert L.holders([0, 1, 2]).tolist() == [2002, 2004, 2]
 
 
 def test_unsettled_counter_is_built_exactly_at_the_first_shared_acquire() -> None:
     """A ledger that never shared does not keep the counter; the first shared acquire builds it
-    from the open grants: write grants, and every open grant of a request that has ended."""
+    from the open grants: open write grants only, whether their request runs or has ended
+    (an open read grant, even of a request that ended, does not unsettle a block)."""
     L = BlockLedger(8)
     L.acquire("w", [0, 1])
     L.grant("w", "p", [0])  # open write grant on 0, owner running
     L.acquire("r", [2, 3])
     L.grant("r", "p", [2], Access.READ)
-    L.reject("r")  # ended with an open read grant on 2: draining
+    L.reject("r")  # ended with an open read grant on 2: draining, settled
     L.acquire("k", [4, 5])
     L.grant("k", "p", [4], Access.READ)  # a running owner's read grant: settled
     gw = L.grant("w", "p", [1])
     L.apply(TransferCompleted.of(gw, 0))  # closed: 1 is settled again
+    L.acquire("x", [6])
+    L.grant("x", "p", [6])
+    L.finish("x")  # ended with an open write grant on 6: draining, unsettled
     assert not L._tracking
     before = L.fingerprint(), L.stats()
     with pytest.raises(errors.BlockUnavailable):
         L.acquire("s", [0], shared=True)  # the first one builds the counter, and refuses
     assert (L.fingerprint(), L.stats()) == before
     assert L._tracking
-    share: list[Any] = [[0], [2], [0, 4]]
+    share: list[Any] = [[0], [6], [0, 4], [2, 6]]
     for blocks in share:
         assert_refused(
             L, lambda L, b=blocks: L.acquire("s", b, shared=True), errors.BlockUnavailable
         )
-    assert L._unsettled.tolist() == [1, 0, 1, 0, 0, 0, 0, 0]
-    L.acquire("s", [1, 3, 4, 5], shared=True)
-    assert L.holders(np.arange(6)).tolist() == [1, 2, 1, 2, 2, 2]
+    assert L._unsettled.tolist() == [1, 0, 0, 0, 0, 0, 1, 0]
+    L.acquire("s", [1, 2, 3, 4, 5], shared=True)
+    assert L.holders(np.arange(7)).tolist() == [1, 2, 2, 2, 2, 2, 1]
 
 
 # --------------------------------------------------------------------------- the constructor
