@@ -161,6 +161,13 @@ def flag(value: object, name: str) -> bool:
     return bool(value)
 
 
+def choice(value: object, name: str, options: tuple[str, ...]) -> str:
+    """One of ``options`` (``str``s), exactly: anything else is ``InvalidField``."""
+    if not isinstance(value, str) or value not in options:
+        raise InvalidField(f"{name} must be one of {options!r}, got {_show(value)}")
+    return str(value)
+
+
 def instance(value: object, cls: type[T], name: str) -> T:
     """``value`` if it is a ``cls``; ``InvalidField`` otherwise."""
     if not isinstance(value, cls):

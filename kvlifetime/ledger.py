@@ -40,7 +40,7 @@ import collections
 import threading
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import attrs
 import numpy as np
@@ -94,6 +94,10 @@ from kvlifetime.table import request_table
 
 FREE = -1
 ORPHANED = -2
+
+Counts = Literal["ledger", "engine"]
+"""Whose reference counts decide when a block is free (``BlockLedger(counts=...)``)."""
+COUNTS: tuple[Counts, ...] = ("ledger", "engine")
 
 _log = structlog.get_logger("kvlifetime")
 
@@ -244,7 +248,12 @@ class BlockLedger:
     one more shared acquire is refused with ``HolderLimit``, never wrapped."""
 
     def __init__(
-        self, num_blocks: int, *, checked: bool = False, incarnation: str | None = None
+        self,
+        num_blocks: int,
+        *,
+        checked: bool = False,
+        incarnation: str | None = None,
+        counts: Counts = "ledger",
     ) -> None:
         num_blocks = inputs.count(num_blocks, "num_blocks", 1)
         if num_blocks >= 2**31:
@@ -252,15 +261,28 @@ class BlockLedger:
         checked = inputs.flag(checked, "checked")
         if incarnation is not None:
             incarnation = inputs.peer_id(incarnation, "incarnation")
+        engine = inputs.choice(counts, "counts", COUNTS) == "engine"
         self.num_blocks = num_blocks
         self.checked = checked
+        self.counts: Counts = "engine" if engine else "ledger"
+        """``"ledger"``: a block is free when no request holds it in the ledger (the ledger
+        owns the free list, or records exclusive acquires of free blocks). ``"engine"``: the
+        engine's own reference counts decide when a block is free; the ledger guards exposure
+        only (any number of requests may hold a block; ``allocate`` is refused)."""
+        self._engine = engine
         # Random per instance: a grant id from another ledger or an earlier process never matches.
         self.incarnation = incarnation or uuid.uuid4().hex[:16]
         self._lock = threading.Lock()
-        self._owner = np.full(num_blocks, FREE, dtype=np.int32)
+        # Engine mode has no exclusive owner: every hold is counted in _sharers.
+        self._owner = np.full(0 if engine else num_blocks, FREE, dtype=np.int32)
         self._sharers = np.zeros(num_blocks, dtype=np.uint16)
-        self._unsettled: npt.NDArray[np.uint16 | np.uint32] = np.zeros(num_blocks, np.uint16)
-        self._tracking = False  # _unsettled is kept up to date (from the first shared acquire)
+        # Open write / read grants per block (uint8, widened before a count could wrap); kept
+        # from the first shared acquire or open_access on (``_tracking``).
+        self._unsettled: _Counts = np.zeros(num_blocks, np.uint8)
+        self._readers: _Counts = np.zeros(num_blocks, np.uint8)
+        self._open_writes = 0  # open write grants counted in _unsettled (while tracking)
+        self._open_reads = 0  # open read grants counted in _readers (while tracking)
+        self._tracking = engine  # engine mode reads them on every acquire and grant
         self._generation = np.zeros(num_blocks, dtype=np.uint32)
         self._free_stack: npt.NDArray[np.int32] | None = None
         self._free_top = 0
@@ -297,6 +319,7 @@ class BlockLedger:
         request: RequestKey = "previous-incarnation",
         checked: bool = False,
         incarnation: str | None = None,
+        counts: Counts = "ledger",
     ) -> BlockLedger:
         """A ledger that starts over an arena a previous incarnation's peers may still reach.
 
@@ -311,20 +334,28 @@ class BlockLedger:
 
         Evidence about the previous incarnation's grants stays refused (``MismatchedEvidence``:
         another incarnation) and counted: a late report of the old process proves nothing here.
+        ``counts`` as in the constructor (with ``"engine"``, ``request`` holds the blocks by the
+        engine's counts; the engine keeps its own references to them until they are returned).
         """
         if isinstance(peers, str) or not isinstance(peers, Sequence) or not peers:
             raise errors.InvalidField(
                 f"peers must be a non-empty sequence of peer ids (who may still reach the "
                 f"arena), got {peers!r}"
             )
-        led = cls(num_blocks, checked=checked, incarnation=incarnation)
+        led = cls(num_blocks, checked=checked, incarnation=incarnation, counts=counts)
         ids = np.arange(num_blocks, dtype=np.int64) if exposed is None else exposed
         led.acquire(request, ids)
         for peer in dict.fromkeys(peers):
-            led.grant(request, peer, led.blocks_of(request), Access.WRITE)
+            inputs.peer_id(peer)
+        with led._lock:
+            # One write grant per peer over the same blocks: opened directly (in engine mode
+            # a write grant is refused where any grant is open; here every peer may write).
+            req = led._requests[request]
+            held = req.all_blocks()
+            for peer in dict.fromkeys(peers):
+                led._open_grant(req, peer, held, Access.WRITE, None)
         led.reject(request, reason=cls.PREVIOUS_INCARNATION)
         with led._lock:
-            req = led._requests[request]
             for rec in req.open.values():
                 rec.mark_suspect(cls.PREVIOUS_INCARNATION)
             out: list[Transition] = []
@@ -351,6 +382,11 @@ class BlockLedger:
         request = inputs.request_key(request)
         n = inputs.count(n, "n")
         deadline = inputs.optional_time(deadline, "deadline")
+        if self._engine:
+            raise BlockUnavailable(
+                "counts='engine': the engine's allocator hands out blocks in this mode; record "
+                "what it handed out with acquire"
+            )
         with self._lock:
             req = self._requests.get(request)
             if req is not None and req.state != _ADMITTED:
@@ -389,16 +425,25 @@ class BlockLedger:
         must already be held and have no open write grant (its content is settled; open read
         grants do not unsettle it, even of a holder that ended). Refused blocks raise
         ``BlockUnavailable``.
+
+        ``counts="engine"``: ``request`` holds ``ids`` by the engine's own counts; any number of
+        requests may hold a block (``shared`` makes no difference). Refused
+        (``BlockUnavailable``) where an open write grant covers a block (its content is
+        unsettled) or ``request`` already holds one; ``HolderLimit`` at ``MAX_SHARERS``.
         """
         request = inputs.request_key(request)
         shared = inputs.flag(shared, "shared")
         deadline = inputs.optional_time(deadline, "deadline")
+        engine = self._engine
+        shared = shared or engine  # in engine mode every hold is counted like a shared one
         arr = self._ids(ids, unique=shared)
         with self._lock:
             req = self._requests.get(request)
             if req is not None and req.state != _ADMITTED:
                 raise IllegalTransition("request", request, req.state, "acquire")
-            if shared:
+            if engine:
+                self._check_engine_hold(arr, req)
+            elif shared:
                 self._check_shareable(arr, req)
             else:
                 if self._free_stack is not None:
@@ -436,7 +481,12 @@ class BlockLedger:
         deadline: float | None = None,
     ) -> Grant:
         """Record that ``peer`` may now access ``blocks`` of ``request``: from here on only
-        evidence can end it. Call it *before* the addresses leave the process."""
+        evidence can end it. Call it *before* the addresses leave the process.
+
+        ``request`` must be running and hold every block. A write grant is refused
+        (``BlockUnavailable``) on a block another request holds (or, with the ledger's counts,
+        that ``request`` holds shared); with ``counts="engine"`` also on a block any open grant
+        covers, and a read grant on a block another request's open write grant covers."""
         request = inputs.request_key(request)
         peer = inputs.peer_id(peer)
         inputs.instance(access, Access, "access")
@@ -446,37 +496,48 @@ class BlockLedger:
             if req.state != _ADMITTED:
                 raise IllegalTransition("request", request, req.state, "grant")
             arr = self._held_view(req, blocks)
-            if access is Access.WRITE and self._shared_holds:
+            if self._engine:
+                self._check_engine_grant(req, arr, access)
+            elif access is Access.WRITE and self._shared_holds:
                 if req.shared and any(
                     np.isin(arr, s, assume_unique=True).any() for s in req.shared
                 ):
                     raise BlockUnavailable("a write grant on a block this request shares")
                 if self._sharers.take(arr).any():
                     raise BlockUnavailable("a write grant on a block with more than one holder")
-            if len(self._grants) >= 0xFFFF:
-                self._widen_unsettled()  # before any count could reach the uint16 limit
-            serial = self._next_serial
-            self._next_serial = serial + 1
-            gens = self._generation.take(arr)
-            gens.flags.writeable = False
-            g = make_grant(
-                make_grant_id(self.incarnation, serial), request, peer, arr, gens, access
-            )
-            rec = _GrantRecord(g, req, deadline)
-            req.grants[serial] = rec
-            req.open[serial] = rec
-            self._grants[serial] = rec
-            peer_open = self._by_peer.get(peer)
-            if peer_open is None:
-                peer_open = self._by_peer[peer] = {}
-            peer_open[serial] = rec
-            if access is Access.WRITE and self._tracking:
-                self._unsettled[arr] += 1  # a write grant's blocks are not settled
-            if deadline is not None:
-                self._timed[request] = None
-            if _enabled():
-                _log.info("grant_opened", **g.describe())
-            return g
+            return self._open_grant(req, peer, arr, access, deadline)
+
+    def _open_grant(
+        self,
+        req: _Request,
+        peer: PeerId,
+        arr: BlockIds,
+        access: Access,
+        deadline: float | None,
+    ) -> Grant:
+        """Open the grant (every check done; ``HolderLimit`` from the counters, if any, comes
+        first and changes nothing)."""
+        if self._tracking:
+            self._count_open(arr, access)
+        request = req.key
+        serial = self._next_serial
+        self._next_serial = serial + 1
+        gens = self._generation.take(arr)
+        gens.flags.writeable = False
+        g = make_grant(make_grant_id(self.incarnation, serial), request, peer, arr, gens, access)
+        rec = _GrantRecord(g, req, deadline)
+        req.grants[serial] = rec
+        req.open[serial] = rec
+        self._grants[serial] = rec
+        peer_open = self._by_peer.get(peer)
+        if peer_open is None:
+            peer_open = self._by_peer[peer] = {}
+        peer_open[serial] = rec
+        if deadline is not None:
+            self._timed[request] = None
+        if _enabled():
+            _log.info("grant_opened", **g.describe())
+        return g
 
     # =================================================================== the owner ends it
 
@@ -611,8 +672,8 @@ class BlockLedger:
 
     def _close(self, rec: _GrantRecord) -> None:
         rec.is_open = False
-        if self._tracking and rec.grant.access is Access.WRITE:
-            self._unsettled[rec.grant.blocks] -= 1  # counted while open
+        if self._tracking:
+            self._uncount_open(rec)
         serial = rec.grant.id.serial
         del rec.req.open[serial]
         peer_open = self._by_peer[rec.grant.peer]
@@ -718,6 +779,8 @@ class BlockLedger:
 
     def _let_go(self, reqs: Sequence[_Request], out: list[Transition]) -> list[BlockIds]:
         """Forget the requests; put the blocks no one else holds back in the pool."""
+        if self._engine:
+            return self._let_go_engine(reqs, out)
         owner = self._owner
         results: list[BlockIds] = []
         excl_all: list[BlockIds] = []
@@ -762,6 +825,33 @@ class BlockLedger:
                 _log.info("request_released", request=req.key, blocks=ids.tolist())
         return results
 
+    def _let_go_engine(self, reqs: Sequence[_Request], out: list[Transition]) -> list[BlockIds]:
+        """Engine mode: forget the requests and drop their holds; return every block each one
+        held (the engine may drop its own references to them). A block no request holds any
+        more is not guarded: its generation is bumped."""
+        sharers = self._sharers
+        results: list[BlockIds] = []
+        unguarded: list[BlockIds] = []
+        for req in reqs:
+            self._forget(req)
+            held = req.all_blocks()
+            self._shared_holds -= len(req.shared)
+            if len(held):
+                sharers[held] -= 1  # one request holds a block once
+                gone = held[sharers.take(held) == 0]
+                unguarded.append(gone)
+                if req.fenced_by is not None and len(gone):
+                    self._reclaimed[req.fenced_by] += len(gone)
+            results.append(held)
+        if unguarded:
+            ids = unguarded[0] if len(unguarded) == 1 else np.concatenate(unguarded)
+            self._generation[ids] += 1
+        if _enabled():
+            _emit(out)
+            for req, ids in zip(reqs, results, strict=True):
+                _log.info("request_released", request=req.key, blocks=ids.tolist())
+        return results
+
     def _forget(self, req: _Request) -> None:
         # The ledger never grows with history: a released request and its grants are gone.
         key = req.key
@@ -772,9 +862,9 @@ class BlockLedger:
         for serial, rec in req.grants.items():
             del self._grants[serial]
             if serial in req.open:
-                # Only force_release forgets an open grant: a write grant was counted.
-                if self._tracking and rec.grant.access is Access.WRITE:
-                    self._unsettled[rec.grant.blocks] -= 1
+                # Only force_release forgets an open grant: it was counted while open.
+                if self._tracking:
+                    self._uncount_open(rec)
                 peer_open = self._by_peer[rec.grant.peer]
                 del peer_open[serial]
                 if not peer_open:
@@ -904,9 +994,33 @@ class BlockLedger:
     def holders(self, ids: npt.ArrayLike) -> npt.NDArray[np.int64]:
         arr = self._ids(ids)
         with self._lock:
+            if self._engine:
+                return self._sharers.take(arr).astype(np.int64)
             return (self._owner.take(arr) >= 0).astype(np.int64) + self._sharers.take(arr)
 
+    OPEN_NONE = 0
+    """``open_access``: no open grant covers the block."""
+    OPEN_READ = 1
+    """``open_access``: open grants cover the block, read grants only."""
+    OPEN_WRITE = 2
+    """``open_access``: an open write grant covers the block."""
+
+    def open_access(self, ids: npt.ArrayLike) -> npt.NDArray[np.uint8]:
+        """Per block of ``ids``: ``OPEN_NONE`` (0) no open grant covers it, ``OPEN_READ`` (1)
+        only read grants, ``OPEN_WRITE`` (2) an open write grant (of any request, running or
+        ended). An engine calls it on blocks it is about to hand out, to detect the reuse of an
+        exposed block. O(len(ids)): read from the per-block grant counters (built from the open
+        grants at the first call, or the first shared acquire, then kept up to date)."""
+        arr = self._ids(ids)
+        with self._lock:
+            if not self._tracking:
+                self._start_tracking()
+            out: npt.NDArray[np.uint8] = (self._readers.take(arr) != 0).astype(np.uint8)
+            out[self._unsettled.take(arr) != 0] = self.OPEN_WRITE
+            return out
+
     def free_count(self) -> int:
+        """Blocks no request holds (with ``counts="engine"``: that the ledger does not guard)."""
         with self._lock:
             return self._count_free()
 
@@ -929,7 +1043,9 @@ class BlockLedger:
                 opened[rec.grant.blocks] += 1
                 if req.state == _QUARANTINED:
                     quarantined[rec.grant.blocks] = True
-        held = (self._owner != FREE) | (self._sharers > 0)
+        held = self._sharers > 0
+        if not self._engine:
+            held |= self._owner != FREE
         out = np.full(n, BlockState.QUIESCED, dtype=np.uint8)
         out[~held] = BlockState.FREE
         out[held & (live > 0) & (opened == 0)] = BlockState.OWNED
@@ -979,11 +1095,16 @@ class BlockLedger:
             new = BlockLedger.__new__(BlockLedger)
             new.num_blocks = self.num_blocks
             new.checked = self.checked
+            new.counts = self.counts
+            new._engine = self._engine
             new.incarnation = self.incarnation
             new._lock = threading.Lock()
             new._owner = self._owner.copy()
             new._sharers = self._sharers.copy()
             new._unsettled = self._unsettled.copy()
+            new._readers = self._readers.copy()
+            new._open_writes = self._open_writes
+            new._open_reads = self._open_reads
             new._tracking = self._tracking
             new._generation = self._generation.copy()
             new._free_stack = None if self._free_stack is None else self._free_stack.copy()
@@ -1047,6 +1168,7 @@ class BlockLedger:
                 )
             reqs.sort()
             return (
+                self.counts,
                 self._owner.tobytes(),
                 self._sharers.tobytes(),
                 self._generation.tobytes(),
@@ -1108,27 +1230,46 @@ class BlockLedger:
         return inputs.block_ids(ids, self.num_blocks, unique=unique)
 
     def _count_free(self) -> int:
+        if self._engine:
+            return int(np.count_nonzero(self._sharers == 0))
         return int(np.count_nonzero(self._owner == FREE))
 
     def _start_tracking(self) -> None:
-        """Build ``_unsettled`` from the open grants (once, at the first shared acquire) and
-        keep it up to date from then on."""
-        unsettled = np.zeros(self.num_blocks, dtype=self._unsettled.dtype)
+        """Build ``_unsettled`` and ``_readers`` from the open grants (once: at the first shared
+        acquire or ``open_access``) and keep them up to date from then on."""
+        writes = np.zeros(self.num_blocks, dtype=np.int64)
+        reads = np.zeros(self.num_blocks, dtype=np.int64)
+        nw = nr = 0
         for req in self._requests.values():
             for rec in req.open.values():
                 if rec.grant.access is Access.WRITE:
-                    unsettled[rec.grant.blocks] += 1  # a grant's blocks are distinct
-        self._unsettled = unsettled
+                    writes[rec.grant.blocks] += 1  # a grant's blocks are distinct
+                    nw += 1
+                else:
+                    reads[rec.grant.blocks] += 1
+                    nr += 1
+        self._unsettled, self._open_writes = _narrowest(writes), nw
+        self._readers, self._open_reads = _narrowest(reads), nr
         self._tracking = True
 
-    def _widen_unsettled(self) -> None:
-        """No block's ``_unsettled`` count can exceed the number of grant records: widen it
-        to uint32 before that number reaches 65,535; refuse the 2**32-1st record."""
-        records = len(self._grants)
-        if self._unsettled.dtype == np.uint16:
-            self._unsettled = self._unsettled.astype(np.uint32)
-        elif records >= 0xFFFFFFFF:
-            raise HolderLimit(f"this ledger already holds {records} grant records")
+    def _count_open(self, arr: BlockIds, access: Access) -> None:
+        """Count one more open grant of ``access`` on ``arr`` (distinct ids). Widens the counter
+        first where a block could reach its dtype's limit; ``HolderLimit``, with nothing
+        changed, only where a block already has 2**32-1 open grants of that access."""
+        if access is Access.WRITE:
+            self._unsettled = _counted(self._unsettled, arr, self._open_writes)
+            self._open_writes += 1
+        else:
+            self._readers = _counted(self._readers, arr, self._open_reads)
+            self._open_reads += 1
+
+    def _uncount_open(self, rec: _GrantRecord) -> None:
+        if rec.grant.access is Access.WRITE:
+            self._unsettled[rec.grant.blocks] -= 1
+            self._open_writes -= 1
+        else:
+            self._readers[rec.grant.blocks] -= 1
+            self._open_reads -= 1
 
     def _free_pattern(self, n: int) -> bytes:
         p = self._free_patterns.get(n)
@@ -1170,13 +1311,14 @@ class BlockLedger:
     def _held_view(self, req: _Request, blocks: npt.ArrayLike) -> BlockIds:
         """``blocks`` as a read-only array, refused unless ``req`` holds every one of them."""
         if isinstance(blocks, np.ndarray):
-            for a in req.excl:
+            batches = req.shared if self._engine else req.excl  # where its holds are recorded
+            for a in batches:
                 if blocks is a:
                     return a
             # Same bytes as a held batch, and the same shape: a 2-d or 0-d array is refused below.
             raw = blocks.tobytes() if blocks.dtype == np.int64 and blocks.ndim == 1 else None
             if raw is not None:
-                for a in req.excl:
+                for a in batches:
                     if len(a) == len(blocks) and a.tobytes() == raw:
                         return a
         arr = self._ids(blocks)
@@ -1220,6 +1362,92 @@ class BlockLedger:
                 f"blocks {arr[sharers >= self.MAX_SHARERS][:16].tolist()} already have "
                 f"{self.MAX_SHARERS} shared holders (the counter's limit): not shared again"
             )
+
+    def _check_engine_hold(self, arr: BlockIds, req: _Request | None) -> None:
+        """Engine mode: refuse a hold on ``arr`` where an open write grant covers a block (its
+        content is unsettled), where ``req`` already holds one, or at the holder limit. Open
+        read grants do not matter, whoever holds the block and whatever its state."""
+        writes = self._unsettled.take(arr)
+        if writes.any():
+            raise BlockUnavailable(
+                f"blocks {arr[writes > 0][:16].tolist()} are not settled: an open write grant "
+                "may still change them: not held by another request"
+            )
+        holders = self._sharers.take(arr)
+        # Only blocks someone holds can be held by req already: O(batch + its own holds).
+        if (
+            req is not None
+            and req.shared
+            and holders.any()
+            and np.isin(arr, req.all_blocks(), assume_unique=True).any()
+        ):
+            raise BlockUnavailable(f"request {req.key!r} already holds some of these blocks")
+        if len(arr) and int(holders.max()) >= self.MAX_SHARERS:
+            raise HolderLimit(
+                f"blocks {arr[holders >= self.MAX_SHARERS][:16].tolist()} already have "
+                f"{self.MAX_SHARERS} holders (the counter's limit): not held by one more"
+            )
+
+    def _check_engine_grant(self, req: _Request, arr: BlockIds, access: Access) -> None:
+        """Engine mode: a write grant only on blocks ``req`` alone holds and no open grant
+        covers; a read grant not on blocks another request's open write grant covers."""
+        writes = self._unsettled.take(arr)
+        if access is Access.WRITE:
+            others = self._sharers.take(arr) > 1  # req holds each block of arr
+            if others.any():
+                raise BlockUnavailable(
+                    f"a write grant on blocks another request holds: {arr[others][:16].tolist()}"
+                )
+            covered = (writes != 0) | (self._readers.take(arr) != 0)
+            if covered.any():
+                raise BlockUnavailable(
+                    f"a write grant on blocks an open grant covers: {arr[covered][:16].tolist()}"
+                )
+        elif writes.any():
+            # Rare: tell req's own open write grants from another request's.
+            own = np.zeros(len(arr), dtype=np.int64)
+            for rec in req.open.values():
+                if rec.grant.access is Access.WRITE:
+                    own += np.isin(arr, rec.grant.blocks, assume_unique=True)
+            foreign = writes > own
+            if foreign.any():
+                raise BlockUnavailable(
+                    f"a read grant on blocks another request's open write grant covers: "
+                    f"{arr[foreign][:16].tolist()}"
+                )
+
+
+_Counts = npt.NDArray[np.uint8 | np.uint16 | np.uint32]
+_WIDER: dict[np.dtype[Any], type[np.unsignedinteger[Any]]] = {
+    np.dtype(np.uint8): np.uint16,
+    np.dtype(np.uint16): np.uint32,
+}
+
+
+def _narrowest(counts: npt.NDArray[np.int64]) -> _Counts:
+    """``counts`` in the narrowest unsigned dtype none of its values reaches the limit of."""
+    top = int(counts.max()) if len(counts) else 0
+    for dtype in (np.uint8, np.uint16):
+        if top < np.iinfo(dtype).max:
+            return counts.astype(dtype)
+    return counts.astype(np.uint32)
+
+
+def _counted(counts: _Counts, arr: BlockIds, counted: int) -> _Counts:
+    """``counts`` + 1 on ``arr`` (distinct ids), widened first if a block of ``arr`` is at the
+    dtype's limit. ``counted`` (the grants counted so far) bounds every block's count, so below
+    the limit no block needs looking at: one int compare on the hot path."""
+    top = int(np.iinfo(counts.dtype).max)
+    if counted >= top and len(arr) and int(counts.take(arr).max()) >= top:
+        wider = _WIDER.get(counts.dtype)
+        if wider is None:
+            raise HolderLimit(
+                f"blocks {arr[counts.take(arr) >= top][:16].tolist()} already have {top} open "
+                "grants of this access (the counter's limit)"
+            )
+        counts = counts.astype(wider)
+    counts[arr] += 1
+    return counts
 
 
 def _emit(transitions: list[Transition]) -> None:

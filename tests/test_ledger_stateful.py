@@ -37,7 +37,7 @@ from kvlifetime.evidence import (
     TransferQuiesced,
 )
 from kvlifetime.grant import Access, Grant, GrantId, RequestKey
-from kvlifetime.ledger import BlockLedger
+from kvlifetime.ledger import BlockLedger, Counts
 from kvlifetime.machines import BlockLifecycle, BlockState, RequestState
 
 # =========================================================================== differential
@@ -267,10 +267,13 @@ class Shadow:
 
 class LedgerMachine(RuleBasedStateMachine):
     CHECKED = False
+    COUNTS: Counts = "ledger"
 
     def __init__(self) -> None:
         super().__init__()
-        self.L = BlockLedger(NUM_BLOCKS, checked=self.CHECKED, incarnation="inc")
+        self.L = BlockLedger(
+            NUM_BLOCKS, checked=self.CHECKED, incarnation="inc", counts=self.COUNTS
+        )
         self.m = Shadow()
         self.now = 0.0
         self.applied: list[Evidence] = []
@@ -676,17 +679,27 @@ class LedgerMachine(RuleBasedStateMachine):
                     assert self.L.holders(g.grant.blocks).tolist() == [1] * len(g.grant.blocks)
 
     @invariant()
-    def unsettled_counter_matches_open_grants(self) -> None:
-        # The per-block counter behind O(batch) shared acquire: open write grants (of running
-        # and ended requests alike), recomputed from the shadow model.
-        want = [0] * NUM_BLOCKS
+    def grant_counters_match_open_grants(self) -> None:
+        # The per-block counters behind O(batch) shared acquire and open_access: open write
+        # grants (of running and ended requests alike) and open read grants, recomputed from
+        # the shadow model.
+        writes, reads = [0] * NUM_BLOCKS, [0] * NUM_BLOCKS
         for r in self.m.reqs.values():
             for g in r.open():
-                if g.grant.access is Access.WRITE:
-                    for b in g.grant.blocks.tolist():
-                        want[b] += 1
-        if self.L._tracking:  # kept from the first shared acquire on
-            assert self.L._unsettled.tolist() == want
+                for b in g.grant.blocks.tolist():
+                    if g.grant.access is Access.WRITE:
+                        writes[b] += 1
+                    else:
+                        reads[b] += 1
+        if self.L._tracking:  # kept from the first shared acquire (or open_access) on
+            assert self.L._unsettled.tolist() == writes
+            assert self.L._readers.tolist() == reads
+        # open_access, asked of a copy while the ledger does not keep the counters yet (the
+        # first call would build them, and the run would no longer cover the first shared
+        # acquire building them).
+        L = self.L if self.L._tracking else self.L.copy()
+        want = [2 if w else 1 if r else 0 for w, r in zip(writes, reads, strict=True)]
+        assert L.open_access(np.arange(NUM_BLOCKS)).tolist() == want
 
     @invariant()
     def free_plus_held_is_total(self) -> None:
@@ -726,3 +739,156 @@ CheckedLedgerMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_ledger_stateful_checked = CheckedLedgerMachine.TestCase
+
+
+# =========================================================================== engine counts
+
+
+class EngineCountsMachine(LedgerMachine):
+    """``counts="engine"`` against the same shadow: the engine's reference counts decide when
+    a block is free, the ledger guards exposure only. Every hold is counted alike (``shared``
+    makes no difference), ``allocate`` is refused, a release returns every block the request
+    held, and a block's generation is bumped when no request holds it any more."""
+
+    COUNTS = "engine"
+
+    @initialize(
+        peers=st.lists(st.sampled_from(PEERS), min_size=3, max_size=3),
+        accesses=st.lists(st.sampled_from(Access), min_size=3, max_size=3),
+        deadlines=st.lists(st.none() | st.floats(0, 20), min_size=3, max_size=3),
+        overlap=st.booleans(),
+    )
+    def start(
+        self,
+        peers: list[str],
+        accesses: list[Access],
+        deadlines: list[float | None],
+        overlap: bool,
+    ) -> None:
+        # Three running requests with two blocks each (the engine's choice: maybe overlapping,
+        # a prefix-cache hit) and a grant each where the rules allow one.
+        for i, (key, peer, access, dl) in enumerate(
+            zip(KEYS[:3], peers, accesses, deadlines, strict=True)
+        ):
+            ids = [i, i + 1] if overlap else [2 * i, 2 * i + 1]
+            self.hold_or_refused(key, ids, shared=bool(i % 2))
+            if key in self.m.reqs:  # refused under an open write grant of the one before
+                self.grant_or_refused(key, peer, ids, access, dl)
+
+    def hold_or_refused(self, key: RequestKey, ids: list[int], *, shared: bool) -> None:
+        m = self.m
+        r = m.reqs.get(key)
+        call = functools.partial(self.L.acquire, shared=shared)
+        if r is not None and r.state != "admitted":
+            return self.refused(errors.IllegalTransition, call, key, ids)
+        unsettled = any(
+            g.grant.access is Access.WRITE and set(ids) & set(g.grant.blocks.tolist())
+            for rr in m.reqs.values()
+            for g in rr.open()
+        )
+        if unsettled or (r is not None and bool(r.holds() & set(ids))):
+            return self.refused(errors.BlockUnavailable, call, key, ids)
+        SEEN["engine hold " + "/".join(sorted({m.block_state(b).label for b in ids}))] += 1
+        call(key, ids)
+        if r is None:
+            r = m.reqs[key] = SReq(key, set(), None)
+            m.released_keys.discard(key)
+        r.shared |= set(ids)
+
+    def grant_or_refused(
+        self, key: RequestKey, peer: str, ids: list[int], access: Access, dl: float | None
+    ) -> None:
+        m = self.m
+        r = m.reqs[key]
+        if r.state != "admitted":
+            return self.refused(errors.IllegalTransition, self.L.grant, key, peer, ids, access)
+        covering = [
+            (rr, g)
+            for rr in m.reqs.values()
+            for g in rr.open()
+            if set(ids) & set(g.grant.blocks.tolist())
+        ]
+        if access is Access.WRITE:
+            forbidden = any(len(m.holders(b)) > 1 for b in ids) or bool(covering)
+        else:
+            forbidden = any(rr is not r and g.grant.access is Access.WRITE for rr, g in covering)
+        if forbidden:
+            SEEN[f"engine {access.value} grant refused"] += 1
+            return self.refused(errors.BlockUnavailable, self.L.grant, key, peer, ids, access)
+        g = self.L.grant(key, peer, ids, access, deadline=dl)
+        m.issued += 1
+        assert g.id == GrantId("inc", m.issued)
+        assert g.generations.tolist() == [m.generation[b] for b in ids]
+        r.grants[g.id.serial] = SGrant(g, dl)
+
+    @rule(data=st.data(), n=st.sampled_from([1, 2, 0]), dl=st.none() | st.floats(0, 30))
+    def allocate(self, data: st.DataObject, n: int, dl: float | None) -> None:
+        # The engine's allocator hands out blocks in this mode.
+        self.refused(errors.BlockUnavailable, self.L.allocate, self.key(data), n)
+
+    @rule(data=st.data(), shared=st.booleans())
+    def share(self, data: st.DataObject, shared: bool) -> None:
+        ids = data.draw(
+            st.lists(st.integers(0, NUM_BLOCKS - 1), min_size=1, max_size=3, unique=True)
+        )
+        self.hold_or_refused(self.key(data), ids, shared=shared)
+
+    @rule(
+        peer=st.sampled_from(PEERS),
+        access=st.sampled_from(Access),
+        dl=st.none() | st.floats(0, 30),
+        data=st.data(),
+    )
+    def grant(self, peer: str, access: Access, dl: float | None, data: st.DataObject) -> None:
+        holding = [k for k, r in self.m.reqs.items() if r.holds()]
+        if not holding:
+            return
+        key = data.draw(st.sampled_from(holding), label="key")
+        ids = data.draw(
+            st.lists(
+                st.sampled_from(sorted(self.m.reqs[key].holds())),
+                min_size=1,
+                max_size=3,
+                unique=True,
+            )
+        )
+        self.grant_or_refused(key, peer, ids, access, dl)
+
+    def _expected_release(self, r: SReq) -> set[int]:
+        return set(r.holds())  # every block it held: the engine's counts decide the rest
+
+    def _forget(self, r: SReq, freed: set[int]) -> None:
+        m = self.m
+        others = set().union(*(o.holds() for o in m.reqs.values() if o is not r))
+        for b in r.holds() - others:
+            m.generation[b] += 1  # no request holds it any more
+        m.released_grants += [g.grant for g in r.grants.values()]
+        del m.reqs[r.key]
+        m.released_keys.add(r.key)
+
+    @invariant()
+    def mode_is_kept(self) -> None:
+        assert self.L.counts == "engine"
+        assert self.L.copy().counts == "engine"
+
+
+EngineCountsMachine.TestCase.settings = settings(
+    max_examples=200,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+test_ledger_stateful_engine_counts = EngineCountsMachine.TestCase
+
+
+class CheckedEngineCountsMachine(EngineCountsMachine):
+    CHECKED = True
+
+
+CheckedEngineCountsMachine.TestCase.settings = settings(
+    max_examples=50,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+test_ledger_stateful_engine_counts_checked = CheckedEngineCountsMachine.TestCase

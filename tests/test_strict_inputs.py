@@ -87,7 +87,7 @@ def snapshot(L: BlockLedger, *, evidence_counters: bool = True) -> tuple[Any, ..
         L.free_count(),
         L._free_stack is None,
         L._free_top,
-        L._unsettled.tobytes() if L._tracking else "not kept",
+        (L._unsettled.tobytes(), L._readers.tobytes()) if L._tracking else "not kept",
         L._sharers.tobytes(),
         dict(L._timed),
         dict(L._releasable),
