@@ -46,7 +46,7 @@ from kvlifetime.evidence import (
     about,
 )
 from kvlifetime.grant import Access, Grant, GrantId
-from kvlifetime.ledger import BlockLedger
+from kvlifetime.ledger import BlockLedger, Counts
 from kvlifetime.machines import RequestState
 
 N = 16
@@ -54,10 +54,10 @@ FREE_ID = 8  # a free block of the populated ledger
 Call = Callable[[BlockLedger], object]
 
 
-def populated(*, checked: bool = False) -> BlockLedger:
+def populated(*, checked: bool = False, counts: Counts = "ledger") -> BlockLedger:
     """A ledger with a request in every kind of state, so that a refusal that touches anyone
     else shows up in the snapshot."""
-    L = BlockLedger(N, checked=checked, incarnation="inc")
+    L = BlockLedger(N, checked=checked, incarnation="inc", counts=counts)
     L.acquire("a", [0, 1])
     L.grant("a", "p", [0, 1], Access.WRITE)  # admitted, open write grant
     L.acquire(7, [2, 3], deadline=100.0)
@@ -230,6 +230,7 @@ def _ids_calls(ids: object) -> list[tuple[str, Call]]:
         ("generation", lambda L: L.generation(v)),
         ("holders", lambda L: L.holders(v)),
         ("block_state", lambda L: L.block_state(v)),
+        ("open_access", lambda L: L.open_access(v)),
     ]
 
 
@@ -365,6 +366,33 @@ def test_apply_refuses_what_is_not_evidence(bad: object) -> None:
     L = populated()
     # Refused evidence is counted (README: logged and counted); nothing else changes.
     assert_refused(L, lambda L: L.apply(bad), MalformedEvidence, evidence_counters=False)  # type: ignore[arg-type]
+
+
+# In engine mode allocate is refused (after its arguments are checked): the engine's allocator
+# hands out blocks.
+_ENGINE_EXC = {
+    "allocate-too-many": errors.BlockUnavailable,
+    "allocate-ended": errors.BlockUnavailable,
+}
+
+
+@pytest.mark.parametrize(
+    ("call", "exc"),
+    [
+        pytest.param(*row.values, id=row.id)
+        if row.id not in _ENGINE_EXC
+        else pytest.param(row.values[0], _ENGINE_EXC[row.id], id=row.id)
+        for row in _table()
+    ],
+)
+def test_every_entry_point_refuses_bad_values_in_engine_mode(
+    call: Call, exc: type[Exception]
+) -> None:
+    L = populated(counts="engine")
+    assert_refused(L, call, exc)
+    L.acquire("after", [FREE_ID, 6])  # any number of requests may hold a block
+    assert L.state("b") is RequestState.REJECTED
+    assert L.expire(60.0) == ["b"]
 
 
 def test_refusals_change_nothing_in_checked_mode() -> None:
@@ -672,6 +700,11 @@ def test_unsettled_counter_is_built_exactly_at_the_first_shared_acquire() -> Non
         ({"num_blocks": 4, "checked": None}, InvalidField),
         ({"num_blocks": 4, "incarnation": ""}, InvalidField),
         ({"num_blocks": 4, "incarnation": 7}, InvalidField),
+        ({"num_blocks": 4, "counts": "owner"}, InvalidField),
+        ({"num_blocks": 4, "counts": "Engine"}, InvalidField),
+        ({"num_blocks": 4, "counts": None}, InvalidField),
+        ({"num_blocks": 4, "counts": 1}, InvalidField),
+        ({"num_blocks": 4, "counts": ["engine"]}, InvalidField),
     ],
     ids=lambda v: repr(v),
 )
