@@ -56,7 +56,7 @@ def _test_functions(path: Path) -> set[str]:
 
 
 def test_the_registry() -> None:
-    assert ENGINES == ("inproc", "mooncake-tcp", "nixl-ucx")
+    assert ENGINES == ("inproc", "mooncake-tcp", "nixl-ucx", "vllm")
     assert {"inproc", "mooncake-tcp"} <= set(PROFILES)
     assert list(PROFILES) == [e for e in ENGINES if e in PROFILES]  # a fixed order
     for name in PROFILES:
@@ -271,7 +271,7 @@ def test_evidence_engine_md(capsys: Capsys, name: str) -> None:
     assert f"**`{PROFILES[name].fence}`**" in out
 
 
-@pytest.mark.parametrize("name", ["inproc", "mooncake-tcp"])
+@pytest.mark.parametrize("name", ["inproc", "mooncake-tcp", "vllm"])
 def test_evidence_engine_json(capsys: Capsys, name: str, tmp_path: Path) -> None:
     status, out, _ = run(capsys, "evidence", "--engine", name, "--format", "json")
     assert status == 0

@@ -1,0 +1,1 @@
+"""Integrations with serving engines (optional extras): ``kvlifetime.integrations.vllm``."""

@@ -1,0 +1,291 @@
+"""ConnectorGuard: the exposure guard behind vLLM's KV-connector hooks, with no vLLM import.
+
+vLLM keeps a finished request's blocks while its connector says so (``request_finished`` ->
+``delay_free_blocks=True``; an asynchronous load in flight) and frees them when the request id
+comes back in ``finished_sending`` / ``finished_recving``. The guard sits on that path:
+
+- it records every exposure as a grant on a ledger that guards blocks it does not own
+  (``BlockLedger(counts="engine")``: vLLM's own reference counts stay in charge of prefix
+  caching, eviction and preemption): a READ grant when the connector delays a free because a
+  remote reader has the block ids, a WRITE grant when an asynchronous KV load is about to land;
+- it turns each signal into exactly the evidence of ``signals.PROFILE`` (a set membership proves
+  one thing about one request; a reaped lease proves only that time passed);
+- it hands an ended request's id to vLLM only once the ledger has released it. What can never be
+  proven stays held by vLLM and quarantined in the ledger (``stats()``, Prometheus through
+  ``LedgerCollector(guard.ledger)``, structured logs), never freed. ``revoke`` is the way out once
+  the deployment has fenced the peers (NIXL: the agent recreated).
+
+Duplicate and unknown ids never reach vLLM (its scheduler asserts on them): they are dropped with
+a typed error logged (``DoubleRelease`` / ``UnknownRequest``) and counted.
+
+This module is sans-IO: ``connector.py`` calls it from vLLM's hooks; tests drive it directly.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Set
+
+import attrs
+import numpy as np
+import structlog
+
+from kvlifetime.errors import DoubleRelease, KVLifetimeError, UnknownRequest
+from kvlifetime.evidence import AccessRevoked, LeaseExpired, TransferCompleted
+from kvlifetime.grant import Access, Grant
+from kvlifetime.ledger import BlockLedger, LedgerStats
+
+_log = structlog.get_logger("kvlifetime.vllm")
+
+# How many handed-back ids are remembered to tell a duplicate from an unknown id.
+_REMEMBERED = 65536
+
+
+@attrs.frozen(slots=True)
+class GuardStats:
+    """What the guard did, beside the ledger's own ``LedgerStats``."""
+
+    ledger: LedgerStats
+    exposed: int  # requests with an exposure the ledger still tracks
+    withheld: int  # ended requests vLLM keeps for the guard (waiting for proof, or quarantined)
+    handed_back: int  # ids handed to vLLM after the ledger released them; only grows
+    lease_reaped: int  # reaped send leases turned into LeaseExpired; only grows
+    load_failed: int  # failed loads turned into LeaseExpired on the WRITE grant; only grows
+    dropped: dict[str, int]  # "duplicate_id" / "unknown_id" -> ids kept from vLLM; only grow
+
+
+@attrs.frozen(slots=True)
+class Handback:
+    """What vLLM's scheduler is shown for one connector output."""
+
+    finished_sending: set[str]
+    finished_recving: set[str]
+
+
+class ConnectorGuard:
+    """One vLLM scheduler's exposures (scheduler side of the connector)."""
+
+    def __init__(
+        self, num_blocks: int, *, peer: str = "vllm-kv-peer", incarnation: str | None = None
+    ) -> None:
+        self.ledger = BlockLedger(num_blocks, counts="engine", incarnation=incarnation)
+        self.peer = peer
+        self._reads: dict[str, Grant] = {}  # request id -> open READ grant (a remote reader)
+        self._writes: dict[str, Grant] = {}  # request id -> WRITE grant (an async load)
+        self._async: dict[str, None] = {}  # matched with an asynchronous load, not yet allocated
+        self._ended: dict[str, None] = {}  # ended requests vLLM keeps until the guard says
+        self._ready: dict[str, None] = {}  # released, to hand back at the next output
+        self._recv_seen: set[str] = set()  # live requests whose finished_recving was passed
+        self._load_failed: set[str] = set()
+        self._handed: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._handed_back = 0
+        self._reaped = 0
+        self._failed = 0
+        self._dropped: collections.Counter[str] = collections.Counter()
+
+    # ------------------------------------------------------------------ scheduler hooks
+
+    def matched(self, request: str, load_async: bool) -> None:
+        """``get_num_new_matched_tokens`` said whether the external tokens load asynchronously."""
+        if load_async:
+            self._async[request] = None
+        else:
+            self._async.pop(request, None)
+
+    def allocated(self, request: str, block_ids: Iterable[int], num_external_tokens: int) -> None:
+        """``update_state_after_alloc``: the blocks an asynchronous load will write get a WRITE
+        grant before the connector hands their ids to the worker."""
+        if num_external_tokens <= 0 or request not in self._async:
+            return
+        del self._async[request]
+        ids = np.fromiter(block_ids, dtype=np.int64)
+        if len(ids) == 0:
+            return
+        try:
+            self.ledger.acquire(request, ids)
+            self._writes[request] = self.ledger.grant(request, self.peer, ids, Access.WRITE)
+        except KVLifetimeError as e:
+            # vLLM handed out a block that another request's transfer may still touch: the
+            # guard cannot stop vLLM here, so it says so (and the ledger changed nothing).
+            self._refused("exposed_block_reused", request, e)
+
+    def finished(self, request: str, block_ids: Iterable[int], delay: bool, aborted: bool) -> bool:
+        """``request_finished``: returns the ``delay_free_blocks`` vLLM should see.
+
+        ``delay`` is the inner connector's answer (a remote reader has the block ids: READ
+        grant). A request with an exposure still unproven is delayed whatever the inner said.
+        """
+        self._async.pop(request, None)
+        self._recv_seen.discard(request)
+        if delay:
+            ids = np.unique(np.fromiter(block_ids, dtype=np.int64))
+            if len(ids):
+                self._expose_read(request, ids)
+        if request not in self._reads and request not in self._writes:
+            return delay  # nothing exposed: the inner connector's answer stands
+        try:
+            if aborted:
+                self.ledger.reject(request, reason="aborted")
+            else:
+                self.ledger.finish(request)
+        except KVLifetimeError as e:
+            self._refused("finish_refused", request, e)
+            return delay
+        released = self.ledger.collect_releasable()
+        if request in released:
+            self._forget(request)
+            return delay
+        self._ended[request] = None
+        return True
+
+    def output(
+        self,
+        finished_sending: Iterable[str] | None,
+        finished_recving: Iterable[str] | None,
+        *,
+        failed_recving: Iterable[str] = (),
+        invalid_block_ids: Iterable[int] = (),
+        lease_reaped: Set[str] = frozenset(),
+    ) -> Handback:
+        """``update_connector_output``: apply what the output proves; return what vLLM sees."""
+        for request in self._failed_loads(failed_recving, invalid_block_ids):
+            self._expire(self._writes[request], "load_failed")
+            self._load_failed.add(request)
+            self._failed += 1
+        for request in lease_reaped:
+            read = self._reads.get(request)
+            if read is not None:
+                self._expire(read, "lease_reaped")
+                self._reaped += 1
+        recving: set[str] = set()
+        for request in finished_recving or ():
+            if self._dropped_as_stale(request, self._writes):
+                continue
+            if request in self._recv_seen:
+                self._drop("duplicate_id", request)
+                continue
+            live = request not in self._ended
+            if request not in self._load_failed:
+                self._complete(self._writes[request])
+            elif not live:
+                continue  # an ended request's failed load: withheld (quarantined)
+            if live:
+                self._recv_seen.add(request)
+                recving.add(request)
+        for request in finished_sending or ():
+            if request in lease_reaped:
+                continue  # withheld: a reaped lease is not a completion
+            if self._dropped_as_stale(request, self._reads):
+                continue
+            self._complete(self._reads[request])
+        self._collect()
+        sending = set(self._ready)
+        self._ready.clear()
+        for request in sending:
+            self._remember(request)
+        self._handed_back += len(sending)
+        return Handback(sending, recving)
+
+    # ------------------------------------------------------------------ the way out
+
+    def revoke(self, fence: str) -> set[str]:
+        """The deployment fenced every peer (e.g. NIXL agents recreated): close every open grant
+        and hand the released requests back at the next output. Local evidence only."""
+        self.ledger.apply(AccessRevoked(self.peer, fence=fence))
+        return self._collect()
+
+    def stats(self) -> GuardStats:
+        return GuardStats(
+            ledger=self.ledger.stats(),
+            exposed=len(self._reads.keys() | self._writes.keys()),
+            withheld=len(self._ended),
+            handed_back=self._handed_back,
+            lease_reaped=self._reaped,
+            load_failed=self._failed,
+            dropped=dict(self._dropped),
+        )
+
+    # ------------------------------------------------------------------ internals
+
+    def _expose_read(self, request: str, ids: np.ndarray) -> None:
+        try:
+            held = self.ledger.blocks_of(request) if request in self._writes else None
+            new = ids if held is None else np.setdiff1d(ids, held, assume_unique=True)
+            if len(new):
+                self.ledger.acquire(request, new)
+            self._reads[request] = self.ledger.grant(request, self.peer, ids, Access.READ)
+        except KVLifetimeError as e:
+            self._refused("exposed_block_reused", request, e)
+
+    def _failed_loads(self, failed: Iterable[str], invalid: Iterable[int]) -> list[str]:
+        out = [r for r in failed if r in self._writes and r not in self._load_failed]
+        bad = np.fromiter(invalid, dtype=np.int64)
+        if len(bad):
+            for request, g in self._writes.items():
+                if (
+                    request not in self._load_failed
+                    and request not in out
+                    and np.isin(g.blocks, bad).any()
+                ):
+                    out.append(request)
+        return out
+
+    def _dropped_as_stale(self, request: str, grants: dict[str, Grant]) -> bool:
+        if request in grants:
+            return False
+        self._drop("duplicate_id" if request in self._handed else "unknown_id", request)
+        return True
+
+    def _complete(self, grant: Grant) -> None:
+        self._apply(TransferCompleted.of(grant, 0), grant)
+
+    def _expire(self, grant: Grant, why: str) -> None:
+        self._apply(LeaseExpired.of(grant), grant)
+        _log.warning("vllm_exposure_unproven", request=grant.request, why=why, grant=str(grant.id))
+
+    def _apply(self, evidence: LeaseExpired | TransferCompleted, grant: Grant) -> None:
+        try:
+            self.ledger.apply(evidence)
+        except KVLifetimeError as e:
+            self._refused("evidence_refused", str(grant.request), e)
+
+    def _collect(self) -> set[str]:
+        released = self.ledger.collect_releasable()
+        out: set[str] = set()
+        for key in released:
+            request = str(key)
+            if request in self._ended:
+                self._ready[request] = None
+                out.add(request)
+            self._forget(request)
+        return out
+
+    def _forget(self, request: str) -> None:
+        self._reads.pop(request, None)
+        self._writes.pop(request, None)
+        self._ended.pop(request, None)
+        self._load_failed.discard(request)
+
+    def _remember(self, request: str) -> None:
+        self._handed[request] = None
+        if len(self._handed) > _REMEMBERED:
+            self._handed.popitem(last=False)
+
+    def _drop(self, kind: str, request: str) -> None:
+        self._dropped[kind] += 1
+        err = (
+            DoubleRelease(f"request {request!r} was already handed back to vLLM")
+            if kind == "duplicate_id"
+            else UnknownRequest(request)
+        )
+        _log.warning("vllm_id_dropped", kind=kind, request=request, error=str(err))
+
+    def _refused(self, kind: str, request: str, e: KVLifetimeError) -> None:
+        self._dropped[kind] += 1
+        _log.error(
+            "vllm_guard_refused",
+            kind=kind,
+            request=request,
+            error=str(e),
+            error_type=type(e).__name__,
+        )

@@ -1,0 +1,113 @@
+"""What each of vLLM's KV-connector signals proves, as data (``PROFILE``).
+
+vLLM's connector API reports transfers as *sets of request ids* (``finished_sending``,
+``finished_recving``, ``failed_recving``) and a set of block ids (``invalid_block_ids``), once
+per engine step, with no sequence numbers: a membership says one thing about one request, at
+the step it arrives in. The guard (``guard.py``) turns each into exactly the evidence below and
+nothing more. ``kvlifetime evidence --engine vllm`` prints the table; docs/engine-vllm.md is
+generated from it; each row names the test that pins it.
+
+No vLLM import: the table loads where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+from kvlifetime.evidence import Claim
+from kvlifetime.profiles import NOTHING, EngineProfile, StatusRow
+
+_GUARD = "tests/test_vllm_guard.py"
+
+PROFILE = EngineProfile(
+    name="vllm",
+    package="vllm (its v1 KV-connector API; the inner connector's own profile still applies)",
+    version="0.33.0",
+    transport="whatever the inner connector uses (NIXL, Mooncake, LMCache, ...)",
+    source="read in vLLM 0.33.0: vllm/v1/core/sched/scheduler.py (_update_from_kv_xfer_finished, "
+    "_free_request, _handle_failed_recving, _handle_invalid_blocks), "
+    "distributed/kv_transfer/kv_connector/v1/base.py, nixl/base_worker.py "
+    "(_reap_expired_send_leases); driven through vLLM's real scheduler in "
+    "tests/vllm/test_vllm_scenarios.py",
+    rows=(
+        StatusRow(
+            "request id in `finished_sending` (not reaped)",
+            "TransferCompleted",
+            {Claim.TRANSFERS_ENDED},
+            "that a lease was honoured: NIXL's lease reaper reports expired leases in this same "
+            "set, which only the worker side can tell apart (next row)",
+            "code and measured",
+            f"{_GUARD}::test_completed_read_is_handed_back_once",
+            proves="the remote readers of the request's blocks said they are done (NIXL: every "
+            "expected consumer notification arrived at the worker); the guard then hands the "
+            "id to vLLM, which frees the blocks by its own counts",
+        ),
+        StatusRow(
+            "request id the worker's lease reaper added to `finished_sending` "
+            "(`GuardWorkerMeta.lease_reaped`)",
+            "LeaseExpired",
+            {Claim.DEADLINE_PASSED},
+            "that the remote reader stopped: its READ may still be in flight. The id is "
+            "withheld from vLLM, which keeps the blocks (quarantined) until a fence "
+            "(`guard.revoke`) proves the access over",
+            "code and measured",
+            f"{_GUARD}::test_reaped_lease_is_quarantined_not_handed_back",
+            proves="only that the send lease's time ran out",
+        ),
+        StatusRow(
+            "request id in `finished_recving` (no failure reported for it)",
+            "TransferCompleted",
+            {Claim.TRANSFERS_ENDED},
+            "anything when the same request's load also failed (next row)",
+            "code and measured",
+            f"{_GUARD}::test_load_landed_then_request_finishes_normally",
+            proves="the request's asynchronous KV load into its blocks has landed (NIXL: its "
+            "READs of the remote blocks ended DONE)",
+        ),
+        StatusRow(
+            "request id in `failed_recving`, or block ids in `invalid_block_ids` covered by "
+            "the request's WRITE grant",
+            "LeaseExpired",
+            {Claim.DEADLINE_PASSED},
+            "that nothing lands any more: a failed or timed-out transfer proves nothing about "
+            "what was already handed to the transport. While the request lives vLLM recomputes "
+            "or fails it (its own policy); at its end the guard delays the free and the blocks "
+            "are quarantined",
+            "code and measured",
+            f"{_GUARD}::test_failed_load_of_an_aborted_request_is_withheld",
+            proves="only that the load will not complete normally (the local side stopped "
+            "waiting); counted as load_failed",
+        ),
+        StatusRow(
+            "a request id already handed back, again in `finished_sending` / `finished_recving`",
+            NOTHING,
+            frozenset(),
+            "anything about the request, which vLLM has already freed: dropped (vLLM's "
+            "scheduler asserts on it), DoubleRelease logged and counted",
+            "code and measured",
+            f"{_GUARD}::test_duplicate_and_unknown_ids_are_dropped_and_logged",
+            proves="nothing (a repeated or re-delivered report)",
+        ),
+        StatusRow(
+            "a request id the guard never saw exposed, in any `finished_*` set",
+            NOTHING,
+            frozenset(),
+            "anything: dropped (vLLM's scheduler asserts on it), UnknownRequest logged and counted",
+            "code and measured",
+            f"{_GUARD}::test_duplicate_and_unknown_ids_are_dropped_and_logged",
+            proves="nothing",
+        ),
+    ),
+    fence=None,
+    fence_note="vLLM has no fence of its own: the deployment fences its transfer engine (NIXL: "
+    "the agent recreated, see docs/engine-nixl-ucx.md) and then calls "
+    "`connector.guard.revoke(fence)`, which applies AccessRevoked from the local side",
+    peer_word="transfers_ended from `finished_sending` rests on the remote reader's "
+    "notification (the peer's word about its own reads); from `finished_recving` on the local "
+    "worker's own transfer status (NIXL: DONE of its READs)",
+    notes=(
+        "vLLM's signals are sets of request ids with no sequence numbers: a membership "
+        "proves one thing about one request, and a repeat proves nothing.",
+        "The scheduler handles `failed_recving` and `invalid_block_ids` before it calls the "
+        "connector's `update_connector_output`: the guard cannot change vLLM's reaction to a "
+        "failure (recompute or fail), only what happens to the blocks when the request ends.",
+    ),
+)

@@ -1,0 +1,144 @@
+"""ConnectorGuard, the sans-IO core of the vLLM integration, driven without vLLM: each vLLM
+signal becomes exactly the evidence of ``signals.PROFILE``, and an id reaches vLLM only once
+the ledger has released its request. (tests/vllm/ drives the same guard through vLLM's real
+scheduler.)"""
+
+from __future__ import annotations
+
+import structlog
+
+from kvlifetime.integrations.vllm import PROFILE, ConnectorGuard
+from kvlifetime.machines import RequestState
+from kvlifetime.profiles import profile
+
+
+def _exposed(g: ConnectorGuard, request: str = "p1", ids: tuple[int, ...] = (1, 2, 3)) -> None:
+    # The inner connector delayed the free: decode will read the blocks.
+    assert g.finished(request, ids, delay=True, aborted=False) is True
+
+
+def _loading(g: ConnectorGuard, request: str = "d1", ids: tuple[int, ...] = (4, 5)) -> None:
+    g.matched(request, load_async=True)
+    g.allocated(request, ids, num_external_tokens=32)
+
+
+def test_completed_read_is_handed_back_once() -> None:
+    g = ConnectorGuard(16)
+    _exposed(g)
+    back = g.output({"p1"}, None)
+    assert back.finished_sending == {"p1"} and back.finished_recving == set()
+    assert g.stats().handed_back == 1 and g.stats().exposed == 0
+    # vLLM's pool is its own: nothing is held in the ledger any more.
+    assert g.ledger.stats().blocks_by_state["free"] == 16
+
+
+def test_reaped_lease_is_quarantined_not_handed_back() -> None:
+    g = ConnectorGuard(16)
+    _exposed(g)
+    back = g.output({"p1"}, None, lease_reaped=frozenset({"p1"}))
+    assert back.finished_sending == set()
+    assert g.ledger.state("p1") is RequestState.QUARANTINED
+    st = g.stats()
+    assert st.withheld == 1 and st.lease_reaped == 1
+    assert st.ledger.blocks_by_state["quarantined"] == 3
+    assert g.output(None, None).finished_sending == set()
+    # A way out: the deployment fenced the peer.
+    assert g.revoke("nixl_agent_recreated") == {"p1"}
+    assert g.output(None, None).finished_sending == {"p1"}
+    assert g.ledger.stats().reclaimed_blocks == {"nixl_agent_recreated": 3}
+
+
+def test_a_late_completion_after_a_reaped_lease_releases() -> None:
+    g = ConnectorGuard(16)
+    _exposed(g)
+    assert g.output({"p1"}, None, lease_reaped=frozenset({"p1"})).finished_sending == set()
+    # The reader's notification arrives after all (not reaped this time): a late proof.
+    assert g.output({"p1"}, None).finished_sending == {"p1"}
+    assert g.stats().withheld == 0
+
+
+def test_a_request_nothing_was_exposed_for_keeps_the_inner_answer() -> None:
+    g = ConnectorGuard(16)
+    assert g.finished("x", (1, 2), delay=False, aborted=True) is False
+    assert g.stats().exposed == 0
+
+
+def test_load_landed_then_request_finishes_normally() -> None:
+    g = ConnectorGuard(16)
+    _loading(g)
+    assert g.output(None, {"d1"}).finished_recving == {"d1"}
+    assert g.finished("d1", (4, 5, 6), delay=False, aborted=False) is False
+    assert g.stats().exposed == 0
+
+
+def test_abort_while_loading_waits_for_the_load() -> None:
+    g = ConnectorGuard(16)
+    _loading(g)
+    assert g.finished("d1", (4, 5), delay=False, aborted=True) is True
+    back = g.output(None, {"d1"})
+    # Ended: vLLM frees on the id in finished_sending (it frees ended requests on either set).
+    assert back.finished_sending == {"d1"} and back.finished_recving == set()
+
+
+def test_failed_load_of_an_aborted_request_is_withheld() -> None:
+    g = ConnectorGuard(16)
+    _loading(g)
+    assert g.finished("d1", (4, 5), delay=False, aborted=True) is True
+    back = g.output(None, {"d1"}, failed_recving={"d1"})
+    assert back.finished_sending == set() and back.finished_recving == set()
+    assert g.ledger.state("d1") is RequestState.QUARANTINED
+    assert g.stats().load_failed == 1
+
+
+def test_failed_load_by_invalid_blocks_delays_the_end() -> None:
+    g = ConnectorGuard(16)
+    _loading(g)
+    # A live request: vLLM must see finished_recving to recompute or fail it.
+    assert g.output(None, {"d1"}, invalid_block_ids={5}).finished_recving == {"d1"}
+    assert g.finished("d1", (4, 5), delay=False, aborted=True) is True
+    assert g.ledger.state("d1") is RequestState.QUARANTINED
+
+
+def test_duplicate_and_unknown_ids_are_dropped_and_logged() -> None:
+    g = ConnectorGuard(16)
+    _exposed(g)
+    g.output({"p1"}, None)
+    with structlog.testing.capture_logs() as logs:
+        back = g.output({"p1", "ghost"}, {"ghost2"})
+    assert back.finished_sending == set() and back.finished_recving == set()
+    assert g.stats().dropped == {"duplicate_id": 1, "unknown_id": 2}
+    kinds = sorted(e["kind"] for e in logs if e["event"] == "vllm_id_dropped")
+    assert kinds == ["duplicate_id", "unknown_id", "unknown_id"]
+
+
+def test_second_finished_recving_of_a_live_request_is_a_duplicate() -> None:
+    g = ConnectorGuard(16)
+    _loading(g)
+    assert g.output(None, {"d1"}).finished_recving == {"d1"}
+    assert g.output(None, {"d1"}).finished_recving == set()
+    assert g.stats().dropped == {"duplicate_id": 1}
+
+
+def test_prefix_shared_blocks_read_by_two_requests() -> None:
+    g = ConnectorGuard(16)
+    _exposed(g, "p1", (1, 2, 3))
+    _exposed(g, "p2", (1, 2, 7))  # a prefix-cache hit on 1, 2: READ grants only, allowed
+    assert g.stats().dropped == {}
+    assert g.output({"p2"}, None).finished_sending == {"p2"}
+    assert g.output({"p1"}, None).finished_sending == {"p1"}
+
+
+def test_async_load_into_a_block_still_read_remotely_is_refused_and_logged() -> None:
+    g = ConnectorGuard(16)
+    _exposed(g, "p1", (1, 2, 3))
+    with structlog.testing.capture_logs() as logs:
+        _loading(g, "d1", (3, 4))  # vLLM handing out block 3 while decode still reads it
+    assert g.stats().dropped == {"exposed_block_reused": 1}
+    assert any(e["event"] == "vllm_guard_refused" for e in logs)
+    assert g.stats().exposed == 1  # nothing recorded for d1
+
+
+def test_the_profile_is_the_one_the_cli_prints() -> None:
+    assert profile("vllm") is PROFILE
+    reaped = next(r for r in PROFILE.rows if "lease reaper" in r.status)
+    assert reaped.evidence == "LeaseExpired"
