@@ -321,6 +321,7 @@ def memory_per_block(n: int = 1_000_000) -> tuple[float, float]:
         ledger._owner.nbytes
         + ledger._sharers.nbytes
         + ledger._unsettled.nbytes
+        + ledger._readers.nbytes
         + ledger._generation.nbytes
     )
     ledger.allocate("x", 1)

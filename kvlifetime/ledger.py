@@ -4,24 +4,31 @@ Per-block state lives in numpy arrays; per-request work is O(1) dict work; reque
 run the tables compiled from the specification (``table.request_table()``), never a
 python-statemachine instance (``checked=True`` adds one per request, for tests and debugging).
 
-What is stored per block, and why only that (12 bytes a block, 16 once ``allocate`` is used):
+What is stored per block, and why only that (12 bytes a block, 16 once ``allocate`` is used;
+8 with ``counts="engine"``):
 
 - ``_owner`` (int32): the slot of the request that acquired the block exclusively, ``FREE`` (-1)
   when it is in the pool, ``ORPHANED`` (-2) when its exclusive holder released it while shared
-  holders remain. ``FREE`` is the only state in which a block may be handed out fresh.
-- ``_sharers`` (uint16): how many requests hold it shared (prefix-cache hits). It never wraps:
-  the shared acquire that would make it 65,536 is refused (``HolderLimit``, ``MAX_SHARERS``).
-- ``_unsettled`` (uint16; uint32 once the ledger holds 65,535 grant records): how many open
-  write grants cover the block — while one is open its content is unsettled. Open read grants
-  never unsettle a block, whether their request runs or has ended (draining, quarantined): a
-  reader does not change the content. A shared acquire reads it for its batch only, so its
-  cost does not grow with the number of live sharers. It is kept from the first shared acquire
-  on (built then from the open grants, once): a ledger that never shares never
-  pays for it on the grant / evidence hot path. Each count is at most the number of grant
-  records, so widening before that number reaches the dtype's limit means it never wraps (and
-  ``grant`` refuses the 2**32-1st record: ``HolderLimit``).
-- ``_generation`` (uint32): bumped by one each time the block returns to the pool, so a grant
-  (which records generations) can never be mistaken for one about the block's next owner.
+  holders remain. ``FREE`` is the only state in which a block may be handed out fresh. Not kept
+  with ``counts="engine"`` (no exclusive owner: the engine's counts decide when a block is free).
+- ``_sharers`` (uint16): how many requests hold it shared (prefix-cache hits); with
+  ``counts="engine"`` how many requests hold it at all. It never wraps: the acquire that would
+  make it 65,536 is refused (``HolderLimit``, ``MAX_SHARERS``).
+- ``_unsettled`` / ``_readers`` (uint8 each; widened to uint16, then uint32, before a block's
+  count could reach the dtype's limit): how many open write / read grants cover the block. An
+  open write grant makes its content unsettled (not shareable); open read grants never do,
+  whether their request runs or has ended (draining, quarantined): a reader does not change the
+  content. A shared acquire and ``open_access`` read them for their batch only, so their cost
+  does not grow with the number of live sharers or grants. With the ledger's counts they are
+  kept from the first shared acquire or ``open_access`` on (built then from the open grants,
+  once): a ledger that does neither never pays for them on the grant / evidence hot path. With
+  ``counts="engine"`` they are kept from the start (every acquire and grant reads them).
+  Each count is at most the number of grants of its access counted, so below the dtype's limit
+  the widening check is one int compare; only past it does a grant look at its blocks' counts
+  (and ``grant`` refuses a block's 2**32-1st open grant of one access: ``HolderLimit``).
+- ``_generation`` (uint32): bumped by one each time the block returns to the pool (with
+  ``counts="engine"``: each time no request holds it any more), so a grant (which records
+  generations) can never be mistaken for one about the block's next use.
 - ``_free_stack`` (int32, lazily, only once ``allocate`` is called): the ledger's own free list.
 
 Everything else about a block (owned / exposed / draining / quiesced / quarantined) follows from
@@ -728,7 +735,9 @@ class BlockLedger:
     # =================================================================== release
 
     def release(self, request: RequestKey) -> BlockIds:
-        """Let go of the request's blocks; return those that went back to the pool.
+        """Let go of the request's blocks; return those that went back to the pool (with
+        ``counts="engine"``: every block it held, which the engine may now drop its own
+        references to; a block no request holds any more has its generation bumped).
 
         Raises ``InsufficientEvidence`` (listing what is unproven, per grant) while any grant
         is open, ``IllegalTransition`` if the owner has not ended the request.
@@ -1025,7 +1034,9 @@ class BlockLedger:
             return self._count_free()
 
     def block_state(self, ids: npt.ArrayLike) -> npt.NDArray[np.uint8]:
-        """``BlockState`` codes of ``ids``, derived from holders and open grants."""
+        """``BlockState`` codes of ``ids``, derived from holders and open grants. A block no
+        request holds is ``FREE`` (with ``counts="engine"``: not guarded, the engine may do
+        with it what it likes)."""
         arr = self._ids(ids)
         with self._lock:
             return self._derive_block_states().take(arr)
