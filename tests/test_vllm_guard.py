@@ -13,13 +13,14 @@ from kvlifetime.profiles import profile
 
 
 def _exposed(g: ConnectorGuard, request: str = "p1", ids: tuple[int, ...] = (1, 2, 3)) -> None:
+    g.admitted(request)
     # The inner connector delayed the free: decode will read the blocks.
     assert g.finished(request, ids, delay=True, aborted=False) is True
 
 
 def _loading(g: ConnectorGuard, request: str = "d1", ids: tuple[int, ...] = (4, 5)) -> None:
-    g.matched(request, load_async=True)
-    g.allocated(request, ids, num_external_tokens=32)
+    g.admitted(request)
+    g.allocated(request, ids, num_external_tokens=32, load_async=True)
 
 
 def test_completed_read_is_handed_back_once() -> None:
@@ -59,8 +60,25 @@ def test_a_late_completion_after_a_reaped_lease_releases() -> None:
 
 def test_a_request_nothing_was_exposed_for_keeps_the_inner_answer() -> None:
     g = ConnectorGuard(16)
+    g.admitted("x")
     assert g.finished("x", (1, 2), delay=False, aborted=True) is False
     assert g.stats().exposed == 0
+    # vLLM freed it: a later id for it is one vLLM no longer holds.
+    assert g.output({"x"}, None).finished_sending == set()
+    assert g.stats().dropped == {"unknown_id": 1}
+
+
+def test_ids_of_requests_vllm_holds_without_exposure_pass_unchanged() -> None:
+    # An inner connector (or a test) delaying a free the guard saw no blocks for, a synchronous
+    # load: vLLM's own business, passed on as it came.
+    g = ConnectorGuard(16)
+    g.admitted("s")
+    g.admitted("r")
+    assert g.finished("s", (), delay=True, aborted=False) is True
+    back = g.output({"s"}, {"r"})
+    assert back.finished_sending == {"s"} and back.finished_recving == {"r"}
+    assert g.output({"s"}, {"r"}).finished_sending == set()  # vLLM freed s; r already passed
+    assert g.stats().dropped == {"unknown_id": 1, "duplicate_id": 1}
 
 
 def test_load_landed_then_request_finishes_normally() -> None:

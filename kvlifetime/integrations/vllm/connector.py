@@ -16,8 +16,8 @@ from the inner connector's own class (``guarded_class``): the inner connector ru
 ``isinstance`` checks against its class hold, and the guard overrides only the hooks on vLLM's
 block-freeing path:
 
-- scheduler role: ``get_num_new_matched_tokens`` / ``update_state_after_alloc`` (WRITE grants for
-  asynchronous loads), ``request_finished`` (READ grants when the inner delays the free; a delay
+- scheduler role: ``on_new_request`` (which ids vLLM holds), ``update_state_after_alloc`` /
+  ``build_connector_meta`` (WRITE grants for asynchronous loads), ``request_finished`` (READ grants when the inner delays the free; a delay
   for anything unproven), ``update_connector_output`` (evidence in, ids out: ``guard.py``);
 - worker role: the connector's lease reaper is watched (NIXL's ``_reap_expired_send_leases``) and
   the ids it reaped travel to the scheduler in the worker metadata (``GuardWorkerMeta``), so a
@@ -129,6 +129,7 @@ class GuardedConnector(KVConnectorBase_V1):
         super().__init__(cfg, role, kv_cache_config)
         self.guard = None
         self._kvl_reaped: set[str] = set()
+        self._kvl_pending: list[tuple[Any, list[int], int]] = []
         if role == KVConnectorRole.SCHEDULER:
             num_blocks = _num_blocks(cfg, kv_cache_config)
             extra = (vllm_config.kv_transfer_config.kv_connector_extra_config or {}).get(
@@ -140,21 +141,26 @@ class GuardedConnector(KVConnectorBase_V1):
 
     # ------------------------------------------------------------------ scheduler role
 
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
-        result = super().get_num_new_matched_tokens(request, num_computed_tokens)
+    def on_new_request(self, request: Any) -> None:
+        super().on_new_request(request)
         if self.guard is not None:
-            n, load_async = result
-            self.guard.matched(request.request_id, bool(load_async) and bool(n))
-        return result
+            self.guard.admitted(request.request_id)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         super().update_state_after_alloc(request, blocks, num_external_tokens)
         if self.guard is not None and num_external_tokens > 0:
-            self.guard.allocated(
-                request.request_id,
-                _flat(blocks.get_unhashed_block_ids_all_groups()),
-                num_external_tokens,
-            )
+            # Whether the load is asynchronous is vLLM's decision, made after this hook: read
+            # it at build_connector_meta, before the metadata carries the ids to the worker.
+            ids = _flat(blocks.get_unhashed_block_ids_all_groups())
+            self._kvl_pending.append((request, ids, num_external_tokens))
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        if self.guard is not None and self._kvl_pending:
+            for request, ids, n in self._kvl_pending:
+                waiting = request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+                self.guard.allocated(request.request_id, ids, n, load_async=waiting)
+            self._kvl_pending.clear()
+        return super().build_connector_meta(scheduler_output)
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         delay, params = super().request_finished(request, block_ids)

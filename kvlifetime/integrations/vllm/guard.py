@@ -72,7 +72,7 @@ class ConnectorGuard:
         self.peer = peer
         self._reads: dict[str, Grant] = {}  # request id -> open READ grant (a remote reader)
         self._writes: dict[str, Grant] = {}  # request id -> WRITE grant (an async load)
-        self._async: dict[str, None] = {}  # matched with an asynchronous load, not yet allocated
+        self._live: set[str] = set()  # requests vLLM holds (on_new_request, until freed)
         self._ended: dict[str, None] = {}  # ended requests vLLM keeps until the guard says
         self._ready: dict[str, None] = {}  # released, to hand back at the next output
         self._recv_seen: set[str] = set()  # live requests whose finished_recving was passed
@@ -85,19 +85,19 @@ class ConnectorGuard:
 
     # ------------------------------------------------------------------ scheduler hooks
 
-    def matched(self, request: str, load_async: bool) -> None:
-        """``get_num_new_matched_tokens`` said whether the external tokens load asynchronously."""
-        if load_async:
-            self._async[request] = None
-        else:
-            self._async.pop(request, None)
+    def admitted(self, request: str) -> None:
+        """``on_new_request``: vLLM holds the request from now until it frees it."""
+        self._live.add(request)
 
-    def allocated(self, request: str, block_ids: Iterable[int], num_external_tokens: int) -> None:
-        """``update_state_after_alloc``: the blocks an asynchronous load will write get a WRITE
-        grant before the connector hands their ids to the worker."""
-        if num_external_tokens <= 0 or request not in self._async:
+    def allocated(
+        self, request: str, block_ids: Iterable[int], num_external_tokens: int, load_async: bool
+    ) -> None:
+        """``update_state_after_alloc`` (flushed at ``build_connector_meta``, once vLLM has
+        decided whether the load is asynchronous): the blocks an asynchronous load will write
+        get a WRITE grant before the connector metadata carries their ids to the worker. A
+        synchronous load lands inside the step, ordered by vLLM itself: no grant."""
+        if num_external_tokens <= 0 or not load_async:
             return
-        del self._async[request]
         ids = np.fromiter(block_ids, dtype=np.int64)
         if len(ids) == 0:
             return
@@ -115,13 +115,14 @@ class ConnectorGuard:
         ``delay`` is the inner connector's answer (a remote reader has the block ids: READ
         grant). A request with an exposure still unproven is delayed whatever the inner said.
         """
-        self._async.pop(request, None)
         self._recv_seen.discard(request)
         if delay:
             ids = np.unique(np.fromiter(block_ids, dtype=np.int64))
             if len(ids):
                 self._expose_read(request, ids)
         if request not in self._reads and request not in self._writes:
+            if not delay:
+                self._live.discard(request)  # vLLM frees it now
             return delay  # nothing exposed: the inner connector's answer stands
         try:
             if aborted:
@@ -134,6 +135,8 @@ class ConnectorGuard:
         released = self.ledger.collect_releasable()
         if request in released:
             self._forget(request)
+            if not delay:
+                self._live.discard(request)
             return delay
         self._ended[request] = None
         return True
@@ -158,11 +161,14 @@ class ConnectorGuard:
                 self._expire(read, "lease_reaped")
                 self._reaped += 1
         recving: set[str] = set()
+        passed: set[str] = set()  # ids the guard has no exposure for, vLLM still holds
         for request in finished_recving or ():
-            if self._dropped_as_stale(request, self._writes):
-                continue
             if request in self._recv_seen:
                 self._drop("duplicate_id", request)
+                continue
+            if request not in self._writes:
+                if self._passed_through(request, recving):
+                    self._recv_seen.add(request)
                 continue
             live = request not in self._ended
             if request not in self._load_failed:
@@ -175,7 +181,9 @@ class ConnectorGuard:
         for request in finished_sending or ():
             if request in lease_reaped:
                 continue  # withheld: a reaped lease is not a completion
-            if self._dropped_as_stale(request, self._reads):
+            if request not in self._reads:
+                if self._passed_through(request, passed):
+                    self._live.discard(request)  # vLLM frees it on this id
                 continue
             self._complete(self._reads[request])
         self._collect()
@@ -183,8 +191,9 @@ class ConnectorGuard:
         self._ready.clear()
         for request in sending:
             self._remember(request)
+            self._live.discard(request)
         self._handed_back += len(sending)
-        return Handback(sending, recving)
+        return Handback(sending | passed, recving)
 
     # ------------------------------------------------------------------ the way out
 
@@ -230,11 +239,14 @@ class ConnectorGuard:
                     out.append(request)
         return out
 
-    def _dropped_as_stale(self, request: str, grants: dict[str, Grant]) -> bool:
-        if request in grants:
-            return False
+    def _passed_through(self, request: str, into: set[str]) -> bool:
+        """An id with no exposure: vLLM's own business while vLLM holds the request (passed on
+        unchanged); otherwise a duplicate or an unknown id (dropped)."""
+        if request in self._live:
+            into.add(request)
+            return True
         self._drop("duplicate_id" if request in self._handed else "unknown_id", request)
-        return True
+        return False
 
     def _complete(self, grant: Grant) -> None:
         self._apply(TransferCompleted.of(grant, 0), grant)
