@@ -35,20 +35,30 @@ _ids = itertools.count(1)
 init_none_hash(sha256)
 
 
-def scheduler(
-    *, guarded: bool, inner: str = "NixlConnector", num_blocks: int = 256, **extra: Any
-) -> Scheduler:
-    """vLLM's scheduler with ``inner`` as its connector, guarded or not."""
+def config(
+    *,
+    guarded: bool,
+    inner: str = "NixlConnector",
+    inner_module: str | None = None,
+    num_blocks: int = 256,
+    **extra: Any,
+) -> VllmConfig:
+    """A VllmConfig (facebook/opt-125m's shape, CPU) with ``inner`` as its connector (from
+    ``inner_module`` if given), selected guarded (``GuardedConnector`` naming it) or not."""
     if guarded:
         ktc = KVTransferConfig(
             kv_connector="GuardedConnector",
             kv_connector_module_path="kvlifetime.integrations.vllm",
             kv_role="kv_both",
-            kv_connector_extra_config={"inner": {"kv_connector": inner}},
+            kv_connector_extra_config={
+                "inner": {"kv_connector": inner, "kv_connector_module_path": inner_module}
+            },
             **extra,
         )
     else:
-        ktc = KVTransferConfig(kv_connector=inner, kv_role="kv_both", **extra)
+        ktc = KVTransferConfig(
+            kv_connector=inner, kv_connector_module_path=inner_module, kv_role="kv_both", **extra
+        )
     model = ModelConfig(model="facebook/opt-125m", dtype="float16", seed=42)
     cfg = VllmConfig(
         model_config=model,
@@ -65,7 +75,11 @@ def scheduler(
     )
     cfg.cache_config.kv_cache_layout = "LBNHC"
     cfg.cache_config.num_gpu_blocks = num_blocks
-    kv = KVCacheConfig(
+    return cfg
+
+
+def kv_cache_config(num_blocks: int = 256) -> KVCacheConfig:
+    return KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=[],
         kv_cache_groups=[
@@ -77,9 +91,23 @@ def scheduler(
             )
         ],
     )
+
+
+def scheduler(
+    *,
+    guarded: bool,
+    inner: str = "NixlConnector",
+    inner_module: str | None = None,
+    num_blocks: int = 256,
+    **extra: Any,
+) -> Scheduler:
+    """vLLM's scheduler with ``inner`` as its connector, guarded or not."""
+    cfg = config(
+        guarded=guarded, inner=inner, inner_module=inner_module, num_blocks=num_blocks, **extra
+    )
     return Scheduler(
         vllm_config=cfg,
-        kv_cache_config=kv,
+        kv_cache_config=kv_cache_config(num_blocks),
         log_stats=True,
         structured_output_manager=StructuredOutputManager(cfg),
         block_size=BLOCK,

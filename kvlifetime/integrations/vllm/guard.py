@@ -77,6 +77,7 @@ class ConnectorGuard:
         self._ready: dict[str, None] = {}  # released, to hand back at the next output
         self._recv_seen: set[str] = set()  # live requests whose finished_recving was passed
         self._load_failed: set[str] = set()
+        self._reaped_ids: set[str] = set()  # exposed requests whose lease a worker reaped
         self._handed: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._handed_back = 0
         self._reaped = 0
@@ -157,8 +158,9 @@ class ConnectorGuard:
             self._failed += 1
         for request in lease_reaped:
             read = self._reads.get(request)
-            if read is not None:
+            if read is not None and request not in self._reaped_ids:
                 self._expire(read, "lease_reaped")
+                self._reaped_ids.add(request)
                 self._reaped += 1
         recving: set[str] = set()
         passed: set[str] = set()  # ids the guard has no exposure for, vLLM still holds
@@ -179,8 +181,11 @@ class ConnectorGuard:
                 self._recv_seen.add(request)
                 recving.add(request)
         for request in finished_sending or ():
-            if request in lease_reaped:
-                continue  # withheld: a reaped lease is not a completion
+            if request in self._reaped_ids:
+                # Withheld: a reaped lease is not a completion. A later membership is another
+                # tensor-parallel rank's report (vLLM merges them) or a repeat: it does not
+                # prove the reaped rank's reads over either. Only a fence (revoke) ends it.
+                continue
             if request not in self._reads:
                 if self._passed_through(request, passed):
                     self._live.discard(request)  # vLLM frees it on this id
@@ -277,6 +282,7 @@ class ConnectorGuard:
         self._writes.pop(request, None)
         self._ended.pop(request, None)
         self._load_failed.discard(request)
+        self._reaped_ids.discard(request)
 
     def _remember(self, request: str) -> None:
         self._handed[request] = None

@@ -1,0 +1,87 @@
+"""A connector whose worker side runs vLLM's own NIXL lease reaper, for the guard's worker-side
+test: the smallest inner connector that delays a prefill request's free (as NIXL does for a
+remote decode) and whose worker reports finished_sending from consumer notifications *and*
+from ``NixlBaseConnectorWorker._reap_expired_send_leases`` - vLLM's code, not a copy."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from unittest import mock
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import (
+    NixlBaseConnectorWorker,
+)
+
+
+class SendLeases:
+    """The state NIXL's reaper reads, and the reaper itself (vLLM's function)."""
+
+    _reap_expired_send_leases = NixlBaseConnectorWorker._reap_expired_send_leases
+
+    def __init__(self) -> None:
+        self._reqs_to_send: dict[str, float] = {}
+        self._reqs_to_process: set[str] = set()
+        self.consumer_notification_counts_by_req: dict[str, int] = {}
+        self.expected_consumer_notifications_by_req: dict[str, int] = {}
+        self.xfer_stats = mock.Mock()
+
+    def lease(self, request: str, seconds: float) -> None:
+        self._reqs_to_send[request] = time.perf_counter() + seconds
+        self._reqs_to_process.add(request)
+
+
+class Meta(KVConnectorMetadata):
+    pass
+
+
+class ReapingConnector(KVConnectorBase_V1):
+    def __init__(
+        self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None
+    ) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.connector_worker = SendLeases() if role == KVConnectorRole.WORKER else None
+        self.notified: set[str] = set()  # consumers said they are done reading
+
+    # scheduler side
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
+        return 0, False
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        pass
+
+    def build_connector_meta(self, scheduler_output: Any) -> Meta:
+        return Meta()
+
+    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, Any]:
+        params = request.kv_transfer_params or {}
+        return bool(params.get("do_remote_decode")) and bool(block_ids), None
+
+    # worker side
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        pass
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kw: Any) -> None:
+        pass
+
+    def wait_for_save(self) -> None:
+        pass
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
+        w = self.connector_worker
+        assert w is not None
+        done = set(self.notified)
+        self.notified.clear()
+        for request in done:
+            w._reqs_to_send.pop(request, None)
+            w._reqs_to_process.discard(request)
+        w._reap_expired_send_leases(done)
+        return done, set()
