@@ -163,3 +163,16 @@ def test_the_profile_is_the_one_the_cli_prints() -> None:
     assert profile("vllm") is PROFILE
     reaped = next(r for r in PROFILE.rows if "lease reaper" in r.status)
     assert reaped.evidence == "LeaseExpired"
+
+
+def test_a_block_handed_out_under_an_open_write_grant_is_reported() -> None:
+    g = ConnectorGuard(16)
+    _loading(g, "d1", (4, 5))
+    g.handed_out([1, 2, 3])  # fresh blocks: fine
+    _exposed(g, "p1", (7, 8))
+    g.handed_out([7])  # under a read grant only: a prefix-cache hit may share it
+    assert g.stats().dropped == {}
+    with structlog.testing.capture_logs() as logs:
+        g.handed_out([9, 5])  # block 5: the load into it may still land
+    assert g.stats().dropped == {"exposed_block_reused": 1}
+    assert [e["blocks"] for e in logs if e["event"] == "vllm_exposed_block_handed_out"] == [[5]]

@@ -156,6 +156,8 @@ class GuardedConnector(KVConnectorBase_V1):
             self._kvl_pending.append((request, ids, num_external_tokens))
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
+        if self.guard is not None:
+            self.guard.handed_out(_new_blocks(scheduler_output))
         if self.guard is not None and self._kvl_pending:
             for request, ids, n in self._kvl_pending:
                 waiting = request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
@@ -224,6 +226,17 @@ class GuardedConnector(KVConnectorBase_V1):
         meta = GuardWorkerMeta(inner, frozenset(self._kvl_reaped))
         self._kvl_reaped.clear()
         return meta
+
+
+def _new_blocks(scheduler_output: Any) -> list[int]:
+    """Every block id vLLM gave a request in this step (new requests' and running ones')."""
+    out: list[int] = []
+    for new in scheduler_output.scheduled_new_reqs:
+        out.extend(_flat(new.block_ids))
+    for ids in scheduler_output.scheduled_cached_reqs.new_block_ids:
+        if ids:
+            out.extend(_flat(ids))
+    return out
 
 
 def _num_blocks(vllm_config: Any, kv_cache_config: Any) -> int:

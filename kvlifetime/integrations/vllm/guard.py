@@ -110,6 +110,20 @@ class ConnectorGuard:
             # guard cannot stop vLLM here, so it says so (and the ledger changed nothing).
             self._refused("exposed_block_reused", request, e)
 
+    def handed_out(self, block_ids: Iterable[int]) -> None:
+        """``build_connector_meta``: the blocks vLLM gave requests this step. One under an open
+        WRITE grant (an asynchronous load may still land in it) is a reuse vLLM should never
+        make while the guard holds the loading request back: logged and counted
+        (``exposed_block_reused``); the guard cannot take it back. (A block under READ grants
+        only may be a prefix-cache hit, which is allowed.)"""
+        ids = np.fromiter(block_ids, dtype=np.int64)
+        if len(ids) == 0 or not self._writes:
+            return
+        hit = ids[self.ledger.open_access(ids) == 2]
+        if len(hit):
+            self._dropped["exposed_block_reused"] += 1
+            _log.error("vllm_exposed_block_handed_out", blocks=hit.tolist())
+
     def finished(self, request: str, block_ids: Iterable[int], delay: bool, aborted: bool) -> bool:
         """``request_finished``: returns the ``delay_free_blocks`` vLLM should see.
 
