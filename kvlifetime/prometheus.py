@@ -104,3 +104,46 @@ class LedgerCollector:
         grants = GaugeMetricFamily("kvlifetime_open_grants", "Open grants", labels=["ledger"])
         grants.add_metric([self.name], st.open_grants)
         yield grants
+
+
+class GuardCollector(LedgerCollector):
+    """The vLLM guard's metrics (``kvlifetime.integrations.vllm``): its ledger's, plus what it
+    kept from vLLM. ``REGISTRY.register(GuardCollector(scheduler.connector.guard))``.
+
+    ``kvlifetime_vllm_withheld_requests``: ended requests vLLM keeps for the guard (waiting for
+    proof, or quarantined); counters ``kvlifetime_vllm_handed_back``, ``_lease_reaped``,
+    ``_load_failed`` and ``kvlifetime_vllm_dropped_ids`` per kind (duplicate_id, unknown_id,
+    exposed_block_reused, ...)."""
+
+    def __init__(self, guard: Any, *, name: str = "vllm") -> None:
+        super().__init__(guard.ledger, name=name)
+        self.guard = guard
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        yield from super().collect()
+        st = self.guard.stats()
+        withheld = GaugeMetricFamily(
+            "kvlifetime_vllm_withheld_requests",
+            "Ended requests vLLM keeps for the guard: waiting for proof, or quarantined",
+            labels=["ledger"],
+        )
+        withheld.add_metric([self.name], st.withheld)
+        yield withheld
+        for metric, doc in (
+            ("handed_back", "Request ids handed to vLLM after the ledger released them"),
+            ("lease_reaped", "Reaped send leases turned into LeaseExpired (quarantine)"),
+            ("load_failed", "Failed loads turned into LeaseExpired on the WRITE grant"),
+        ):
+            c = CounterMetricFamily(f"kvlifetime_vllm_{metric}", doc, labels=["ledger"])
+            c.add_metric([self.name], getattr(st, metric))
+            yield c
+        dropped = CounterMetricFamily(
+            "kvlifetime_vllm_dropped_ids",
+            "Ids kept from vLLM (duplicate, unknown) and reuses reported, per kind",
+            labels=["ledger", "kind"],
+        )
+        for kind, n in sorted(st.dropped.items()):
+            dropped.add_metric([self.name, kind], n)
+        yield dropped

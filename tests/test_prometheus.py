@@ -53,3 +53,21 @@ def test_collector_counts_blocks_reclaimed_by_each_fence() -> None:
     text = generate_latest(reg).decode()
     assert 'kvlifetime_reclaimed_blocks_total{fence="target_recreated",ledger="d0"} 4.0' in text
     assert 'kvlifetime_blocks{ledger="d0",state="free"} 8.0' in text
+
+
+def test_guard_collector_exports_what_the_vllm_guard_kept_from_vllm() -> None:
+    from kvlifetime.integrations.vllm import ConnectorGuard
+    from kvlifetime.prometheus import GuardCollector
+
+    g = ConnectorGuard(8)
+    g.admitted("p1")
+    assert g.finished("p1", (1, 2), delay=True, aborted=False)
+    g.output({"p1"}, None, lease_reaped=frozenset({"p1"}))
+    g.output({"ghost"}, None)
+    reg = CollectorRegistry()
+    reg.register(GuardCollector(g, name="prefill0"))
+    text = generate_latest(reg).decode()
+    assert 'kvlifetime_vllm_withheld_requests{ledger="prefill0"} 1.0' in text
+    assert 'kvlifetime_vllm_lease_reaped_total{ledger="prefill0"} 1.0' in text
+    assert 'kvlifetime_vllm_dropped_ids_total{kind="unknown_id",ledger="prefill0"} 1.0' in text
+    assert 'kvlifetime_quarantined_blocks{ledger="prefill0",reason="lease_expired"} 2.0' in text
