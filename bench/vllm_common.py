@@ -3,7 +3,7 @@ offline, interleaved rounds with ratios taken within a round, the figures' JSON.
 
 Importing this module sets the environment (before vLLM is imported) and writes the offline
 Hugging Face cache if it is missing (``vllm-tests/write-hf-cache.py``: opt-125m's config, no
-weights), as ``tests/vllm/conftest.py`` does. Run the benchmarks with the vLLM venv
+weights), as ``tests/in_vllm/conftest.py`` does. Run the benchmarks with the vLLM venv
 (``make vllm-venv``): ``.venv-vllm/bin/python -m bench.vllm_scheduler`` / ``bench.vllm_blockpool``.
 """
 

@@ -16,9 +16,9 @@ import structlog
 
 from kvlifetime.harness.transfer import InprocEngine, InprocTarget
 
-# tests/vllm/ drives vLLM's real scheduler: it runs in the vLLM venv (`make test-vllm`, which CI
-# runs after `make test`), not in the main one, where vLLM is not installed.
-collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm"]
+# tests/in_vllm/ drives vLLM's real scheduler: it runs in the vLLM venv (`make test-vllm`, which
+# CI runs after `make test`), not in the main one, where vLLM is not installed.
+collect_ignore = [] if importlib.util.find_spec("vllm") else ["in_vllm"]
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,6 @@
 """ConnectorGuard, the sans-IO core of the vLLM integration, driven without vLLM: each vLLM
 signal becomes exactly the evidence of ``signals.PROFILE``, and an id reaches vLLM only once
-the ledger has released its request. (tests/vllm/ drives the same guard through vLLM's real
+the ledger has released its request. (tests/in_vllm/ drives the same guard through vLLM's real
 scheduler.)"""
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ PROFILE = EngineProfile(
     "_free_request, _handle_failed_recving, _handle_invalid_blocks), "
     "distributed/kv_transfer/kv_connector/v1/base.py, nixl/base_worker.py "
     "(_reap_expired_send_leases); driven through vLLM's real scheduler in "
-    "tests/vllm/test_vllm_scenarios.py",
+    "tests/in_vllm/test_vllm_scenarios.py",
     rows=(
         StatusRow(
             "request id in `finished_sending` (not reaped)",
