@@ -132,7 +132,7 @@ class ConnectorGuard:
         """
         self._recv_seen.discard(request)
         if delay:
-            ids = np.unique(np.fromiter(block_ids, dtype=np.int64))
+            ids = np.fromiter(block_ids, dtype=np.int64)
             if len(ids):
                 self._expose_read(request, ids)
         if request not in self._reads and request not in self._writes:
@@ -147,12 +147,12 @@ class ConnectorGuard:
         except KVLifetimeError as e:
             self._refused("finish_refused", request, e)
             return delay
-        released = self.ledger.collect_releasable()
-        if request in released:
-            self._forget(request)
-            if not delay:
-                self._live.discard(request)
-            return delay
+        if request not in self._reads:  # (an open READ grant: not releasable yet)
+            self._collect()  # not in _ended yet: released here means "free it now"
+            if request not in self._writes:
+                if not delay:
+                    self._live.discard(request)
+                return delay
         self._ended[request] = None
         return True
 
@@ -176,6 +176,7 @@ class ConnectorGuard:
                 self._expire(read, "lease_reaped")
                 self._reaped_ids.add(request)
                 self._reaped += 1
+        applied = False  # evidence that may have made an ended request releasable
         recving: set[str] = set()
         passed: set[str] = set()  # ids the guard has no exposure for, vLLM still holds
         for request in finished_recving or ():
@@ -189,6 +190,7 @@ class ConnectorGuard:
             live = request not in self._ended
             if request not in self._load_failed:
                 self._complete(self._writes[request])
+                applied = True
             elif not live:
                 continue  # an ended request's failed load: withheld (quarantined)
             if live:
@@ -205,7 +207,9 @@ class ConnectorGuard:
                     self._live.discard(request)  # vLLM frees it on this id
                 continue
             self._complete(self._reads[request])
-        self._collect()
+            applied = True
+        if applied:
+            self._collect()
         sending = set(self._ready)
         self._ready.clear()
         for request in sending:
