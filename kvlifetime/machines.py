@@ -300,7 +300,7 @@ class BlockLifecycle(StateMachine):
     """The lifetime of one KV block (docs/block.md).
 
     A block that is not ``free`` is never handed out as a fresh block; it is handed out shared
-    only from ``owned`` / ``exposed`` with no open write grant.
+    only while no open write grant covers it (a reader does not change the content).
     """
 
     free = State(initial=True)
@@ -313,11 +313,15 @@ class BlockLifecycle(StateMachine):
     ev_acquired = Event(free.to(owned), id="acquired")
     # A prefix-cache hit: another request takes the block read-only. A quiesced block's content
     # is settled (its holders ended, no grant is open), so it may be shared too, and has a
-    # running holder again.
+    # running holder again. So may a draining or quarantined block whose open grants are all
+    # READ grants: a reader does not change the content. It has a running holder and an open
+    # grant again (exposed); it returns to the pool only once every grant is proven over.
     ev_shared = Event(
         owned.to(owned, cond="no_open_write_grant", internal=True)
         | exposed.to(exposed, cond="no_open_write_grant", internal=True)
-        | quiesced.to(owned, cond="no_open_write_grant"),
+        | quiesced.to(owned, cond="no_open_write_grant")
+        | draining.to(exposed, cond="no_open_write_grant")
+        | quarantined.to(exposed, cond="no_open_write_grant"),
         id="shared",
     )
     ev_exposed = Event(

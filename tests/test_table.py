@@ -65,6 +65,9 @@ EXPECTED_BLOCK: dict[Pair, list[Rule]] = {
     ("owned", "shared"): [("owned", "no_open_write_grant")],
     ("exposed", "shared"): [("exposed", "no_open_write_grant")],
     ("quiesced", "shared"): [("owned", "no_open_write_grant")],
+    # Read grants only: a reader does not change the content, so the block may be shared.
+    ("draining", "shared"): [("exposed", "no_open_write_grant")],
+    ("quarantined", "shared"): [("exposed", "no_open_write_grant")],
     ("owned", "exposed"): [("exposed", "write_needs_single_holder")],
     ("exposed", "exposed"): [("exposed", "write_needs_single_holder")],
     ("exposed", "grant_closed"): [("owned", "no_open_grant"), ("exposed", "has_open_grant")],
