@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NIXL_PKGS := nixl==1.5.1 nixl-cu13==1.5.1
 
-.PHONY: demo demo-mooncake demo-nixl soak test lint typecheck bench docs clean system-deps
+.PHONY: demo demo-mooncake demo-nixl soak test lint typecheck bench docs clean system-deps \
+	vllm-venv vllm-src vllm-hf vllm-baseline test-vllm clean-vllm
 
 # Python packages: the library with every extra (the harness, Prometheus, Mooncake), NIXL and
 # the test tools, in a local virtual environment.
@@ -65,3 +66,43 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) out .mypy_cache .pytest_cache .ruff_cache
+
+# vLLM 0.33's own scheduler and KV-connector unit tests, on CPU (see vllm-tests/README.md): a
+# venv of their own (torch's CPU build, vLLM without its CUDA dependencies), the tests from
+# vLLM's source distribution, an offline Hugging Face cache with opt-125m's config.
+VLLM_VENV := .venv-vllm
+VLLM_SRC := .vllm-src
+VLLM_HF := .vllm-hf
+VLLM_STAMPS := $(VLLM_VENV)/.installed $(VLLM_SRC)/.extracted $(VLLM_HF)/.written
+# Parallel pytest workers (pytest-xdist) for vLLM's tests; 1 runs them in one process.
+VLLM_TEST_JOBS ?= 2
+VLLM_RUN := $(VLLM_VENV)/bin/python vllm-tests/run.py --venv $(VLLM_VENV) --src $(VLLM_SRC) \
+	--hf-home $(VLLM_HF) --jobs $(VLLM_TEST_JOBS)
+
+$(VLLM_VENV)/.installed: vllm-tests/setup-venv.sh vllm-tests/requirements.txt pyproject.toml
+	PY=$(PY) bash vllm-tests/setup-venv.sh $(VLLM_VENV)
+	touch $@
+
+$(VLLM_SRC)/.extracted: vllm-tests/fetch-src.sh
+	bash vllm-tests/fetch-src.sh $(VLLM_SRC)
+	touch $@
+
+$(VLLM_HF)/.written: vllm-tests/write-hf-cache.py
+	$(PY) vllm-tests/write-hf-cache.py $(VLLM_HF)
+	touch $@
+
+vllm-venv: $(VLLM_VENV)/.installed
+vllm-src: $(VLLM_SRC)/.extracted
+vllm-hf: $(VLLM_HF)/.written
+
+# Without the guard: rewrites vllm-tests/expected-outcomes.json (commit it).
+vllm-baseline: $(VLLM_STAMPS)
+	$(VLLM_RUN) baseline
+
+# With the guard's pytest plugin (KVLIFETIME_VLLM_PLUGIN overrides its name): every test id's
+# outcome must equal the baseline's; then the project's own tests/vllm/.
+test-vllm: $(VLLM_STAMPS)
+	$(VLLM_RUN) guarded
+
+clean-vllm:
+	rm -rf $(VLLM_VENV) $(VLLM_SRC) $(VLLM_HF)
