@@ -230,7 +230,11 @@ def scenario_tests(args: argparse.Namespace) -> int:
     env = test_env((ROOT / args.hf_home).resolve())
     cmd = [str(venv_python), "-m", "pytest", "tests/vllm", "-p", "no:cacheprovider"]
     print("+", " ".join(cmd[1:]), flush=True)
-    return subprocess.call(cmd, cwd=ROOT, env=env)
+    rc = subprocess.call(cmd, cwd=ROOT, env=env)
+    if rc == 5:  # pytest: no tests collected
+        print("tests/vllm/ holds no tests yet")
+        return 0
+    return rc
 
 
 def main() -> int:
