@@ -176,3 +176,15 @@ def test_a_block_handed_out_under_an_open_write_grant_is_reported() -> None:
         g.handed_out([9, 5])  # block 5: the load into it may still land
     assert g.stats().dropped == {"exposed_block_reused": 1}
     assert [e["blocks"] for e in logs if e["event"] == "vllm_exposed_block_handed_out"] == [[5]]
+
+
+def test_a_preempted_request_loads_again_and_is_passed_again() -> None:
+    g = ConnectorGuard(16)
+    _loading(g, "d1", (4, 5))
+    assert g.output(None, {"d1"}).finished_recving == {"d1"}
+    # The landed load's record ended: vLLM may free and reuse its blocks (a preemption).
+    assert g.stats().exposed == 0 and g.ledger.stats().blocks_by_state["free"] == 16
+    g.allocated("d1", (4, 9), num_external_tokens=16, load_async=True)  # reloaded
+    assert g.output(None, {"d1"}).finished_recving == {"d1"}
+    assert g.output(None, {"d1"}).finished_recving == set()  # a repeat: dropped
+    assert g.stats().dropped == {"duplicate_id": 1}

@@ -32,6 +32,7 @@ are fenced.
 from __future__ import annotations
 
 import copy
+import sys
 import threading
 from typing import Any, ClassVar
 
@@ -131,6 +132,7 @@ class GuardedConnector(KVConnectorBase_V1):
         self.guard = None
         self._kvl_reaped: set[str] = set()
         self._kvl_pending: list[tuple[Any, list[int], int]] = []
+        self._kvl_null: int | None = None
         if role == KVConnectorRole.SCHEDULER:
             num_blocks = _num_blocks(cfg, kv_cache_config)
             extra = (vllm_config.kv_transfer_config.kv_connector_extra_config or {}).get(
@@ -142,6 +144,22 @@ class GuardedConnector(KVConnectorBase_V1):
 
     # ------------------------------------------------------------------ scheduler role
 
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)
+        # vLLM's placeholder block (sliding-window and mamba lists repeat it): never exposed.
+        self._kvl_null = kv_cache_manager.block_pool.null_block.block_id
+        # vLLM's Scheduler binds its cache manager from its own __init__: its request table
+        # is the truth about which ids vLLM holds (an id it does not hold would trip its
+        # asserts; one it holds, even one the guard never saw, is vLLM's own business).
+        owner = sys._getframe(1).f_locals.get("self")
+        requests = getattr(owner, "requests", None)
+        if (
+            self.guard is not None
+            and isinstance(requests, dict)
+            and getattr(owner, "kv_cache_manager", None) is kv_cache_manager
+        ):
+            self.guard.holds = requests.__contains__
+
     def on_new_request(self, request: Any) -> None:
         super().on_new_request(request)
         if self.guard is not None:
@@ -152,12 +170,12 @@ class GuardedConnector(KVConnectorBase_V1):
         if self.guard is not None and num_external_tokens > 0:
             # Whether the load is asynchronous is vLLM's decision, made after this hook: read
             # it at build_connector_meta, before the metadata carries the ids to the worker.
-            ids = _flat(blocks.get_unhashed_block_ids_all_groups())
+            ids = self._kvl_ids(blocks.get_unhashed_block_ids_all_groups())
             self._kvl_pending.append((request, ids, num_external_tokens))
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         if self.guard is not None:
-            self.guard.handed_out(_new_blocks(scheduler_output))
+            self.guard.handed_out(self._kvl_ids(_new_blocks(scheduler_output)))
         if self.guard is not None and self._kvl_pending:
             for request, ids, n in self._kvl_pending:
                 waiting = request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
@@ -179,8 +197,15 @@ class GuardedConnector(KVConnectorBase_V1):
         if self.guard is None:
             return delay
         return self.guard.finished(
-            request.request_id, _flat(block_ids), bool(delay), request.status in _ABORTED
+            request.request_id, self._kvl_ids(block_ids), bool(delay), request.status in _ABORTED
         )
+
+    def _kvl_ids(self, block_ids: Any) -> list[int]:
+        """The distinct real blocks of vLLM's block-id list(s): one list per KV-cache group
+        (one pool: a block shared by groups is counted once), without the null block."""
+        ids = dict.fromkeys(_flat(block_ids))
+        ids.pop(self._kvl_null, None)  # type: ignore[arg-type]
+        return list(ids)
 
     def update_connector_output(self, connector_output: Any) -> None:
         meta = connector_output.kv_connector_worker_meta

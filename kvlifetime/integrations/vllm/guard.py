@@ -24,7 +24,7 @@ This module is sans-IO: ``connector.py`` calls it from vLLM's hooks; tests drive
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Set
+from collections.abc import Callable, Iterable, Set
 
 import attrs
 import numpy as np
@@ -66,13 +66,21 @@ class ConnectorGuard:
     """One vLLM scheduler's exposures (scheduler side of the connector)."""
 
     def __init__(
-        self, num_blocks: int, *, peer: str = "vllm-kv-peer", incarnation: str | None = None
+        self,
+        num_blocks: int,
+        *,
+        peer: str = "vllm-kv-peer",
+        incarnation: str | None = None,
+        holds: Callable[[str], bool] | None = None,
     ) -> None:
         self.ledger = BlockLedger(num_blocks, counts="engine", incarnation=incarnation)
         self.peer = peer
+        self._live: set[str] = set()
         self._reads: dict[str, Grant] = {}  # request id -> open READ grant (a remote reader)
         self._writes: dict[str, Grant] = {}  # request id -> WRITE grant (an async load)
-        self._live: set[str] = set()  # requests vLLM holds (on_new_request, until freed)
+        # Whether vLLM still holds a request (its scheduler's own table, where the connector
+        # found it); otherwise the guard's own view: on_new_request until vLLM frees it.
+        self.holds: Callable[[str], bool] = holds if holds is not None else self._live.__contains__
         self._ended: dict[str, None] = {}  # ended requests vLLM keeps until the guard says
         self._ready: dict[str, None] = {}  # released, to hand back at the next output
         self._recv_seen: set[str] = set()  # live requests whose finished_recving was passed
@@ -99,6 +107,7 @@ class ConnectorGuard:
         synchronous load lands inside the step, ordered by vLLM itself: no grant."""
         if num_external_tokens <= 0 or not load_async:
             return
+        self._recv_seen.discard(request)  # a new load (first, or after a preemption)
         ids = np.fromiter(block_ids, dtype=np.int64)
         if len(ids) == 0:
             return
@@ -119,7 +128,11 @@ class ConnectorGuard:
         ids = np.fromiter(block_ids, dtype=np.int64)
         if len(ids) == 0 or not self._writes:
             return
-        hit = ids[self.ledger.open_access(ids) == 2]
+        try:
+            hit = ids[self.ledger.open_access(ids) == 2]
+        except KVLifetimeError as e:
+            self._refused("handed_out_refused", "-", e)
+            return
         if len(hit):
             self._dropped["exposed_block_reused"] += 1
             _log.error("vllm_exposed_block_handed_out", blocks=hit.tolist())
@@ -139,13 +152,7 @@ class ConnectorGuard:
             if not delay:
                 self._live.discard(request)  # vLLM frees it now
             return delay  # nothing exposed: the inner connector's answer stands
-        try:
-            if aborted:
-                self.ledger.reject(request, reason="aborted")
-            else:
-                self.ledger.finish(request)
-        except KVLifetimeError as e:
-            self._refused("finish_refused", request, e)
+        if not self._end(request, aborted):
             return delay
         if request not in self._reads:  # (an open READ grant: not releasable yet)
             self._collect()  # not in _ended yet: released here means "free it now"
@@ -191,6 +198,11 @@ class ConnectorGuard:
             if request not in self._load_failed:
                 self._complete(self._writes[request])
                 applied = True
+                if live:
+                    # The load landed: that exposure is over. Its record ends here; vLLM's
+                    # counts keep the blocks for the running request (and may free them on a
+                    # preemption without telling the connector).
+                    self._end(request, aborted=False)
             elif not live:
                 continue  # an ended request's failed load: withheld (quarantined)
             if live:
@@ -249,6 +261,17 @@ class ConnectorGuard:
         except KVLifetimeError as e:
             self._refused("exposed_block_reused", request, e)
 
+    def _end(self, request: str, aborted: bool) -> bool:
+        try:
+            if aborted:
+                self.ledger.reject(request, reason="aborted")
+            else:
+                self.ledger.finish(request)
+        except KVLifetimeError as e:
+            self._refused("finish_refused", request, e)
+            return False
+        return True
+
     def _failed_loads(self, failed: Iterable[str], invalid: Iterable[int]) -> list[str]:
         out = [r for r in failed if r in self._writes and r not in self._load_failed]
         bad = np.fromiter(invalid, dtype=np.int64)
@@ -265,7 +288,7 @@ class ConnectorGuard:
     def _passed_through(self, request: str, into: set[str]) -> bool:
         """An id with no exposure: vLLM's own business while vLLM holds the request (passed on
         unchanged); otherwise a duplicate or an unknown id (dropped)."""
-        if request in self._live:
+        if self.holds(request):
             into.add(request)
             return True
         self._drop("duplicate_id" if request in self._handed else "unknown_id", request)
