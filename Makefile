@@ -100,7 +100,7 @@ vllm-baseline: $(VLLM_STAMPS)
 	$(VLLM_RUN) baseline
 
 # With the guard's pytest plugin (KVLIFETIME_VLLM_PLUGIN overrides its name): every test id's
-# outcome must equal the baseline's; then the project's own tests/vllm/.
+# outcome must equal the baseline's; then the project's own tests/in_vllm/.
 test-vllm: $(VLLM_STAMPS)
 	$(VLLM_RUN) guarded
 

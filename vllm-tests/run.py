@@ -11,7 +11,7 @@ config for facebook/opt-125m. Every test id's outcome is recorded by outcomes_pl
 kvlifetime.integrations.vllm.pytest_plugin), fails listing every test id whose outcome differs
 from expected-outcomes.json (and ids missing or new), prints how many connectors the plugin
 wrapped when it logs them (one line per connector in KVLIFETIME_VLLM_WRAPPED_LOG), and then
-runs the project's own vLLM scenario tests, tests/vllm/, when that folder exists.
+runs the project's own vLLM scenario tests, tests/in_vllm/, when that folder exists.
 
 Arguments after `--` go to pytest (e.g. `-- -x -k nixl`; a filtered run is compared only on
 the ids it ran).
@@ -213,27 +213,27 @@ def compare(tests: dict[str, dict], filtered: bool) -> tuple[int, list[str]]:
     return matched, problems
 
 
-def wrapped_count(log: Path) -> None:
+def wrapped_count(log: Path) -> int:
     if log.is_file():
         lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
         print(f"the guard wrapped {len(lines)} connectors ({log})")
-    else:
-        print(f"no wrapped-connector log at {log} (the plugin did not write one)")
+        return len(lines)
+    print(f"no wrapped-connector log at {log} (the plugin did not write one)")
+    return 0
 
 
 def scenario_tests(args: argparse.Namespace) -> int:
-    folder = ROOT / "tests" / "vllm"
+    folder = ROOT / "tests" / "in_vllm"
     if not folder.is_dir():
-        print("tests/vllm/ does not exist yet: no vLLM scenario tests to run")
-        return 0
+        print("tests/in_vllm/ is missing: the guard's scenario tests must run")
+        return 1
     venv_python = (ROOT / args.venv / "bin" / "python").absolute()
     env = test_env((ROOT / args.hf_home).resolve())
-    cmd = [str(venv_python), "-m", "pytest", "tests/vllm", "-p", "no:cacheprovider"]
+    cmd = [str(venv_python), "-m", "pytest", "tests/in_vllm", "-p", "no:cacheprovider"]
     print("+", " ".join(cmd[1:]), flush=True)
     rc = subprocess.call(cmd, cwd=ROOT, env=env)
     if rc == 5:  # pytest: no tests collected
-        print("tests/vllm/ holds no tests yet")
-        return 0
+        print("tests/in_vllm/ collected no test: the guard's scenario tests must run")
     return rc
 
 
@@ -272,8 +272,11 @@ def main() -> int:
         log.unlink(missing_ok=True)
         print(f"guard plugin: {plugin}")
         tests = run_pytest(args, plugin, run_dir / "outcomes-guarded.json")
-    wrapped_count(log)
+    wrapped = wrapped_count(log)
     matched, problems = compare(tests, filtered=bool(args.pytest_args))
+    if plugin == DEFAULT_PLUGIN and not args.outcomes and wrapped == 0:
+        # Equal outcomes prove nothing if the guard was never installed.
+        problems.append("the guard's plugin wrapped no connector")
     if problems:
         print(f"\n{len(problems)} test ids differ from {EXPECTED.relative_to(ROOT)}:")
         print("\n".join(problems))
@@ -285,7 +288,7 @@ def main() -> int:
     print(f"vllm-guarded: {matched} passed, {len(problems)} failed")
     rc = scenario_tests(args)
     if rc:
-        print(f"tests/vllm failed (exit status {rc})")
+        print(f"tests/in_vllm failed (exit status {rc})")
     return 1 if problems or rc else 0
 
 

@@ -18,6 +18,8 @@ from vllm.v1.request import Request, RequestStatus
 
 from kvlifetime.integrations.vllm.connector import GuardedConnector
 
+MODULE = "kvlifetime.integrations.vllm"
+
 
 def _prefill_exposed(guarded: bool) -> tuple[Any, Request, list[int]]:
     """A prefill request done, its blocks handed to decode (NIXL delays their free)."""
@@ -147,3 +149,24 @@ def test_guard_drops_duplicate_and_unknown_ids() -> None:
     assert g is not None
     assert g.stats().dropped == {"duplicate_id": 1, "unknown_id": 1}
     assert g.stats().handed_back == 1
+
+
+def test_guarded_registered_connector_by_name_keeps_hma_support() -> None:
+    # "GuardedNixlConnector" from kvlifetime.integrations.vllm: the guarded class of vLLM's
+    # registered NixlConnector, which passes the factory's HMA check that GuardedConnector
+    # (a wrapper named by config) cannot.
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector
+
+    from kvlifetime.integrations.vllm import GuardedNixlConnector
+
+    assert issubclass(GuardedNixlConnector, NixlConnector) and supports_hma(GuardedNixlConnector)
+    assert issubclass(GuardedNixlConnector, GuardedConnector)
+    s = scheduler(guarded=False, inner="GuardedNixlConnector", inner_module=MODULE)
+    assert isinstance(s.connector, GuardedNixlConnector) and s.connector.guard is not None
+    r = request(remote_decode=True)
+    s.add_request(r)
+    step(s, output([r]))
+    ids = blocks_of(s, r)
+    step(s, output(finished_sending={r.request_id}, lease_reaped={r.request_id}))
+    assert free_in_pool(s, ids) == []

@@ -27,4 +27,17 @@ def __getattr__(name: str) -> Any:
         from kvlifetime.integrations.vllm import connector
 
         return getattr(connector, name)
+    if name.startswith("Guarded") and len(name) > len("Guarded"):
+        # "kv_connector": "GuardedNixlConnector" with this module as kv_connector_module_path:
+        # the guarded class of a connector vLLM has registered under that name (it keeps the
+        # inner class's HMA support, which vLLM's factory checks on the class it is named).
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+        from kvlifetime.integrations.vllm.connector import guarded_class
+
+        try:
+            inner = KVConnectorFactory.get_connector_class_by_name(name[len("Guarded") :])
+        except ValueError as e:
+            raise AttributeError(name) from e
+        return guarded_class(inner)
     raise AttributeError(name)
