@@ -61,8 +61,11 @@ soak: system-deps $(STAMP)
 docs: $(STAMP)
 	$(BIN)/kvlifetime docs --out docs
 
-bench: $(STAMP)
+bench: $(STAMP) vllm-venv vllm-hf
 	$(BIN)/python -m bench
+	# The guard's cost inside vLLM 0.33 (its real Scheduler and BlockPool), in the vLLM venv.
+	$(VLLM_VENV)/bin/python -m bench.vllm_scheduler --out out/bench-vllm-scheduler.json 2>/dev/null
+	$(VLLM_VENV)/bin/python -m bench.vllm_blockpool --out out/bench-vllm-blockpool.json 2>/dev/null
 
 clean:
 	rm -rf $(VENV) out .mypy_cache .pytest_cache .ruff_cache
