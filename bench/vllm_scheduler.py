@@ -57,48 +57,24 @@ EOS = 2
 
 def _vllm() -> dict[str, Any]:
     """vLLM's classes (imported after ``vllm_common`` set the environment)."""
-    import torch
-    from vllm.config import (
-        CacheConfig,
-        DeviceConfig,
-        KVTransferConfig,
-        ModelConfig,
-        SchedulerConfig,
-        VllmConfig,
-    )
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
     from vllm.v1.request import Request, RequestStatus
-    from vllm.v1.structured_output import StructuredOutputManager
 
     init_none_hash(sha256)
     import logging
 
     logging.getLogger("vllm").setLevel(logging.ERROR)  # its warnings about a CPU, no weights
     return {
-        "torch": torch,
-        "CacheConfig": CacheConfig,
-        "DeviceConfig": DeviceConfig,
-        "KVTransferConfig": KVTransferConfig,
-        "ModelConfig": ModelConfig,
-        "SchedulerConfig": SchedulerConfig,
-        "VllmConfig": VllmConfig,
         "SamplingParams": SamplingParams,
         "sha256": sha256,
         "get_request_block_hasher": get_request_block_hasher,
-        "Scheduler": Scheduler,
-        "FullAttentionSpec": FullAttentionSpec,
-        "KVCacheConfig": KVCacheConfig,
-        "KVCacheGroupSpec": KVCacheGroupSpec,
         "KVConnectorOutput": KVConnectorOutput,
         "ModelRunnerOutput": ModelRunnerOutput,
         "Request": Request,
         "RequestStatus": RequestStatus,
-        "StructuredOutputManager": StructuredOutputManager,
     }
 
 
@@ -115,45 +91,16 @@ class Workload:
         self._ids = itertools.count()
 
     def scheduler(self, guarded: bool) -> Any:
-        v, a = self.v, self.args
-        if guarded:
-            ktc = v["KVTransferConfig"](
-                kv_connector="GuardedConnector",
-                kv_connector_module_path="kvlifetime.integrations.vllm",
-                kv_role="kv_both",
-                kv_connector_extra_config={"inner": {"kv_connector": "NixlConnector"}},
-            )
-        else:
-            ktc = v["KVTransferConfig"](kv_connector="NixlConnector", kv_role="kv_both")
-        cfg = v["VllmConfig"](
-            model_config=v["ModelConfig"](model="facebook/opt-125m", dtype="float16", seed=42),
-            scheduler_config=v["SchedulerConfig"](
-                max_num_seqs=a.max_num_seqs,
-                max_num_batched_tokens=a.max_num_batched_tokens,
-                max_model_len=4096,
-                is_encoder_decoder=False,
-                disable_hybrid_kv_cache_manager=True,
-            ),
-            cache_config=v["CacheConfig"](block_size=BLOCK, enable_prefix_caching=True),
-            kv_transfer_config=ktc,
-            device_config=v["DeviceConfig"]("cpu"),
-        )
-        cfg.cache_config.kv_cache_layout = "LBNHC"
-        cfg.cache_config.num_gpu_blocks = a.num_blocks
-        spec = v["FullAttentionSpec"](
-            block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=v["torch"].float32
-        )
-        kv = v["KVCacheConfig"](
+        from kvlifetime.integrations.vllm import testing
+
+        a = self.args
+        assert testing.BLOCK == BLOCK
+        return testing.scheduler(
+            guarded=guarded,
             num_blocks=a.num_blocks,
-            kv_cache_tensors=[],
-            kv_cache_groups=[v["KVCacheGroupSpec"](["layer"], spec)],
-        )
-        return v["Scheduler"](
-            vllm_config=cfg,
-            kv_cache_config=kv,
-            log_stats=True,
-            structured_output_manager=v["StructuredOutputManager"](cfg),
-            block_size=BLOCK,
+            max_num_seqs=a.max_num_seqs,
+            max_num_batched_tokens=a.max_num_batched_tokens,
+            max_model_len=4096,
         )
 
     def requests(self) -> list[Any]:

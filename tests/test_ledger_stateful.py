@@ -719,12 +719,16 @@ class LedgerMachine(RuleBasedStateMachine):
         assert {repr(q.request): q.reason for q in st_.quarantined} == quarantined
 
 
-LedgerMachine.TestCase.settings = settings(
-    max_examples=250,
-    stateful_step_count=50,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+def _settings(max_examples: int) -> settings:
+    return settings(
+        max_examples=max_examples,
+        stateful_step_count=50,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+
+
+LedgerMachine.TestCase.settings = _settings(250)
 test_ledger_stateful = LedgerMachine.TestCase
 
 
@@ -732,12 +736,7 @@ class CheckedLedgerMachine(LedgerMachine):
     CHECKED = True
 
 
-CheckedLedgerMachine.TestCase.settings = settings(
-    max_examples=80,
-    stateful_step_count=50,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+CheckedLedgerMachine.TestCase.settings = _settings(80)
 test_ledger_stateful_checked = CheckedLedgerMachine.TestCase
 
 
@@ -872,12 +871,7 @@ class EngineCountsMachine(LedgerMachine):
         assert self.L.copy().counts == "engine"
 
 
-EngineCountsMachine.TestCase.settings = settings(
-    max_examples=200,
-    stateful_step_count=50,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+EngineCountsMachine.TestCase.settings = _settings(200)
 test_ledger_stateful_engine_counts = EngineCountsMachine.TestCase
 
 
@@ -885,10 +879,5 @@ class CheckedEngineCountsMachine(EngineCountsMachine):
     CHECKED = True
 
 
-CheckedEngineCountsMachine.TestCase.settings = settings(
-    max_examples=50,
-    stateful_step_count=50,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+CheckedEngineCountsMachine.TestCase.settings = _settings(50)
 test_ledger_stateful_engine_counts_checked = CheckedEngineCountsMachine.TestCase

@@ -13,10 +13,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from scheduler_helpers import blocks_of, free_in_pool, output, request, scheduler, step
 from vllm.v1.request import Request, RequestStatus
 
 from kvlifetime.integrations.vllm.connector import GuardedConnector
+from kvlifetime.integrations.vllm.testing import (
+    blocks_of,
+    free_in_pool,
+    output,
+    request,
+    scheduler,
+    step,
+)
 
 MODULE = "kvlifetime.integrations.vllm"
 

@@ -7,7 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from scheduler_helpers import (
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+
+from kvlifetime.integrations.vllm.connector import GuardedConnector, GuardWorkerMeta
+from kvlifetime.integrations.vllm.testing import (
     blocks_of,
     config,
     free_in_pool,
@@ -17,11 +22,6 @@ from scheduler_helpers import (
     scheduler,
     step,
 )
-from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
-
-from kvlifetime.integrations.vllm.connector import GuardedConnector, GuardWorkerMeta
 
 INNER: dict[str, Any] = {"inner": "ReapingConnector", "inner_module": "reaping_connector"}
 

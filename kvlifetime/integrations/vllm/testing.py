@@ -1,7 +1,13 @@
-"""Drive vLLM's real ``Scheduler`` with the model's output mocked, as vLLM's own tests do:
-one engine step is ``schedule()`` then ``update_from_output()`` with what the worker (here:
-the test) reports. Written for kvlifetime's scenarios; vLLM's own test utilities are not part
-of its wheel."""
+"""Testing helpers: drive vLLM's real ``Scheduler`` with the model's output mocked, as vLLM's
+own tests do - one engine step is ``schedule()`` then ``update_from_output()`` with what the
+worker (here: the test) reports - guarded or not. For an engine's own tests of its connector
+configuration, kvlifetime's scenarios (tests/in_vllm/) and its benchmarks; vLLM's own test
+utilities are not part of its wheel.
+
+Needs vLLM (and, on a machine without the model, an offline Hugging Face cache holding
+facebook/opt-125m's config: ``vllm-tests/write-hf-cache.py`` writes one; set ``HF_HOME``,
+``HF_HUB_OFFLINE=1`` and, on a CPU machine, ``VLLM_TARGET_DEVICE=cpu`` before importing this).
+"""
 
 from __future__ import annotations
 
@@ -41,6 +47,9 @@ def config(
     inner: str = "NixlConnector",
     inner_module: str | None = None,
     num_blocks: int = 256,
+    max_num_seqs: int = 16,
+    max_num_batched_tokens: int = 1024,
+    max_model_len: int = 2048,
     **extra: Any,
 ) -> VllmConfig:
     """A VllmConfig (facebook/opt-125m's shape, CPU) with ``inner`` as its connector (from
@@ -63,9 +72,9 @@ def config(
     cfg = VllmConfig(
         model_config=model,
         scheduler_config=SchedulerConfig(
-            max_num_seqs=16,
-            max_num_batched_tokens=1024,
-            max_model_len=2048,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
             is_encoder_decoder=False,
             disable_hybrid_kv_cache_manager=True,
         ),
@@ -99,11 +108,12 @@ def scheduler(
     inner: str = "NixlConnector",
     inner_module: str | None = None,
     num_blocks: int = 256,
-    **extra: Any,
+    **kw: Any,
 ) -> Scheduler:
-    """vLLM's scheduler with ``inner`` as its connector, guarded or not."""
+    """vLLM's scheduler with ``inner`` as its connector, guarded or not (``kw``: ``config``'s
+    scheduler limits, or ``KVTransferConfig`` fields)."""
     cfg = config(
-        guarded=guarded, inner=inner, inner_module=inner_module, num_blocks=num_blocks, **extra
+        guarded=guarded, inner=inner, inner_module=inner_module, num_blocks=num_blocks, **kw
     )
     return Scheduler(
         vllm_config=cfg,
