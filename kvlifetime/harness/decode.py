@@ -32,7 +32,7 @@ import collections
 import contextlib
 import heapq
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -47,7 +47,7 @@ from kvlifetime.errors import (
     UsageError,
 )
 from kvlifetime.evidence import PeerLost, SchedulingStopped, TransferCompleted
-from kvlifetime.grant import Grant
+from kvlifetime.grant import Grant, GrantId
 from kvlifetime.harness import pattern
 from kvlifetime.harness.faults import (
     FaultConfig,
@@ -62,7 +62,14 @@ from kvlifetime.harness.owner import FencingOwner
 from kvlifetime.harness.peer import PeerFailed, PeerProcess, fence_peer, peer_config
 from kvlifetime.harness.report import Report
 from kvlifetime.harness.simulate import BACKENDS, POLICIES, RESTARTS
-from kvlifetime.harness.transfer import InprocTarget, TargetMemory
+from kvlifetime.harness.transfer import (
+    HANDOVER_REGIONS,
+    LOG_AFTER_DEATH,
+    LOG_NBYTES,
+    LOG_REDELIVERED,
+    InprocTarget,
+    TargetMemory,
+)
 from kvlifetime.harness.wire import (
     Abort,
     Assign,
@@ -111,6 +118,9 @@ class SimConfig:
     faults: FaultConfig = attrs.field(factory=FaultConfig)
 
     def __attrs_post_init__(self) -> None:
+        tp = self.faults.tp_ranks
+        if tp < 1 or tp > 16 or self.block_bytes % (8 * tp):
+            raise UsageError("tp_ranks must be in 1..16 and split block_bytes into 8-byte parts")
         if self.policy not in POLICIES:
             raise UsageError(f"unknown policy {self.policy!r} ({', '.join(POLICIES)})")
         if self.backend not in BACKENDS:
@@ -135,6 +145,23 @@ class _Req:
     # a prefix-cache hit: blocks shared read-only with an earlier request, and their words
     shared: npt.NDArray[np.int64] | None = None
     shared_words: npt.NDArray[np.uint64] | None = None
+    # tensor parallel: the grants of ranks 1.. (``grant`` is rank 0's), one per rank and peer
+    more: tuple[Grant, ...] = ()
+    completed: set[GrantId] = attrs.field(factory=set)  # grants whose TransferCompleted came
+
+    @property
+    def grants(self) -> tuple[Grant, ...]:
+        return (self.grant, *self.more)
+
+    def rank_of(self, grant: GrantId) -> int | None:
+        for i, g in enumerate(self.grants):
+            if g.id == grant:
+                return i
+        return None
+
+    def to(self, peer: str) -> bool:
+        """Whether one of its grants is to ``peer``."""
+        return any(g.peer == peer for g in self.grants)
 
     @property
     def nchunks(self) -> int:
@@ -146,7 +173,43 @@ class _Req:
 
 
 class PrefillPeer(PeerProcess):
-    """One prefill process (the writer) and the socket dedicated to it."""
+    """One prefill process (the writer; one tensor-parallel rank) and the socket dedicated to
+    it. With one rank it is ``prefill-<incarnation>``; with several, ``prefill-<i>/rank<r>``."""
+
+    def __init__(
+        self,
+        ctx: Any,
+        cfg: SimConfig,
+        target: TargetMemory,
+        incarnation: int,
+        expected: int,
+        *,
+        crashed: int = 0,
+        start: int = 0,
+        rank: int = 0,
+    ) -> None:
+        from kvlifetime.harness.prefill import prefill_main
+
+        tp = cfg.faults.tp_ranks
+        config = peer_config(cfg, incarnation, expected, crashed=crashed, start=start)
+        config["target"] = target.descriptor()
+        config["rank"] = rank
+        if rank:
+            config["link_salt"] = int(config["link_salt"]) + 100_000 * rank
+        # its own hand-over region in the target's table (land_after_crash); freed by
+        # take_over (a crash) or cut (a fence) before a later incarnation gets it again
+        self.region = (incarnation * tp + rank) % HANDOVER_REGIONS
+        config["handover_region"] = self.region
+        name = f"prefill-{incarnation}" if tp == 1 else f"prefill-{incarnation}/rank{rank}"
+        super().__init__(ctx, name, incarnation, prefill_main, config)
+
+
+class PrefillGroup:
+    """One prefill incarnation: ``tp_ranks`` rank processes, each with its own socket (its
+    identity: evidence from rank r is stamped with rank r's name) and its own grant per
+    request. Ticks go to the ranks one after the other (each rank's copies have ended when its
+    ``TickDone`` comes), so landing order stays the seed's and the landing log has one writer
+    at a time. The ranks crash together (a tensor-parallel group dies with any rank)."""
 
     def __init__(
         self,
@@ -159,11 +222,61 @@ class PrefillPeer(PeerProcess):
         crashed: int = 0,
         start: int = 0,
     ) -> None:
-        from kvlifetime.harness.prefill import prefill_main
+        self.incarnation = incarnation
+        self.ranks: list[PrefillPeer] = []
+        try:
+            for rank in range(cfg.faults.tp_ranks):
+                self.ranks.append(
+                    PrefillPeer(
+                        ctx,
+                        cfg,
+                        target,
+                        incarnation,
+                        expected,
+                        crashed=crashed,
+                        start=start,
+                        rank=rank,
+                    )
+                )
+        except BaseException:
+            self.close()
+            raise
 
-        config = peer_config(cfg, incarnation, expected, crashed=crashed, start=start)
-        config["target"] = target.descriptor()
-        super().__init__(ctx, f"prefill-{incarnation}", incarnation, prefill_main, config)
+    @property
+    def peers(self) -> list[str]:
+        return [p.peer for p in self.ranks]
+
+    def tick(
+        self, n: int, frames: Sequence[list[bytes]], timeout_s: float
+    ) -> list[tuple[str, list[bytes]]] | None:
+        """Send each rank its frames (ending with ``Tick(n)``) and collect its answer; None
+        when any rank died or hung (every rank is then reaped)."""
+        out: list[tuple[str, list[bytes]]] = []
+        dead = False
+        for p, fs in zip(self.ranks, frames, strict=True):
+            for f in fs:
+                p.send(f)
+            got = p.until_tick_done(n, timeout_s)
+            if got is None:
+                dead = True
+            else:
+                out.append((p.peer, got))
+        if dead:
+            self.close()
+            return None
+        return out
+
+    def stop(self) -> dict[str, int]:
+        stats: dict[str, int] = {}
+        for p in self.ranks:
+            p.stop()
+            for k, v in p.stats.items():
+                stats[k] = stats.get(k, 0) + v
+        return stats
+
+    def close(self) -> None:
+        for p in self.ranks:
+            p.close()
 
 
 def make_target(backend: str, nbytes: int) -> TargetMemory:
@@ -186,6 +299,10 @@ class DecodeWorker(FencingOwner):
         self.target = target
         self.ledger = ledger
         self.link = FaultyLink(cfg.seed, 2, cfg.faults)
+        # one control link per tensor-parallel rank (rank 0's is ``link``)
+        self.links = [self.link] + [
+            FaultyLink(cfg.seed, 2 + 7919 * r, cfg.faults) for r in range(1, cfg.faults.tp_ranks)
+        ]
         self.reqs: dict[int, _Req] = {}
         self.now = 0
         self._aborts: dict[int, list[int]] = {}
@@ -239,14 +356,20 @@ class DecodeWorker(FencingOwner):
         if not len(rows):
             return
         bb = self.cfg.block_bytes
-        off, nbytes, words = rows[:, 0], rows[:, 1], rows[:, 2]
+        off, tagged, words = rows[:, 0], rows[:, 1], rows[:, 2]
+        nbytes = tagged & np.uint64(LOG_NBYTES)
+        kinds = {
+            "after_death": (tagged & np.uint64(LOG_AFTER_DEATH)) != 0,
+            "redelivered": (tagged & np.uint64(LOG_REDELIVERED)) != 0,
+        }
         per = np.maximum(nbytes // bb, 1).astype(np.int64)
         first = (off // bb).astype(np.int64)
         if (per == 1).all():
-            self.oracle.landed(first, words)
+            self.oracle.landed(first, words, kinds)
         else:  # a slice over several blocks: one landing per block it covers
             blocks = np.concatenate([f + np.arange(k) for f, k in zip(first, per, strict=True)])
-            self.oracle.landed(blocks, np.repeat(words, per))
+            rep = {k: np.repeat(v, per) for k, v in kinds.items()}
+            self.oracle.landed(blocks, np.repeat(words, per), rep)
 
     def receive(self, frames: list[bytes], sender: str) -> None:
         """Frames that came in on the connection of peer ``sender`` (the transport's identity:
@@ -277,7 +400,7 @@ class DecodeWorker(FencingOwner):
     def _live(self, request: int | str, grant: object) -> _Req | None:
         # Exact match on both: a message about another grant of a reused key acts on nothing.
         r = self.reqs.get(request) if isinstance(request, int) else None
-        if r is None or r.grant.id != grant:
+        if r is None or not isinstance(grant, GrantId) or r.rank_of(grant) is None:
             return None
         return r
 
@@ -299,7 +422,9 @@ class DecodeWorker(FencingOwner):
             return
         r.last_news = self.now
         if isinstance(ev, TransferCompleted) and not r.consumed:
-            self._consume(int(req), r)
+            r.completed.add(gid)
+            if len(r.completed) == len(r.grants):  # every rank's KV has landed
+                self._consume(int(req), r)
         elif isinstance(ev, SchedulingStopped) and not r.consumed:
             # Prefill stopped without completing: its Rejected / TransferFailed may be lost.
             why = "rejected" if r.plan.tokens > self.cfg.faults.capacity_tokens else "failed"
@@ -380,14 +505,20 @@ class DecodeWorker(FencingOwner):
     # ----------------------------------------------------------------- one tick
 
     def tick(self, n: int, peer: str, admit_more: bool) -> list[bytes]:
-        """Decode's work for tick ``n``; returns the frames to send (Tick last)."""
+        """Decode's work for tick ``n`` with one prefill peer; the frames to send (Tick last)."""
+        return self.tick_ranks(n, [peer], admit_more)[0]
+
+    def tick_ranks(self, n: int, peers: Sequence[str], admit_more: bool) -> list[list[bytes]]:
+        """Decode's work for tick ``n``; per prefill rank (``peers``, one per rank), the frames
+        to send it (Tick last)."""
         self.now = n
-        out: list[bytes] = []
+        outs: list[list[bytes]] = [[] for _ in peers]
         for key in self._aborts.pop(n, []):
             r = self.reqs.get(key)
             if r is not None and r.ended is None and not r.finished:
                 self.end(key, "client_abort")
-                self.link.offer(encode(Abort(key, r.grant.id)), n)
+                for i, g in enumerate(r.grants):
+                    self.links[i].offer(encode(Abort(key, g.id)), n)
         for key in self._finishes.pop(n, []):
             self._finish(key)
         if self.cfg.policy != "naive":
@@ -404,12 +535,13 @@ class DecodeWorker(FencingOwner):
             self._release(rkey, ids)
         self._queries(n)
         if admit_more:
-            out.extend(self._admit(n, peer))
+            self._admit(n, peers, outs)
         held = self.cfg.num_blocks - self.ledger.free_count()
         self.count["peak_blocks_out"] = max(self.count["peak_blocks_out"], held)
-        out.extend(self.link.due(n))
-        out.append(encode(Tick(n)))
-        return out
+        for link, out in zip(self.links, outs, strict=False):
+            out.extend(link.due(n))
+            out.append(encode(Tick(n)))
+        return outs
 
     def _queries(self, n: int) -> None:
         # Lost evidence is asked for again; evidence is idempotent, so asking is always safe.
@@ -419,14 +551,17 @@ class DecodeWorker(FencingOwner):
             waiting = r.ended is not None or not r.consumed
             quiet = n - r.last_news
             due = self.cfg.query_every if r.ended is not None else self.cfg.overdue_ticks
-            if waiting and quiet >= due and self.ledger.open_grants(key):
+            open_now = self.ledger.open_grants(key) if waiting and quiet >= due else []
+            if open_now:
                 r.queries += 1
                 r.last_news = n
                 self.count["queries"] += 1
-                self.link.offer(encode(Query(key, r.grant.id)), n)
+                for g in open_now:  # each rank is asked about its own grant
+                    rank = r.rank_of(g.id)
+                    if rank is not None:
+                        self.links[rank].offer(encode(Query(key, g.id)), n)
 
-    def _admit(self, n: int, peer: str) -> list[bytes]:
-        out: list[bytes] = []
+    def _admit(self, n: int, peers: Sequence[str], outs: list[list[bytes]]) -> None:
         for _ in range(self.cfg.arrivals_per_tick):
             key = self.next_request
             if key >= self.cfg.requests:
@@ -438,25 +573,28 @@ class DecodeWorker(FencingOwner):
             shared, shared_words = self._prefix_hit(key, p.prefix)
             ids = self.ledger.allocate(key, p.nblocks - (0 if shared is None else len(shared)))
             self.last_admitted = n
-            # The grant exists before the addresses leave the process.
-            g = self.ledger.grant(key, peer, ids)
+            # The grants (one per rank) exist before the addresses leave the process.
+            gs = [self.ledger.grant(key, peer, ids) for peer in peers]
+            g = gs[0]
             self.oracle.granted(key, ids, pattern.words(key, ids, g.generations))
-            self.reqs[key] = _Req(p, g, n, last_news=n, shared=shared, shared_words=shared_words)
+            self.reqs[key] = _Req(
+                p, g, n, last_news=n, shared=shared, shared_words=shared_words, more=tuple(gs[1:])
+            )
             self.next_request += 1
             if p.abort_after is not None:
                 self._aborts.setdefault(n + p.abort_after, []).append(key)
             addrs = tuple(self.target.address(int(b) * self.cfg.block_bytes) for b in ids)
-            assign = Assign(
-                key,
-                g.id,
-                peer,
-                tuple(int(b) for b in ids),
-                tuple(int(x) for x in g.generations),
-                addrs,
-                p.tokens,
-            )
-            out.append(encode(assign))
-        return out
+            for out, peer, gi in zip(outs, peers, gs, strict=True):
+                assign = Assign(
+                    key,
+                    gi.id,
+                    peer,
+                    tuple(int(b) for b in ids),
+                    tuple(int(x) for x in gi.generations),
+                    addrs,
+                    p.tokens,
+                )
+                out.append(encode(assign))
 
     def _prefix_hit(
         self, key: int, k: int
@@ -495,7 +633,7 @@ class DecodeWorker(FencingOwner):
         with contextlib.suppress(EvidenceError):  # refused and counted by the ledger
             self.ledger.apply(PeerLost(peer))
         for key, r in list(self.reqs.items()):
-            if r.grant.peer != peer or key not in self.reqs:
+            if not r.to(peer) or key not in self.reqs:
                 continue
             if r.ended is None and not r.finished and not r.consumed:
                 self.end(key, "lost_to_crash")  # counted by end()
@@ -508,7 +646,7 @@ class DecodeWorker(FencingOwner):
         ``AccessRevoked`` closes every grant to it, quarantined ones included."""
         self.observe()  # what landed before the fence, while the blocks are still held
         for key, r in list(self.reqs.items()):
-            if r.grant.peer == peer and r.ended is None and not r.finished and not r.consumed:
+            if r.to(peer) and r.ended is None and not r.finished and not r.consumed:
                 self.end(key, "lost_to_fence")
         self._revoked(peer, fence)
 
@@ -558,27 +696,35 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
     expected = max(1, cfg.requests // max(1, cfg.arrivals_per_tick))
     restart_at = restart_tick(cfg.seed, expected) if cfg.restart != "none" else None
     ctx = zmq.Context()
-    peers: list[PrefillPeer] = []
+    peers: list[PrefillGroup] = []
     prefill_stats: dict[str, int] = {}
     crashes = 0
     n = 0
     exhausted = False
+    inproc = target if isinstance(target, InprocTarget) else None
 
     def say(line: str) -> None:
         if progress is not None:
             progress(line)
 
-    def fence_and_replace(old: PrefillPeer, why: str) -> PrefillPeer:
+    def fence_and_replace(old: PrefillGroup, why: str) -> PrefillGroup:
         worker.quarantined_blocks()  # the peak includes what this fence is about to reclaim
-        fence = fence_peer(old, target)
-        worker.fenced(old.peer, fence)
-        say(f"tick {n}: fenced {old.peer} ({why}; {fence}); starting another")
-        new = PrefillPeer(ctx, cfg, target, old.incarnation + 1, expected, crashed=crashes, start=n)
+        for rank in old.ranks:
+            fence = fence_peer(rank, target)
+            if inproc is not None:
+                # The target's half: what the reaped rank had handed over and this side not
+                # yet applied is discarded (land_after_crash), before the grants are revoked.
+                inproc.cut(rank.region)
+            worker.fenced(rank.peer, fence)
+            say(f"tick {n}: fenced {rank.peer} ({why}; {fence})")
+        say(f"tick {n}: starting prefill incarnation {old.incarnation + 1}")
+        nxt = old.incarnation + 1
+        new = PrefillGroup(ctx, cfg, target, nxt, expected, crashed=crashes, start=n)
         peers.append(new)
         return new
 
     try:
-        peer = PrefillPeer(ctx, cfg, target, 0, expected)
+        peer = PrefillGroup(ctx, cfg, target, 0, expected)
         peers.append(peer)
         t0 = time.perf_counter()  # the run, not the process start-up
         last_admit = 0
@@ -589,7 +735,7 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
             quiet = not admitting and worker.idle()
             if n == restart_at:
                 say(f"tick {n}: decode restarts ({cfg.restart})")
-                worker.restart(cfg.restart, [peer.peer])
+                worker.restart(cfg.restart, peer.peers)
                 if cfg.restart == "guarded":
                     peer = fence_and_replace(peer, "decode restart")
             elif worker.wants_fence(n, quiet=quiet):
@@ -603,30 +749,38 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
                 say(f"tick {n}: the pool is exhausted, no admission since {worker.last_admitted}")
                 exhausted = True
                 break
-            for frame in worker.tick(n, peer.peer, admitting):
-                peer.send(frame)
-            frames = peer.until_tick_done(n, cfg.tick_timeout_s)
-            if frames is None:
+            answers = peer.tick(n, worker.tick_ranks(n, peer.peers, admitting), cfg.tick_timeout_s)
+            if inproc is not None:
+                inproc.advance(n)  # a dead initiator's slices due now land with this tick's
+            if answers is None:
                 crashes += 1
-                worker.peer_crashed(peer.peer)
-                peer.close()
+                if inproc is not None:
+                    for rank in peer.ranks:  # reaped: what they handed over is the target's
+                        inproc.take_over(rank.region, n)
+                for name in peer.peers:
+                    worker.peer_crashed(name)
                 if crashes > cfg.max_restarts:
                     raise PeerFailed(f"prefill crashed {crashes} times; giving up")
                 if cfg.policy == "proof" and cfg.fence:
                     peer = fence_and_replace(peer, "crashed")
                 else:
-                    say(f"tick {n}: {peer.peer} crashed; starting another")
-                    peer = PrefillPeer(
+                    say(f"tick {n}: prefill {peer.incarnation} crashed; starting another")
+                    peer = PrefillGroup(
                         ctx, cfg, target, peer.incarnation + 1, expected, crashed=crashes, start=n
                     )
                     peers.append(peer)
             else:
-                worker.receive(frames, peer.peer)
+                for sender, frames in answers:
+                    worker.receive(frames, sender)
             n += 1
-        peer.stop()
-        worker.observe()  # the last landings, before the arena goes
-        for k, v in peer.stats.items():
+        for k, v in peer.stop().items():
             prefill_stats[k] = prefill_stats.get(k, 0) + v
+        if inproc is not None:
+            # what a dead initiator handed over lands even after the run: count it too
+            while inproc.pending_after_death():
+                inproc.advance(n)
+                n += 1
+        worker.observe()  # the last landings, before the arena goes
     finally:
         for p in peers:
             p.close()
@@ -686,4 +840,9 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
         released_by_late_proof=c["released_by_late_proof"],
         prefix_hits=c["prefix_hits"],
         oracle=attrs.asdict(worker.oracle.counts()),
+        topology={
+            "tp_ranks": cfg.faults.tp_ranks,
+            "landed_after_death": 0 if inproc is None else inproc.landed_after_death,
+            "cut_by_fence": 0 if inproc is None else inproc.cut_by_fence,
+        },
     )

@@ -45,6 +45,22 @@ class FaultConfig:
     p_malformed: float = 0.002  # a garbage frame is sent alongside
     crash: bool = True  # the prefill worker crashes mid-run
     crashes: int = 1  # how many times (each incarnation at most once)
+    # Topologies (off by default: the figures of runs without them stay what they were).
+    # Tensor parallel: each request's blocks are written by this many prefill ranks, each its own
+    # process, socket and grant (a byte range of every block); release needs every rank's proof.
+    tp_ranks: int = 1
+    rank_jitter_ticks: int = 2  # rank r > 0: each batch lands up to this many ticks later
+    # In-process engine: what a crashed initiator had already handed over still lands, from a
+    # queue on the target's side, at its own due tick (at the earliest the tick after the crash)
+    # unless a fence at the target discards it first.
+    land_after_crash: bool = False
+    # The transport applies a copy of one slice of a completed batch again, some ticks after it
+    # landed (a late retransmission). Before DONE: the batch's status comes after the copy (a
+    # transport that reports DONE honestly); after DONE: COMPLETED is reported at once and the
+    # copy lands later (a transport that lies about DONE).
+    p_redeliver: float = 0.0
+    redeliver_ticks: tuple[int, int] = (1, 12)
+    redeliver_after_done: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.asdict(self).items()}
@@ -112,6 +128,30 @@ def plan(seed: int, request: int, cfg: FaultConfig) -> RequestPlan:
         min(stub, nchunks - 1),  # a rejection always comes before the last batch
         prefix,
     )
+
+
+def rank_latencies(seed: int, p: RequestPlan, rank: int, cfg: FaultConfig) -> tuple[int, ...]:
+    """Batch latencies of tensor-parallel rank ``rank``: rank 0 has the plan's, rank r > 0 lands
+    each batch 0..``rank_jitter_ticks`` ticks later than rank 0 (its own seeded draw)."""
+    if rank == 0 or cfg.rank_jitter_ticks <= 0:
+        return p.latencies
+    rng = np.random.default_rng((seed, p.request, rank, 0x7A2))
+    jitter = rng.integers(0, cfg.rank_jitter_ticks + 1, p.nchunks)
+    return tuple(int(a) + int(j) for a, j in zip(p.latencies, jitter, strict=True))
+
+
+def redeliveries(
+    seed: int, request: int, rank: int, nchunks: int, cfg: FaultConfig
+) -> tuple[int | None, ...]:
+    """Per batch: ticks after its landing at which the transport applies one of its slices
+    again (None: never). Its own seeded stream: runs without the knob draw nothing."""
+    if cfg.p_redeliver <= 0:
+        return (None,) * nchunks
+    rng = np.random.default_rng((seed, request, rank, 0x2EDE))
+    hit = rng.random(nchunks) < cfg.p_redeliver
+    lo, hi = cfg.redeliver_ticks
+    after = rng.integers(lo, hi + 1, nchunks)
+    return tuple(int(a) if h else None for h, a in zip(hit, after, strict=True))
 
 
 def crash_tick(

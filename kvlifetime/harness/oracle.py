@@ -50,6 +50,12 @@ class OracleCounts:
     reads: int  # reads of source blocks seen
     stale_reads: int  # reads of a source block that a new owner already holds (or is free)
     stale_read_blocks: int
+    # landings by who made them (the in-process copy log's tags; 0 on an arena diff): a dead
+    # initiator's transport, after it was gone; a re-delivered old slice. And how many were late.
+    after_death: int = 0
+    late_after_death: int = 0
+    redelivered: int = 0
+    late_redelivered: int = 0
 
 
 class TransportOracle:
@@ -77,6 +83,7 @@ class TransportOracle:
         self.reads = 0
         self.stale_reads = 0
         self._stale_read_blocks: set[int] = set()
+        self.by_kind: dict[str, list[int]] = {"after_death": [0, 0], "redelivered": [0, 0]}
 
     # ----------------------------------------------------------------- what decode does
 
@@ -99,8 +106,14 @@ class TransportOracle:
 
     # ----------------------------------------------------------------- what the transport saw
 
-    def landed(self, blocks: npt.ArrayLike, words: npt.ArrayLike) -> None:
-        """One landing per (block, word): ``words[i]`` was written into ``blocks[i]``."""
+    def landed(
+        self,
+        blocks: npt.ArrayLike,
+        words: npt.ArrayLike,
+        kinds: dict[str, npt.NDArray[np.bool_]] | None = None,
+    ) -> None:
+        """One landing per (block, word): ``words[i]`` was written into ``blocks[i]``.
+        ``kinds``: per kind (``after_death``, ``redelivered``), which landings are of it."""
         b = np.asarray(blocks, dtype=np.int64)
         w = np.asarray(words, dtype=np.uint64)
         if not len(b):
@@ -110,6 +123,9 @@ class TransportOracle:
         previous = exp == ANY
         self.into_previous += int(np.count_nonzero(previous))
         late = (w != exp) & ~previous
+        for kind, mask in (kinds or {}).items():
+            self.by_kind[kind][0] += int(np.count_nonzero(mask))
+            self.by_kind[kind][1] += int(np.count_nonzero(mask & late))
         if not late.any():
             return
         lb, lw, le = b[late], w[late], exp[late]
@@ -147,6 +163,10 @@ class TransportOracle:
             reads=self.reads,
             stale_reads=self.stale_reads,
             stale_read_blocks=len(self._stale_read_blocks),
+            after_death=self.by_kind["after_death"][0],
+            late_after_death=self.by_kind["after_death"][1],
+            redelivered=self.by_kind["redelivered"][0],
+            late_redelivered=self.by_kind["redelivered"][1],
         )
 
 

@@ -13,7 +13,7 @@ a few stub batches were already posted, as engines that bootstrap before admissi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import structlog
@@ -27,6 +27,8 @@ from kvlifetime.harness.faults import (
     RequestPlan,
     chunks,
     plan,
+    rank_latencies,
+    redeliveries,
 )
 from kvlifetime.harness.initiator import InitiatorWorker, is_int
 from kvlifetime.harness.peer import serve
@@ -57,6 +59,8 @@ class _Job:
     reject_at: int | None = None  # tick at which admission is refused
     finals: list[bytes] = attrs.field(factory=list)  # every control frame sent for it
     failed_reported: bool = False
+    latencies: tuple[int, ...] = ()  # per batch, this rank's (``faults.rank_latencies``)
+    redeliver: tuple[int | None, ...] = ()  # per batch: ticks to a re-delivered copy, or None
 
 
 @attrs.define(slots=True)
@@ -65,6 +69,19 @@ class _Batch:
     seq: int
     slices: list[Slice]
     slots: list[int]
+    ticket: int = 0  # its hand-over records (land_after_crash), retired when it lands
+    redeliver: int | None = None  # the transport applies its first slice again this much later
+    first: Status | None = None  # re-delivery before DONE: the status, held until the copy
+
+
+class _HandsOver(Protocol):
+    """The in-process engine with ``land_after_crash``: posted batches are handed to the
+    target's side at once (``InprocEngine.hand_over``)."""
+
+    @property
+    def hands_over(self) -> bool: ...
+    def hand_over(self, slices: list[Slice], due: int) -> int: ...
+    def submit(self, slices: list[Slice], ticket: int = 0) -> int: ...
 
 
 class PrefillWorker(InitiatorWorker[_Job]):
@@ -80,6 +97,7 @@ class PrefillWorker(InitiatorWorker[_Job]):
         block_bytes: int,
         target: Mapping[str, Any],
         link_salt: int = 1,
+        rank: int = 0,
     ) -> None:
         super().__init__(
             len(engine.staging),
@@ -92,6 +110,16 @@ class PrefillWorker(InitiatorWorker[_Job]):
         )
         self.engine = engine
         self._line: dict[int, list[_Batch]] = {}
+        # re-deliveries after DONE: (the copied slice, the staging slots it still holds)
+        self._redo: dict[int, list[tuple[list[Slice], list[int]]]] = {}
+        # tensor parallel: this rank writes bytes [rank * part, (rank + 1) * part) of each block
+        tp = max(1, faults.tp_ranks)
+        if not 0 <= rank < tp or block_bytes % (8 * tp):
+            raise ValueError(f"rank {rank} of {tp}: block_bytes must split into 8-byte parts")
+        self.rank = rank
+        self._part = block_bytes // tp
+        ho = engine if getattr(engine, "hands_over", False) else None
+        self._handover: _HandsOver | None = ho  # type: ignore[assignment]
 
     # ----------------------------------------------------------------- messages
 
@@ -117,7 +145,14 @@ class PrefillWorker(InitiatorWorker[_Job]):
             if structlog.is_configured():
                 log.error("assign_refused", worker=self.peer, grant=str(a.grant), error=why)
             return
-        job = _Job(a, p, GrantTransfers(a.grant, a.request, self.peer), next_tick=self.now + 1)
+        job = _Job(
+            a,
+            p,
+            GrantTransfers(a.grant, a.request, self.peer),
+            next_tick=self.now + 1,
+            latencies=rank_latencies(self.seed, p, self.rank, self.faults),
+            redeliver=redeliveries(self.seed, p.request, self.rank, p.nchunks, self.faults),
+        )
         if a.tokens > self.faults.capacity_tokens:
             # The decision comes before the last batch, however many this request writes.
             job.reject_at = self.now + 1 + min(p.stub_chunks, chunks(len(a.blocks)) - 1)
@@ -162,7 +197,20 @@ class PrefillWorker(InitiatorWorker[_Job]):
         for t in sorted(t for t in self._line if t <= n):
             for b in self._line.pop(t):
                 self._land(b)
+        for t in sorted(t for t in self._redo if t <= n):
+            for copied, slots in self._redo.pop(t):
+                # A transport that reported DONE long ago applies an old slice again.
+                self._copy_again(copied)
+                self.counters["redelivered_after_done"] += 1
+                self._free_slots.extend(slots)
         return [*self.link.due(n), encode(TickDone(n))]
+
+    def _copy_again(self, slices: list[Slice]) -> None:
+        # The re-delivered copy: the same bytes (its staging slots were kept), landing again
+        # (tagged in the in-process engine's landing log, for the oracle).
+        redeliver = getattr(self.engine, "redeliver", None)
+        handle = self.engine.submit(slices) if redeliver is None else int(redeliver(slices))
+        self.engine.wait(handle, _STATUS_TIMEOUT)
 
     def _step(self, job: _Job) -> None:
         if job.reject_at is not None and self.now >= job.reject_at:
@@ -183,16 +231,20 @@ class PrefillWorker(InitiatorWorker[_Job]):
             return
         slots = [self._free_slots.pop() for _ in range(hi - lo)]
         w = pattern.words(int(a.request), a.blocks[lo:hi], a.generations[lo:hi])
-        bb = self.block_bytes
+        bb, part = self.block_bytes, self._part
+        at = self.rank * part  # this rank's bytes of each block (all of it with one rank)
         slices: list[Slice] = []
         for i, slot in enumerate(slots):
             pattern.fill(self.engine.staging[slot * bb : (slot + 1) * bb], w[i : i + 1], bb)
-            slices.append((slot * bb, a.addresses[lo + i], bb))
+            slices.append((slot * bb + at, a.addresses[lo + i] + at, part))
         seq = job.transfers.post()
         if job.plan.fails[seq - 1]:
-            slices.append((slots[0] * bb, self._bad_address, bb))
-        due = self.now + job.plan.latencies[seq - 1]
-        self._line.setdefault(due, []).append(_Batch(job, seq, slices, slots))
+            slices.append((slots[0] * bb + at, self._bad_address, part))
+        due = self.now + job.latencies[seq - 1]
+        # land_after_crash: the batch is the transport's from now on, even if this process dies
+        ticket = 0 if self._handover is None else self._handover.hand_over(slices, due)
+        batch = _Batch(job, seq, slices, slots, ticket, job.redeliver[seq - 1])
+        self._line.setdefault(due, []).append(batch)
         self.counters["batches"] += 1
         job.next_chunk += 1
         job.next_tick = self.now + 1
@@ -201,11 +253,30 @@ class PrefillWorker(InitiatorWorker[_Job]):
 
     def _land(self, b: _Batch) -> None:
         # Submit and wait one batch at a time: the landing order is the seed's, not the wire's.
-        handle = self.engine.submit(b.slices)
-        status = self.engine.wait(handle, _STATUS_TIMEOUT)
+        held = False  # its staging slots stay the transport's (a re-delivery after DONE)
+        if b.first is not None:
+            # Re-delivery before DONE: the old slice lands again, and only then the status.
+            self._copy_again(b.slices[:1])
+            self.counters["redelivered_before_done"] += 1
+            status = b.first
+        else:
+            if b.ticket and self._handover is not None:
+                handle = self._handover.submit(b.slices, ticket=b.ticket)
+            else:
+                handle = self.engine.submit(b.slices)
+            status = self.engine.wait(handle, _STATUS_TIMEOUT)
+            if status is Status.COMPLETED and b.redeliver is not None:
+                due = self.now + b.redeliver
+                if not self.faults.redeliver_after_done:
+                    b.first = status  # DONE waits for the copy still in the transport
+                    self._line.setdefault(due, []).append(b)
+                    return
+                self._redo.setdefault(due, []).append((b.slices[:1], b.slots))
+                held = True
         job = b.job
         if status is Status.COMPLETED:
-            self._free_slots.extend(b.slots)
+            if not held:
+                self._free_slots.extend(b.slots)
             self.counters["bytes_landed"] += sum(s[2] for s in b.slices)
         else:
             # The batch's other slices may still be reading these slots: never reuse them.
@@ -233,20 +304,27 @@ class PrefillWorker(InitiatorWorker[_Job]):
         return not any(b.job is job for bs in self._line.values() for b in bs)
 
     def busy(self) -> bool:
-        return bool(self._jobs) or bool(self._line) or self.link.pending() > 0
+        busy = bool(self._jobs) or bool(self._line) or bool(self._redo)
+        return busy or self.link.pending() > 0
 
 
 # =========================================================================== the process
 
 
 def make_engine(
-    target: Mapping[str, Any], staging_bytes: int, faults: FaultConfig
+    target: Mapping[str, Any],
+    staging_bytes: int,
+    faults: FaultConfig,
+    handover_region: int | None = None,
 ) -> TransferEngine:
     kind = target.get("kind")
     if kind == "inproc":
         from kvlifetime.harness.transfer import InprocEngine
 
-        return InprocEngine(target, staging_bytes, straggle_ticks=faults.straggle_ticks)
+        region = handover_region if faults.land_after_crash else None
+        return InprocEngine(
+            target, staging_bytes, straggle_ticks=faults.straggle_ticks, handover_region=region
+        )
     if kind == "mooncake":
         from kvlifetime.adapters.mooncake import MooncakeEngine
 
@@ -262,12 +340,19 @@ def prefill_main(cfg: dict[str, Any]) -> None:
     """Entry point of the prefill process (``multiprocessing`` spawn target).
 
     ``cfg``: endpoint, peer, seed, faults (dict), block_bytes, staging_bytes, target
-    (descriptor), crash_tick (or None), parent_pid, link_salt, idle_exit_s.
+    (descriptor), crash_tick (or None), parent_pid, link_salt, idle_exit_s, rank (tensor
+    parallel), handover_region (``land_after_crash``).
     """
     faults = FaultConfig.from_dict(cfg["faults"])
 
     def start() -> tuple[PrefillWorker, TransferEngine]:
-        engine = make_engine(cfg["target"], int(cfg["staging_bytes"]), faults)
+        region = cfg.get("handover_region")
+        engine = make_engine(
+            cfg["target"],
+            int(cfg["staging_bytes"]),
+            faults,
+            None if region is None else int(region),
+        )
         worker = PrefillWorker(
             engine,
             peer=cfg["peer"],
@@ -276,6 +361,7 @@ def prefill_main(cfg: dict[str, Any]) -> None:
             block_bytes=int(cfg["block_bytes"]),
             target=cfg["target"],
             link_salt=int(cfg.get("link_salt", 1)),
+            rank=int(cfg.get("rank", 0)),
         )
         return worker, engine
 

@@ -60,6 +60,10 @@ class Report:
     direction: str = "push"
     stale_reads: int = 0  # pull: reads whose bytes were not their grant's words (reader check)
     stale_read_blocks: int = 0  # ... distinct source blocks they hit
+    # topology knobs (push): tp_ranks, slices a dead initiator's transport landed after it was
+    # gone (landed_after_death) or that a fence discarded first (cut_by_fence); re-delivered
+    # slices are the oracle's (``redelivered``, ``late_redelivered``)
+    topology: Mapping[str, int] = attrs.field(factory=dict)
 
     def seen(self, key: str) -> int:
         v = self.oracle.get(key, 0)
@@ -128,6 +132,14 @@ class Report:
             ("lost to fence / restart", f"{self.lost_to_fence} / {self.lost_to_restart}"),
             ("released by late proof", self.released_by_late_proof),
             ("prefix-cache hits", self.prefix_hits),
+            (
+                "topology",
+                f"{self.topology.get('tp_ranks', 1)} prefill rank(s); after a crash "
+                f"{self.topology.get('landed_after_death', 0)} slices landed, "
+                f"{self.topology.get('cut_by_fence', 0)} cut by a fence "
+                f"({self.seen('late_after_death')} late); {self.seen('redelivered')} re-delivered "
+                f"slices landed ({self.seen('late_redelivered')} late)",
+            ),
             ("refused evidence", sum(self.refused_evidence.values())),
             ("malformed frames refused", self.malformed_refused),
             ("evidence queries", self.queries),

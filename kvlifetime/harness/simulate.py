@@ -50,7 +50,49 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_false",
         help="proof policy: never fence (quarantined blocks stay out of the pool)",
     )
+    p.add_argument(
+        "--tp-ranks",
+        type=int,
+        default=1,
+        metavar="K",
+        help="push: each request is written by K prefill ranks (tensor parallel), each its own "
+        "process, socket and grant; release needs every rank's proof",
+    )
+    p.add_argument(
+        "--land-after-crash",
+        action="store_true",
+        help="push, inproc: what a crashed prefill had handed over still lands, from the "
+        "target's side, unless a fence discards it",
+    )
+    p.add_argument(
+        "--p-redeliver",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="push: per batch, the transport applies one of its slices again, 1..12 ticks later",
+    )
+    p.add_argument(
+        "--redeliver-after-done",
+        action="store_true",
+        help="with --p-redeliver: the transport reports DONE before the re-delivery lands (a "
+        "transport that lies about DONE; nothing the ledger is told can protect against it)",
+    )
     p.add_argument("--json", action="store_true", help="end with the report as one JSON line")
+
+
+def topology_faults(
+    tp_ranks: int = 1,
+    land_after_crash: bool = False,
+    p_redeliver: float = 0.0,
+    redeliver_after_done: bool = False,
+) -> dict[str, object]:
+    """The ``FaultConfig`` fields of the topology knobs (the others keep their defaults)."""
+    return {
+        "tp_ranks": tp_ranks,
+        "land_after_crash": land_after_crash,
+        "p_redeliver": p_redeliver,
+        "redeliver_after_done": redeliver_after_done,
+    }
 
 
 def _require_backend(backend: str) -> None:
@@ -86,18 +128,24 @@ def simulate(
     restart: str = "none",
     fence: bool = True,
     direction: str = "push",
+    topology: dict[str, object] | None = None,
 ) -> Report:
     from kvlifetime.errors import UsageError
 
     if direction == "pull":
+        if topology and topology != topology_faults():
+            raise UsageError("the topology knobs are push-only")
         return _simulate_pull(backend, policy, requests, seed, stream, restart, fence)
     if direction != "push":
         raise UsageError(f"unknown direction {direction!r} ({', '.join(DIRECTIONS)})")
     if policy not in POLICIES:
         raise UsageError(f"policy {policy!r} is for --direction pull; push: {', '.join(POLICIES)}")
     from kvlifetime.harness.decode import SimConfig, run
+    from kvlifetime.harness.faults import FaultConfig
 
     _require_backend(backend)
+    if topology and topology.get("land_after_crash") and backend != "inproc":
+        raise UsageError("--land-after-crash models a transport on the in-process engine only")
     err = sys.stderr if stream is None else stream
     cfg = SimConfig(
         backend=backend,
@@ -106,6 +154,7 @@ def simulate(
         seed=seed,
         restart=restart,
         fence=fence,
+        faults=FaultConfig(**topology) if topology else FaultConfig(),  # type: ignore[arg-type]
     )
     return run(cfg, progress=lambda line: print(line, file=err, flush=True))
 
@@ -141,6 +190,9 @@ def run_command(args: argparse.Namespace) -> int:
         restart=args.restart,
         fence=args.fence,
         direction=getattr(args, "direction", "push"),
+        topology=topology_faults(
+            args.tp_ranks, args.land_after_crash, args.p_redeliver, args.redeliver_after_done
+        ),
     )
     sys.stdout.write(report.to_text())
     if args.json:
