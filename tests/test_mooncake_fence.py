@@ -114,15 +114,26 @@ def own_sockets_on(ports: frozenset[int]) -> list[tuple[str, int]]:
     return [s for s in own_tcp_sockets() if s[1] in ports]
 
 
-def test_unregister_is_not_a_fence_the_measurement_sees_late_bytes(target: Any) -> None:
-    # Control for the tests below: the same measurement, after unregister_memory.
-    p = start_stream(target.descriptor())
-    try:
-        wait_landing(target.array)
-        target.unregister()
-        assert landed_after(target.array) > 0  # sessions past the header check kept writing
-    finally:
-        stop(p)
+def test_unregister_is_not_a_fence_the_measurement_sees_late_bytes() -> None:
+    # Control for the tests below: the same measurement, after unregister_memory. One run that
+    # sees bytes land after it shows it is not a fence. A run can see none when no session was
+    # past the header check at that moment (seen once, on a heavily loaded machine), so up to
+    # three runs, each with a fresh target; the fence tests below require 0 in every run.
+    need_mooncake()
+    from kvlifetime.adapters.mooncake import MooncakeTarget
+
+    seen: list[int] = []
+    while len(seen) < 3 and not any(seen):
+        t = MooncakeTarget(ARENA)
+        p = start_stream(t.descriptor())
+        try:
+            wait_landing(t.array)
+            t.unregister()
+            seen.append(landed_after(t.array))  # sessions past the header check kept writing
+        finally:
+            stop(p)
+            t.close()
+    assert max(seen) > 0, seen
 
 
 def test_fence_ends_writes_in_flight_every_run(target: Any) -> None:
