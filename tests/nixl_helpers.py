@@ -34,6 +34,10 @@ def need_nixl() -> None:
 #   dirty VALUE                    source[::4096] = VALUE (a write to the source)
 #   stream OFF N K                 post WRITEs back to back on a thread, forever
 #   reload HEX                     forget the target agent, load this metadata -> "reloaded"
+#   read ID OFF N K [NOTIF]        zero source[OFF:OFF+N], post one READ of K descriptors of
+#                                  the arena into it -> "posted ID STATE" | "raised ID ERROR"
+#   seen OFF N                     -> "seen ZEROS V1,V2,..." (source[OFF:OFF+N:4096]: how many
+#                                  sampled bytes are still 0, and the distinct values)
 INITIATOR = textwrap.dedent(
     """
     import os, sys, threading, time
@@ -52,11 +56,11 @@ INITIATOR = textwrap.dedent(
         local = ag.get_xfer_descs([(src.ctypes.data + o, n, 0) for o, _d, n in pairs], "DRAM")
         remote = ag.get_xfer_descs([(base + d, n, 0) for _o, d, n in pairs], "DRAM")
         return local, remote
-    def post(i, pairs, notif=b""):
+    def post(i, pairs, notif=b"", op="WRITE"):
         try:
             with lock:
                 local, remote = descs(pairs)
-                h = ag.initialize_xfer("WRITE", local, remote, peer[0], notif)
+                h = ag.initialize_xfer(op, local, remote, peer[0], notif)
                 xfers[i] = h
                 st = ag.transfer(h)
             say("posted", i, st)
@@ -89,6 +93,16 @@ INITIATOR = textwrap.dedent(
             step = n // k
             post(i, [(off + j * step, off + j * step, step) for j in range(k)],
                  w[6].encode() if len(w) > 6 else b"")
+        elif c == "read":
+            i, off, n, k = w[1], int(w[2]), int(w[3]), int(w[4])
+            src[off:off + n] = 0
+            step = n // k
+            post(i, [(off + j * step, off + j * step, step) for j in range(k)],
+                 w[5].encode() if len(w) > 5 else b"", "READ")
+        elif c == "seen":
+            part = src[int(w[1]):int(w[1]) + int(w[2]):4096]
+            vals = sorted(set(np.unique(part).tolist()) - {0})
+            say("seen", int((part == 0).sum()), ",".join(map(str, vals)) or "-")
         elif c == "bad":
             i, off, n, bad = w[1], int(w[2]), int(w[3]), int(w[4])
             src[off:off + n] = 0x77

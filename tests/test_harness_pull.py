@@ -1,5 +1,6 @@
-"""The pull direction (vLLM's NIXL path) end to end on the in-process engine: prefill owns the
-source blocks, a real decode process READs them, real sockets."""
+"""The pull direction (vLLM's NIXL path) end to end on the in-process engine (and on Mooncake and
+NIXL, at the end): prefill owns the source blocks, a real decode process READs them, real
+sockets."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import msgpack
 import pytest
 from harness_helpers import child_processes
 from mooncake_helpers import need_mooncake
+from nixl_helpers import need_nixl
 
 from kvlifetime.errors import UsageError
 from kvlifetime.grant import GrantId
@@ -266,3 +268,32 @@ def test_mooncake_pull_gives_the_in_process_figures() -> None:
             assert mc.fences.get("mooncake_target_recreated", 0) >= 1
             assert mc.leaked_blocks == 0 and mc.quarantined_blocks == 0
     assert child_processes() == []
+
+
+# ------------------------------------------------------------------ NIXL's READ (vLLM's path)
+
+
+def test_nixl_pull_gives_the_in_process_figures() -> None:
+    need_nixl()
+    for policy in ("naive", "proof"):
+        nx = run_pull(PullConfig(backend="nixl", policy=policy, requests=300, seed=SEED))
+        ip = run_pull(PullConfig(policy=policy, requests=300, seed=SEED))
+        _views_agree(nx)
+        assert nx.stale_reads == ip.stale_reads and nx.seen("reads") == ip.seen("reads")
+        assert (nx.stale_reads == 0) == (policy == "proof")
+        assert nx.leaked_blocks == 0
+        if policy == "proof":
+            # The reader crashed once: reaped, and prefill's serving agent replaced.
+            assert nx.fences.get("nixl_target_agent_recreated", 0) >= 1
+            assert nx.quarantined_blocks == 0 and nx.unsafe_releases == 0
+    assert child_processes() == []
+
+
+def test_cli_pull_on_nixl(capsys: pytest.CaptureFixture[str]) -> None:
+    need_nixl()
+    from kvlifetime.cli import main
+
+    args = ["simulate", "--direction", "pull", "--backend", "nixl", "--policy", "lease"]
+    assert main([*args, "--requests", "60", "--seed", "4", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert d["direction"] == "pull" and d["backend"] == "nixl" and d["requests"] == 60

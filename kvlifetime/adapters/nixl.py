@@ -44,6 +44,13 @@ transports allowed (``UCX_TLS`` unset)    target's memory itself (measured: GBs 
 initiator killed (and reaped)             nothing by itself (``PeerLost`` at most).
 ========================================  =====================================================
 
+READ (the pull direction, vLLM's path: decode reads prefill's blocks) is the same table with
+the roles of the memory turned round: DONE proves every byte read is in the initiator's memory
+and the source is read no more; a notification the source's owner receives proves the read had
+ended before it; releasing the handle of a read in flight proves nothing (the source goes on
+being read, its later bytes reach the reader); the fence of the source's ``NixlTarget`` ends
+every read (measured in ``tests/test_nixl_adapter.py``, the rows ``READ (pull): ...``).
+
 Why the fence needs TCP: over TCP the bytes are copied into the arena by the *target's* UCX
 worker (its progress thread reads the sockets), so ending that worker ends every write. With
 the shared-memory transports (CMA, the default on one host) the *initiator's* process writes
@@ -347,9 +354,10 @@ class NixlTarget:
 
 
 class NixlEngine:
-    """Prefill's side: each batch is one NIXL WRITE transfer from registered staging memory
-    into a ``NixlTarget``; a waiter thread polls the transfers in flight until DONE or an
-    exception."""
+    """The initiator: each batch is one NIXL transfer between registered staging memory and a
+    ``NixlTarget``: a WRITE into it (push: prefill writes decode's arena) or a READ out of it
+    (pull, vLLM's NIXL path: decode reads prefill's source blocks); a waiter thread polls the
+    transfers in flight until DONE or an exception."""
 
     def __init__(self, target: Mapping[str, Any], staging_bytes: int) -> None:
         tls = target.get("ucx_tls")
@@ -361,7 +369,8 @@ class NixlEngine:
         self._lock = threading.Lock()  # every call on the agent (sync mode NONE)
         self._remote = self._agent.add_remote_agent(bytes(target["metadata"]))
         self._futures: dict[int, concurrent.futures.Future[Status]] = {}
-        self._inflight: dict[int, tuple[Any, int]] = {}  # handle -> (xfer handle, bytes)
+        # handle -> (xfer handle, bytes, "WRITE" | "READ")
+        self._inflight: dict[int, tuple[Any, int, str]] = {}
         self._failed: list[Any] = []  # xfer handles that raised: never released (no abort)
         self._next = 1
         self._wake = threading.Condition()
@@ -369,12 +378,25 @@ class NixlEngine:
         self._waiter = threading.Thread(target=self._poll_loop, name="nixl-status", daemon=True)
         self._waiter.start()
         self.bytes_written = 0
+        self.bytes_read = 0
 
     @property
     def staging(self) -> npt.NDArray[np.uint8]:
         return self._staging
 
     def submit(self, slices: Sequence[Slice]) -> int:
+        """Post one WRITE transfer (staging -> the target's memory)."""
+        return self._post("WRITE", slices)
+
+    def submit_read(self, slices: Sequence[Slice]) -> int:
+        """Post one READ transfer (the target's memory -> staging): vLLM's NIXL path, where
+        decode reads prefill's blocks. Exactly the WRITE's states: DONE (only) proves every
+        byte is in staging and the source is read no more; a descriptor outside the remote
+        registration is refused whole by ``initialize_xfer`` (FAILED, nothing read);
+        an exception proves nothing about what was read."""
+        return self._post("READ", slices)
+
+    def _post(self, op: str, slices: Sequence[Slice]) -> int:
         fut: concurrent.futures.Future[Status] = concurrent.futures.Future()
         with self._wake:
             handle = self._next
@@ -388,7 +410,7 @@ class NixlEngine:
                 )
                 remote = self._agent.get_xfer_descs([(s[1], s[2], 0) for s in slices], "DRAM")
                 # A descriptor outside the target's registration: refused here, nothing posted.
-                xfer = self._agent.initialize_xfer("WRITE", local, remote, self._remote)
+                xfer = self._agent.initialize_xfer(op, local, remote, self._remote)
             except Exception:
                 fut.set_result(Status.FAILED)
                 return handle
@@ -400,18 +422,21 @@ class NixlEngine:
                 return handle
         if state == IN_PROGRESS:
             with self._wake:
-                self._inflight[handle] = (xfer, nbytes)
+                self._inflight[handle] = (xfer, nbytes, op)
                 self._wake.notify()
         else:
-            self._settle(fut, xfer, state, nbytes)
+            self._settle(fut, xfer, state, nbytes, op)
         return handle
 
     def _settle(
-        self, fut: concurrent.futures.Future[Status], xfer: Any, state: str, nbytes: int
+        self, fut: concurrent.futures.Future[Status], xfer: Any, state: str, nbytes: int, op: str
     ) -> None:
         status = status_of(state)
         if status is Status.COMPLETED:
-            self.bytes_written += nbytes
+            if op == "READ":
+                self.bytes_read += nbytes
+            else:
+                self.bytes_written += nbytes
             with self._lock:
                 self._agent.release_xfer_handle(xfer)  # done: releasing it is safe now
         else:
@@ -426,7 +451,7 @@ class NixlEngine:
                 if self._stopping:
                     return
                 batch = list(self._inflight.items())
-            for handle, (xfer, nbytes) in batch:
+            for handle, (xfer, nbytes, op) in batch:
                 with self._lock:
                     try:
                         state = self._agent.check_xfer_state(xfer)
@@ -438,7 +463,7 @@ class NixlEngine:
                     self._inflight.pop(handle, None)
                     fut = self._futures.get(handle)
                 if fut is not None:
-                    self._settle(fut, xfer, state, nbytes)
+                    self._settle(fut, xfer, state, nbytes, op)
             time.sleep(_POLL_S)
 
     def wait(self, handle: int, timeout: float) -> Status:
@@ -533,6 +558,39 @@ PROFILE = EngineProfile(
             f"{_ADAPTER}::test_releasing_a_handle_in_flight_stops_nothing",
         ),
         StatusRow(
+            'READ (pull): `check_xfer_state(h) == "DONE"`',
+            "TransferQuiesced or TransferCompleted",
+            {Claim.TRANSFERS_ENDED},
+            "anything about the grant's other reads: as for a WRITE, only with every transfer "
+            "1..N done does the reader emit TransferQuiesced through N or TransferCompleted(N)",
+            "code and measured",
+            f"{_ADAPTER}::test_read_done_means_every_byte_was_read",
+            proves="every byte read is in the initiator's memory and the transfer reads the "
+            "source no more (measured: the source rewritten after DONE changes nothing read)",
+        ),
+        StatusRow(
+            "READ (pull): a notification received by the source's owner (`get_new_notifs()`; "
+            "vLLM's prefill frees its blocks on it)",
+            "TransferQuiesced or TransferCompleted",
+            {Claim.TRANSFERS_ENDED},
+            "anything when it never comes (sent when the reader polls its transfer); the "
+            "harness relays DONE from the reader instead",
+            "code and measured",
+            f"{_ADAPTER}::test_a_read_notification_means_the_source_is_read_no_more",
+            proves="the transfer had read every byte before it: the source rewritten at once "
+            "after the notification changes nothing the reader got (measured, 64 MiB)",
+        ),
+        StatusRow(
+            "READ (pull): `release_xfer_handle(h)` while in flight",
+            NOTHING,
+            frozenset(),
+            "that the source is read no more: the read goes on after the release and "
+            "completes, and bytes the owner writes into the source after the release reach "
+            "the reader (measured); its notification is never delivered",
+            "code and measured",
+            f"{_ADAPTER}::test_releasing_a_read_in_flight_stops_nothing",
+        ),
+        StatusRow(
             "target `deregister_memory` (`NixlTarget.unregister()`)",
             NOTHING,
             frozenset(),
@@ -589,7 +647,10 @@ PROFILE = EngineProfile(
             "agent was destroyed (its progress thread joined - over TCP the only thread that "
             "copies received bytes into the arena - its UCX worker, listeners and "
             "connections closed, observed gone) and the arena registered with a new agent, "
-            "new name, new ports (measured: 0 bytes landed after it returned)",
+            "new name, new ports (measured: 0 bytes landed after it returned). In the pull "
+            "direction the same fence of the source ends every READ: over TCP that progress "
+            "thread sends the bytes read (measured: nothing written into the source after it "
+            f"returned reached the reader, {_ADAPTER}::test_the_fence_ends_reads_in_flight)",
         ),
         StatusRow(
             "initiator process killed (and reaped)",

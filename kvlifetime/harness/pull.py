@@ -22,7 +22,7 @@ What prefill does with its source blocks is the policy:
 - ``proof``: release only through ``collect_releasable`` once the evidence closed the grant;
   quarantine at a deadline; fence after a crash of the reader (reaping the reader process on the
   in-process engine, whose copies run on the reader's thread; re-creating the serving engine on
-  Mooncake) and on quarantine pressure.
+  Mooncake, the serving agent on NIXL) and on quarantine pressure.
 
 Lock-step ticks as in the push harness (``harness.decode``): one seed decides every fault and
 every read order, so two runs with one seed give the same figures on the in-process engine.
@@ -137,9 +137,10 @@ class PullConfig:
             raise UsageError("block_bytes must be a positive multiple of 8, requests >= 0")
 
 
-PULL_BACKENDS: tuple[str, ...] = ("inproc", "mooncake")
-"""Backends with an asynchronous batch READ: the in-process engine's ``submit_read`` and
-Mooncake's ``batch_transfer_async_read`` (``MooncakeEngine.submit_read``)."""
+PULL_BACKENDS: tuple[str, ...] = ("inproc", "mooncake", "nixl")
+"""Backends with an asynchronous batch READ: the in-process engine's ``submit_read``,
+Mooncake's ``batch_transfer_async_read`` (``MooncakeEngine.submit_read``) and NIXL's READ
+transfer (``NixlEngine.submit_read``: ``initialize_xfer("READ", ...)``, UCX over TCP)."""
 
 
 # =========================================================================== the reader (decode)
@@ -351,6 +352,10 @@ def make_read_engine(
         from kvlifetime.adapters.mooncake import MooncakeEngine
 
         return MooncakeEngine(source, staging_bytes)  # its submit_read posts the READs
+    if kind == "nixl":
+        from kvlifetime.adapters.nixl import NixlEngine
+
+        return NixlEngine(source, staging_bytes)  # its submit_read posts READ transfers
     raise ValueError(f"unknown transfer engine {kind!r}")
 
 
@@ -406,7 +411,8 @@ class ReaderPeer(PeerProcess):
 
 def fence_reader(peer: ReaderPeer, source: TargetMemory) -> str:
     """End ``peer``'s access to prefill's source arena for real (``peer.fence_peer``: the
-    reads are the reader's copies; on Mooncake the source's serving engine is re-created)."""
+    reads are the reader's copies; on Mooncake the source's serving engine is re-created, on NIXL
+    its serving agent)."""
     try:
         return fence_peer(peer, source)
     except ReaderFailed:
@@ -435,8 +441,16 @@ class _Src:
 
 
 def make_source(backend: str, nbytes: int) -> TargetMemory:
+    """Prefill's source arena, registered with the engine decode reads it over. On NIXL it is
+    a ``NixlTarget`` (as decode's arena is in the push direction): the memory owner's agent
+    serves the READs (over TCP its UCX progress thread sends the bytes) and ``fence()``
+    replaces that agent."""
     if backend == "inproc":
         return InprocTarget(nbytes)
+    if backend == "nixl":
+        from kvlifetime.adapters.nixl import NixlTarget
+
+        return NixlTarget(nbytes, name="kvlifetime-prefill-source")
     from kvlifetime.adapters.mooncake import MooncakeTarget
 
     return MooncakeTarget(nbytes)
@@ -743,6 +757,12 @@ def run_pull(cfg: PullConfig, progress: Callable[[str], None] | None = None) -> 
 
         if not mooncake_available():
             raise UsageError("backend mooncake needs mooncake-transfer-engine-non-cuda")
+    if cfg.backend == "nixl":
+        from kvlifetime.adapters.nixl import nixl_available, require_tcp
+
+        if not nixl_available():
+            raise UsageError("backend nixl needs nixl (pip install --no-deps nixl==1.5.1 ...)")
+        require_tcp()  # with CMA the reader would copy out of prefill's memory itself
     t0 = time.perf_counter()
     source = make_source(cfg.backend, cfg.num_blocks * cfg.block_bytes)
     owner = SourceOwner(cfg, source, BlockLedger(cfg.num_blocks))
