@@ -842,6 +842,8 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
         oracle=attrs.asdict(worker.oracle.counts()),
         topology={
             "tp_ranks": cfg.faults.tp_ranks,
+            "land_after_crash": int(cfg.faults.land_after_crash),
+            "redeliver_permille": round(cfg.faults.p_redeliver * 1000),
             "landed_after_death": 0 if inproc is None else inproc.landed_after_death,
             "cut_by_fence": 0 if inproc is None else inproc.cut_by_fence,
         },

@@ -65,6 +65,18 @@ class Report:
     # slices are the oracle's (``redelivered``, ``late_redelivered``)
     topology: Mapping[str, int] = attrs.field(factory=dict)
 
+    @property
+    def topology_label(self) -> str:
+        """The topology knobs that were on, for the comparison table ("-": none)."""
+        on = []
+        if self.topology.get("tp_ranks", 1) > 1:
+            on.append(f"tp={self.topology['tp_ranks']}")
+        if self.topology.get("land_after_crash"):
+            on.append("lands after crash")
+        if self.topology.get("redeliver_permille"):
+            on.append(f"re-delivery {self.topology['redeliver_permille'] / 10:g}%")
+        return ", ".join(on) or "-"
+
     def seen(self, key: str) -> int:
         v = self.oracle.get(key, 0)
         return v if isinstance(v, int) else 0
@@ -199,11 +211,13 @@ def compare_markdown(reports: Sequence[Report]) -> str:
     columns = COMPARE_COLUMNS
     if any(r.direction != "push" for r in reports):  # push-only tables stay as they were
         columns = (*COMPARE_COLUMNS[:4], *PULL_COLUMNS, *COMPARE_COLUMNS[4:])
+    if any(r.topology_label != "-" for r in reports):
+        columns = (*columns[:2], ("topology", "topology_label"), *columns[2:])
     head = "| backend | " + " | ".join(c for c, _ in columns) + " |"
     sep = "| --- " * (len(columns) + 1) + "|"
     lines = [head, sep]
     for r in reports:
-        d = r.to_dict()
+        d = {**r.to_dict(), "topology_label": r.topology_label}
         cells = []
         for _c, k in columns:
             v = d[k]
@@ -214,7 +228,11 @@ def compare_markdown(reports: Sequence[Report]) -> str:
             cells.append(str(v))
         lines.append(f"| {r.backend} | " + " | ".join(cells) + " |")
     out = "\n".join(lines) + "\n"
-    by = {r.policy: r for r in reports if r.restart == "none" and r.direction == "push"}
+    by = {
+        r.policy: r
+        for r in reports
+        if r.restart == "none" and r.direction == "push" and r.topology_label == "-"
+    }
     naive, proof = by.get("naive"), by.get("proof")
     if naive is not None and proof is not None and naive.requests_per_s > 0:
         hold = proof.mean_hold_ticks / max(naive.mean_hold_ticks, 1e-9)

@@ -210,25 +210,40 @@ def demo_harness(
     policies: Sequence[str] = POLICIES,
     restarts: Sequence[str] = ("naive", "guarded"),
     pulls: Sequence[str] = PULL_POLICIES,
+    topology_policies: Sequence[str] = ("naive", "proof"),
 ) -> list[Path]:
-    """Run the harness once per policy under one seed, then the proof policy with each decode
-    restart, then the pull direction once per pull policy (where the backend reads);
-    write out/report.txt, report.json and harness-table.md."""
+    """Run the harness once per policy under one seed, then naive and proof with every
+    topology knob on, then the proof policy with each decode restart, then the pull direction
+    once per pull policy; write out/report.txt, report.json and harness-table.md."""
     from kvlifetime.harness.report import compare_markdown
 
     reports = []
-    runs = [(policy, "none", "push") for policy in policies]
+    plain = topology_faults()
+    # Every topology knob on: two prefill ranks per request, a dead initiator's handed-over
+    # writes landing after it (the in-process engine models it), re-delivered slices.
+    every = topology_faults(tp_ranks=2, land_after_crash=backend == "inproc", p_redeliver=0.02)
+    runs = [(policy, "none", "push", plain) for policy in policies]
+    runs += [(policy, "none", "push", every) for policy in topology_policies]
     # A decode restart mid-run, naive vs guarded, under the proof policy.
-    runs += [("proof", restart, "push") for restart in restarts]
-    # vLLM's direction: decode reads prefill's blocks (not on NIXL yet: no READ engine).
-    if backend != "nixl":
-        runs += [(policy, "none", "pull") for policy in pulls]
-    for policy, restart, direction in runs:
+    runs += [("proof", restart, "push", plain) for restart in restarts]
+    # vLLM's direction: decode reads prefill's blocks.
+    runs += [(policy, "none", "pull", plain) for policy in pulls]
+    for policy, restart, direction, topology in runs:
         what = f"{direction}, policy {policy}"
         what += f", decode restart {restart}" if restart != "none" else ""
+        what += ", every topology knob on" if topology is every else ""
         stream.write(f"\nsimulating {requests} requests, backend {backend}, {what} ...\n")
         stream.flush()
-        r = simulate(backend, policy, requests, seed, stream, restart=restart, direction=direction)
+        r = simulate(
+            backend,
+            policy,
+            requests,
+            seed,
+            stream,
+            restart=restart,
+            direction=direction,
+            topology=topology,
+        )
         stream.write(r.to_text())
         reports.append(r)
     table = compare_markdown(reports)
