@@ -191,8 +191,9 @@ def test_demo(capsys: Capsys, tmp_path: Path, backend: str) -> None:
     elif backend == "nixl":
         need_nixl()
     out_dir = tmp_path / "out"
+    n = "200" if backend == "inproc" else "100"  # ten runs, each starting engine processes
     status, out, _ = run(
-        capsys, "demo", "--out", str(out_dir), "--backend", backend, "--requests", "200"
+        capsys, "demo", "--out", str(out_dir), "--backend", backend, "--requests", n
     )
     assert status == 0
     assert f"backend: {backend}" in out
