@@ -137,27 +137,37 @@ def test_with_cma_destroying_the_target_agent_stops_nothing(
     need_nixl()
     size = 1 << 30  # CMA copies at several GB/s: large enough to act during the copy
     monkeypatch.setenv("UCX_TLS", "all")  # what UCX does when UCX_TLS is unset
-    t = nixl.NixlTarget(size, tls="all")
-    with pytest.raises(FenceUnavailable, match="CMA"):
-        t.fence()
-    ini = Initiator(t.descriptor(), tls="all")
-    try:
-        arena = t.array
-        ini.send(f"post c 0 {size} 1 {FILL}")  # transfer() copies synchronously under CMA
-        deadline = time.monotonic() + 30
-        while not arena[:: 1 << 20].any():
-            assert time.monotonic() < deadline, "never landed"
-        t._agent = None  # destroy the target's agent mid-copy
-        at_destroy = _prefix(arena)
-        answer = ini.read()
-        assert answer in ("posted c DONE", "posted c PROC"), answer
-        if answer == "posted c PROC":
-            assert ini.ask("poll c") == "final c DONE"
-        # The initiator's process went on writing into the target's memory, and saw DONE.
-        assert _prefix(arena) == size and at_destroy < size
-    finally:
-        ini.close()
-        t._reg = None
+    # One run in which the copy goes on after the target's agent is destroyed shows that this
+    # is no fence. A run can instead see the initiator's transfer raise a disconnect error
+    # (seen once, on a loaded machine), which shows nothing either way: up to three runs.
+    answers: list[str] = []
+    while len(answers) < 3 and not any(a.startswith("posted") for a in answers):
+        t = nixl.NixlTarget(size, tls="all")
+        with pytest.raises(FenceUnavailable, match="CMA"):
+            t.fence()
+        ini = Initiator(t.descriptor(), tls="all")
+        try:
+            arena = t.array
+            ini.send(f"post c 0 {size} 1 {FILL}")  # transfer() copies synchronously under CMA
+            deadline = time.monotonic() + 30
+            while not arena[:: 1 << 20].any():
+                assert time.monotonic() < deadline, "never landed"
+            t._agent = None  # destroy the target's agent mid-copy
+            at_destroy = _prefix(arena)
+            answer = ini.read()
+            answers.append(answer)
+            if answer.startswith("raised"):
+                continue
+            assert answer in ("posted c DONE", "posted c PROC"), answer
+            if answer == "posted c PROC":
+                assert ini.ask("poll c") == "final c DONE"
+            # The initiator's process went on writing into the target's memory, and saw DONE.
+            assert _prefix(arena) == size and at_destroy < size
+        finally:
+            ini.close()
+            t._reg = None
+            t._agent = None
+    assert any(a.startswith("posted") for a in answers), answers
 
 
 def _prefix(a: np.ndarray[Any, Any]) -> int:
