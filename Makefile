@@ -43,14 +43,17 @@ typecheck: $(STAMP)
 test: system-deps $(STAMP) lint typecheck
 	$(BIN)/pytest
 
+# DEMO_ARGS: e.g. `--requests 100` (CI runs each demo target that small; the default is 10,000).
+DEMO_ARGS ?=
+
 demo: $(STAMP)
-	$(BIN)/kvlifetime demo --out out
+	$(BIN)/kvlifetime demo --out out $(DEMO_ARGS)
 
 demo-mooncake: system-deps $(STAMP)
-	$(BIN)/kvlifetime demo --out out --backend mooncake
+	$(BIN)/kvlifetime demo --out out --backend mooncake $(DEMO_ARGS)
 
 demo-nixl: $(STAMP)
-	$(BIN)/kvlifetime demo --out out --backend nixl
+	$(BIN)/kvlifetime demo --out out --backend nixl $(DEMO_ARGS)
 
 # The long proof run with fences, 50,000 requests, on each backend (minutes on Mooncake).
 soak: system-deps $(STAMP)
