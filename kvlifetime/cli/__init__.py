@@ -1,0 +1,144 @@
+"""``kvlifetime``: the command line.
+
+Subcommands are data: ``COMMANDS`` lists ``Command(name, help, add_arguments, run)`` entries, and
+``build_parser`` turns them into argparse subparsers. Each command lives in its own module here
+(``verify.py``, ``replay.py``, ``simulate.py``, ``demo.py``; ``contract.py`` holds ``table``,
+``diagram``, ``evidence`` and ``docs``), with an ``add_arguments(parser)`` and a
+``run(args) -> int``. A command imports what it drives *inside* ``run`` so that
+``kvlifetime table`` never pays for the harness, the verifier or a transfer engine it does not
+use.
+
+``run`` receives the parsed arguments plus ``args.log``, a structlog logger that writes to stderr
+(stdout carries the tables), quiet below warning unless ``-v``. The command line never calls
+``structlog.configure``: the processors stay whatever the host set (``capture_logs`` works).
+
+Exit status: 0 success; 2 a typed kvlifetime error (one line on stderr) or a usage error from
+argparse; 1 an operating-system error (e.g. an output file that cannot be written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+import attrs
+import structlog
+
+from kvlifetime.cli import contract, demo, replay, simulate, verify
+from kvlifetime.cli.demo import run_demo
+from kvlifetime.cli.output import Logger, write_text
+from kvlifetime.errors import KVLifetimeError
+
+__all__ = ["COMMANDS", "Command", "build_parser", "main", "run_demo", "write_text"]
+
+
+@attrs.frozen(slots=True)
+class Command:
+    """One subcommand: how to declare its arguments, and what runs it."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]  # returns the exit status
+
+
+COMMANDS: list[Command] = [
+    Command(
+        "table", "print a transition table (md, csv, json)", contract.add_table, contract.run_table
+    ),
+    Command(
+        "diagram",
+        "draw a lifecycle (mermaid, dot, svg, md)",
+        contract.add_diagram,
+        contract.run_diagram,
+    ),
+    Command(
+        "evidence",
+        "print the evidence x claim matrix and who may make each claim; with --engine, what "
+        "each status of a transfer engine proves",
+        contract.add_evidence,
+        contract.run_evidence,
+    ),
+    Command(
+        "docs", "write the generated documents into a folder", contract.add_docs, contract.run_docs
+    ),
+    Command("demo", "show the contract: tables, claims, diagrams", demo.add_arguments, demo.run),
+    Command(
+        "verify",
+        "explore every interleaving of a small configuration over the real ledger",
+        verify.add_arguments,
+        verify.run,
+    ),
+    Command(
+        "replay",
+        "check a recorded event log against the transition tables and evidence rules",
+        replay.add_arguments,
+        replay.run,
+    ),
+    Command(
+        "simulate",
+        "run prefill/decode disaggregation with faults under a release policy",
+        simulate.add_arguments,
+        simulate.run,
+    ),
+]
+"""Every subcommand, in help order. Append new ones here (see the module docstring)."""
+
+
+def build_parser(commands: Sequence[Command] | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvlifetime",
+        description="Evidence-guarded lifetimes for KV-cache blocks.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every step to stderr")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for cmd in COMMANDS if commands is None else commands:
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        cmd.add_arguments(p)
+        p.set_defaults(run=cmd.run)
+    return parser
+
+
+def cli_logger(verbose: bool) -> Logger:
+    """A logger for the command line: stderr, warnings only unless ``verbose``.
+
+    Only the output and the level are chosen here; the processors are resolved from the
+    global structlog configuration when the logger is first used, so a host's configuration
+    (or ``structlog.testing.capture_logs``) still applies. Nothing global is changed.
+    """
+    return structlog.wrap_logger(
+        structlog.PrintLogger(sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.DEBUG if verbose else logging.WARNING
+        ),
+    )
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, or a usage error already printed by argparse
+        return e.code if isinstance(e.code, int) else 2
+    args.log = log = cli_logger(args.verbose)
+    try:
+        status: int = args.run(args)
+        return status
+    except KVLifetimeError as e:
+        log.info("command_failed", command=args.command, error=e.kind, message=_one_line(e))
+        print(f"kvlifetime: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        log.info("command_failed", command=args.command, error="os_error", message=_one_line(e))
+        print(f"kvlifetime: error: {_one_line(e)}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
