@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 # Debian packages some tests need: graphviz (svg diagrams), libibverbs1 & co (Mooncake's
 # import). Installed when running as root with apt-get; otherwise install them yourself
 # (the tests that need them say which package is missing).
-DEBS := graphviz libibverbs1 librdmacm1 libnuma1
+DEBS := graphviz libibverbs1 librdmacm1 libnuma1 spin chromium
 system-deps:
 	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
