@@ -7,16 +7,20 @@
 Metrics (all labelled ``ledger``): blocks per block state, live requests per request state,
 quarantined blocks per reason and the oldest quarantine's age, unsafe releases, refused
 evidence (per error kind) and blocks reclaimed by fences (per fence) as counters.
-``stats()`` is taken once per scrape, off the hot path.
+``stats()`` is taken once per scrape, off the hot path. Without ``prometheus_client`` the
+constructor raises ``kvlifetime.extras.MissingExtra`` (naming the install), not the first scrape.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvlifetime.ledger import BlockLedger
+from kvlifetime.extras import require
+
+if TYPE_CHECKING:
+    from kvlifetime.ledger import BlockLedger
 
 
 class LedgerCollector:
@@ -29,6 +33,7 @@ class LedgerCollector:
         name: str = "default",
         clock: Callable[[], float] | None = None,
     ) -> None:
+        require("prometheus", type(self).__name__)
         self.ledger = ledger
         self.name = name
         self.clock = clock  # the same clock the caller passes to ledger.expire(now)
