@@ -9,7 +9,9 @@ Formats:
 
 - ``mermaid``: ``stateDiagram-v2`` text (renders on GitHub); edges labelled ``event [guard]``,
   unsafe edges labelled with ``⚠`` and explained in a note, final states lead to ``[*]``;
-- ``dot``: Graphviz source; unsafe edges dashed and red;
+- ``dot``: Graphviz source laid out for a slide (``layout``): top to bottom, self-loops listed
+  on their node, edges that leave several states on the same event drawn once from a box
+  around them; unsafe edges dashed and red;
 - ``svg``: ``dot -Tsvg`` run on the ``dot`` source (needs the Graphviz binary);
 - ``md``: a markdown page with the mermaid block and the transition table.
 
@@ -23,6 +25,8 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, cast
+
+import attrs
 
 from kvlifetime.errors import KVLifetimeError
 from kvlifetime.evidence import BY_NAME, Claim, claims_matrix, proves_text
@@ -121,28 +125,192 @@ def _q(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+# Edges that share (event, target, guard) from this many sources or more are drawn once, from a
+# box around the sources; unsafe ones from two sources on (they are what a reviewer must see
+# once, not five times). Self-loops are listed on their node instead of drawn: their labels
+# would sit on the loop lines.
+FOLD_MIN_SAFE = 4
+FOLD_MIN_UNSAFE = 2
+LOOP_MARK = "↺"
+
+
+@attrs.frozen(slots=True)
+class Fold:
+    """Rows drawn as one edge from a box (a Graphviz cluster) around their sources."""
+
+    rows: tuple[Row, ...]  # spec order; same event, target, guard and safety
+    sources: frozenset[str]
+
+    @property
+    def row(self) -> Row:
+        return self.rows[0]
+
+
+@attrs.frozen(slots=True)
+class Layout:
+    """What the review picture draws, computed from the table alone.
+
+    Invariant: every row of the table is drawn exactly once, as an edge (``edges``), as a part
+    of one folded edge (``folds``), or as a line on its node (``loops``).
+    """
+
+    edges: tuple[Row, ...]
+    folds: tuple[Fold, ...]  # largest first; their source sets nest or are disjoint
+    loops: Mapping[str, tuple[Row, ...]]  # state -> its self-loops, spec order
+    parent: Mapping[int, int | None]  # fold index -> index of the smallest fold around it
+
+
+def _laminar(a: frozenset[str], b: frozenset[str]) -> bool:
+    return a.isdisjoint(b) or a <= b or b <= a
+
+
+def layout(table: TransitionTable) -> Layout:
+    """Fold the table for a picture: self-loops onto their nodes, shared edges into boxes."""
+    loops: dict[str, list[Row]] = {}
+    groups: dict[tuple[str, str, str | None, bool], list[Row]] = {}
+    for r in table.rows:
+        if r.source == r.target:
+            loops.setdefault(r.source, []).append(r)
+        else:
+            groups.setdefault((r.event, r.target, r.guard, r.unsafe), []).append(r)
+    candidates = [
+        Fold(tuple(rows), frozenset(r.source for r in rows))
+        for (_, target, _, unsafe), rows in groups.items()
+        if len(rows) >= (FOLD_MIN_UNSAFE if unsafe else FOLD_MIN_SAFE)
+        and target not in {r.source for r in rows}
+    ]
+    # Largest first (stable: spec order among equals); a box that would cut across another
+    # cannot be drawn, so its edges stay single.
+    candidates.sort(key=lambda f: -len(f.sources))
+    folds: list[Fold] = []
+    for f in candidates:
+        if all(_laminar(f.sources, g.sources) and f.sources != g.sources for g in folds):
+            folds.append(f)
+    folded = {r for f in folds for r in f.rows}
+    edges = tuple(r for r in table.rows if r.source != r.target and r not in folded)
+    parent: dict[int, int | None] = {}
+    for i, f in enumerate(folds):
+        around = [j for j, g in enumerate(folds) if j != i and f.sources < g.sources]
+        parent[i] = min(around, key=lambda j: len(folds[j].sources)) if around else None
+    return Layout(edges, tuple(folds), {k: tuple(v) for k, v in loops.items()}, parent)
+
+
+def back_edges(table: TransitionTable) -> frozenset[tuple[str, str]]:
+    """The (source, target) pairs that close a cycle, found depth first from the initial
+    state in specification order. Drawn without pulling their target's rank, so that the
+    main flow reads top to bottom and the returns (a block going back to the pool) go up."""
+    out: dict[str, list[str]] = {}
+    for r in table.rows:
+        if r.source != r.target:
+            out.setdefault(r.source, []).append(r.target)
+    back: set[tuple[str, str]] = set()
+    done: set[str] = set()
+    on_path: list[str] = []
+
+    def visit(s: str) -> None:
+        on_path.append(s)
+        for t in out.get(s, []):
+            if t in on_path:
+                back.add((s, t))
+            elif t not in done:
+                visit(t)
+        on_path.pop()
+        done.add(s)
+
+    visit(table.initial)  # a few states: the recursion stays shallow
+    return frozenset(back)
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _node_label(state: str, loops: tuple[Row, ...]) -> str:
+    """The state's name, then one line per self-loop (an HTML-like Graphviz label)."""
+    if not loops:
+        return _q(state)
+    lines = [f"<b>{_html(state)}</b>"]
+    for r in loops:
+        text = _html(f"{LOOP_MARK} {edge_label(r)}")
+        colour = ' color="red"' if r.unsafe else ""
+        lines.append(f'<font point-size="9"{colour}>{text}</font>')
+    return "<" + '<br align="left"/>'.join(lines) + '<br align="left"/>>'
+
+
 def dot(table: TransitionTable) -> str:
-    """The lifecycle as Graphviz source; unsafe edges are dashed and red."""
+    """The lifecycle as Graphviz source, laid out for a slide (see ``layout``).
+
+    Unsafe edges are dashed and red. Self-loops are lines on their node (marked ``↺``); edges
+    that leave several states for the same target on the same event and guard are drawn once,
+    from a box around those states. Every row is still drawn once: the mermaid diagram and the
+    markdown table keep one line per row.
+    """
     name = table.machine
+    lay = layout(table)
+    # Top to bottom keeps the long request chain from running off a slide's width.
     lines = [
         f"// {name} lifecycle. {_header(name, 'dot')}",
         f"digraph {_q(name)} {{",
-        "    rankdir=LR;",
-        f"    label={_q(f'{name} lifecycle')};",
+        "    rankdir=TB;",
+        "    compound=true;",
+        "    nodesep=0.35;",
+        "    ranksep=0.45;",
+        f"    label={_q(f'{name} lifecycle ({LOOP_MARK}: an event that keeps the state)')};",
         "    labelloc=t;",
+        '    fontname="Helvetica";',
         '    node [shape=box, style=rounded, fontname="Helvetica"];',
         '    edge [fontname="Helvetica", fontsize=10];',
         '    "__start__" [shape=point, label=""];',
     ]
+    home: dict[str, int | None] = {}  # state -> the smallest fold around it
     for s in table.states:
+        around = [i for i, f in enumerate(lay.folds) if s in f.sources]
+        home[s] = min(around, key=lambda i: len(lay.folds[i].sources)) if around else None
+
+    def node(s: str, indent: str) -> str:
         extra = ", peripheries=2" if s in table.finals else ""
-        lines.append(f"    {_q(s)} [label={_q(s)}{extra}];")
+        return f"{indent}{_q(s)} [label={_node_label(s, lay.loops.get(s, ()))}{extra}];"
+
+    def cluster(i: int, indent: str) -> list[str]:
+        f = lay.folds[i]
+        style = (
+            ['style="dashed,rounded"', "color=red", "fontcolor=red"]
+            if f.row.unsafe
+            else ['style="rounded"', "color=gray50", "fontcolor=gray30"]
+        )
+        out = [f"{indent}subgraph cluster_{i} {{"]
+        out += [f"{indent}    {a};" for a in style]
+        out.append(f"{indent}    label={_q(f'{f.row.event}: from any state in this box')};")
+        out.append(f"{indent}    fontsize=10;")
+        for j in range(len(lay.folds)):
+            if lay.parent[j] == i:
+                out += cluster(j, indent + "    ")
+        out += [node(s, indent + "    ") for s in table.states if home[s] == i]
+        out.append(f"{indent}}}")
+        return out
+
+    for i in range(len(lay.folds)):
+        if lay.parent[i] is None:
+            lines += cluster(i, "    ")
+    lines += [node(s, "    ") for s in table.states if home[s] is None]
     lines.append(f'    "__start__" -> {_q(table.initial)};')
-    for r in table.rows:
-        attrs_ = [f"label={_q(edge_label(r))}"]
+
+    back = back_edges(table)
+
+    def edge(src: str, r: Row, extra: list[str]) -> str:
+        attrs_ = [f"label={_q(edge_label(r))}", *extra]
+        if (r.source, r.target) in back:
+            attrs_.append("constraint=false")
         if r.unsafe:
             attrs_ += ["style=dashed", "color=red", "fontcolor=red"]
-        lines.append(f"    {_q(r.source)} -> {_q(r.target)} [{', '.join(attrs_)}];")
+        return f"    {_q(src)} -> {_q(r.target)} [{', '.join(attrs_)}];"
+
+    for r in lay.edges:
+        lines.append(edge(r.source, r, []))
+    for i, f in enumerate(lay.folds):
+        # Graphviz draws an edge from a box as an edge from one of its nodes, cut at the
+        # box's border (ltail); the last source in spec order is as good as any.
+        lines.append(edge(f.rows[-1].source, f.row, [f"ltail=cluster_{i}"]))
     lines.append("}")
     return "\n".join(lines) + "\n"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import shutil
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
 from kvlifetime import diagrams
@@ -80,28 +82,110 @@ def test_edge_label(row: Row, label: str) -> None:
 # --------------------------------------------------------------------------- dot
 
 _EDGE = re.compile(r'^    "([^"]+)" -> "([^"]+)" \[(.*)\];$')
+_NODE = re.compile(r'^\s+"([^"]+)" \[label=(.*?)(, peripheries=2)?\];$')
+_LTAIL = re.compile(r"ltail=(cluster_\d+)")
+
+
+def _drawn(machine: str) -> tuple[list[tuple[str, str, str]], dict[str, str], str]:
+    text = render(machine, "dot")
+    edges = [m.groups() for ln in text.split("\n") if (m := _EDGE.match(ln))]
+    nodes = {m.group(1): m.group(2) for ln in text.split("\n") if (m := _NODE.match(ln))}
+    return [(a, b, c) for a, b, c in edges], nodes, text
 
 
 @pytest.mark.parametrize("machine", MACHINES)
-def test_dot_sanity(machine: str) -> None:
+def test_dot_draws_every_row_once(machine: str) -> None:
+    """Each row is an edge, part of one edge from a box, or a line on its node; none twice."""
     table = table_for(machine)
-    text = render(machine, "dot")
+    edges, nodes, text = _drawn(machine)
     assert text.startswith("// ")
     assert f'digraph "{machine}" {{' in text
     assert text.rstrip().endswith("}")
     assert text.count("{") == text.count("}")
-    for s in table.states:
-        assert f'    "{s}" [label="{s}"' in text
-    edges = [m.groups() for ln in text.split("\n") if (m := _EDGE.match(ln))]
+    assert set(nodes) == set(table.states)
     assert f'    "__start__" -> "{table.initial}";' in text
-    assert len(edges) == len(table.rows)
-    for (src, dst, attrs_), r in zip(edges, table.rows, strict=True):
-        assert (src, dst) == (r.source, r.target)
+    lay = diagrams.layout(table)
+    drawn: list[Row] = [*lay.edges, *(r for f in lay.folds for r in f.rows)]
+    drawn += [r for loops in lay.loops.values() for r in loops]
+    assert sorted(drawn, key=table.rows.index) == list(table.rows)
+    plain = [e for e in edges if e[0] != "__start__" and "ltail=" not in e[2]]
+    assert [(a, b) for a, b, _ in plain] == [(r.source, r.target) for r in lay.edges]
+    for (_, _, attrs_), r in zip(plain, lay.edges, strict=True):
         assert f'label="{edge_label(r)}"' in attrs_
-        dashed_red = "style=dashed" in attrs_ and "color=red" in attrs_
-        assert dashed_red == r.unsafe
+        assert ("style=dashed" in attrs_ and "color=red" in attrs_) == r.unsafe
+    folded = [e for e in edges if "ltail=" in e[2]]
+    assert len(folded) == len(lay.folds)
+    for (src, dst, attrs_), f in zip(folded, lay.folds, strict=True):
+        assert src in f.sources and dst == f.row.target
+        assert f'label="{edge_label(f.row)}"' in attrs_
+        # the box is a cluster holding exactly the fold's sources
+        name = _LTAIL.search(attrs_).group(1)  # type: ignore[union-attr]
+        body = text.split(f"subgraph {name} {{", 1)[1]
+        depth, inside = 1, []
+        for ln in body.split("\n"):
+            depth += ln.count("{") - ln.count("}")
+            if depth <= 0:
+                break
+            if m := _NODE.match(ln):
+                inside.append(m.group(1))
+        assert set(inside) == f.sources
+    for s, loops in lay.loops.items():
+        for r in loops:
+            assert html.escape(edge_label(r), quote=False) in nodes[s]
     for s in table.finals:
-        assert f'    "{s}" [label="{s}", peripheries=2];' in text
+        assert f'"{s}" [label="{s}", peripheries=2];' in text
+
+
+def test_request_picture_folds_force_release_and_quarantine() -> None:
+    lay = diagrams.layout(table_for("request"))
+    assert [(f.row.event, len(f.rows)) for f in lay.folds] == [
+        ("force_released", 5),
+        ("quarantined", 4),
+    ]
+    assert lay.parent == {0: None, 1: 0}  # the quarantine box sits inside the unsafe one
+    assert not lay.loops
+
+
+def test_block_picture_lists_self_loops_on_nodes() -> None:
+    table = table_for("block")
+    lay = diagrams.layout(table)
+    loops = sum(len(v) for v in lay.loops.values())
+    assert loops == sum(r.source == r.target for r in table.rows) == 13
+    assert [(f.row.event, sorted(f.sources)) for f in lay.folds] == [
+        ("force_released", ["draining", "quarantined"])
+    ]
+    _, _, text = _drawn("block")
+    assert text.count("->") == 1 + len(lay.edges) + len(lay.folds)
+
+
+def test_layout_never_draws_crossing_boxes() -> None:
+    # Two groups of four that share two states cannot both be boxes: the larger one (first in
+    # spec order on a tie) is kept, the other's edges stay single.
+    rows = tuple(
+        [Row(s, "x", "t", None, False) for s in ("a", "b", "c", "d")]
+        + [Row(s, "y", "u", None, False) for s in ("c", "d", "e", "f")]
+    )
+    table = table_for("request")
+    fake = attrs.evolve(
+        table,
+        states=("a", "b", "c", "d", "e", "f", "t", "u"),
+        initial="a",
+        finals=(),
+        rows=rows,
+    )
+    lay = diagrams.layout(fake)
+    assert [f.row.event for f in lay.folds] == ["x"]
+    assert [r.event for r in lay.edges] == ["y"] * 4
+
+
+@pytest.mark.parametrize("machine", MACHINES)
+def test_back_edges_are_the_cycle_closers(machine: str) -> None:
+    back = diagrams.back_edges(table_for(machine))
+    if machine == "request":
+        assert back == frozenset()  # a request never goes back
+    else:
+        assert ("quiesced", "free") in back and ("exposed", "owned") in back
+        assert ("free", "owned") not in back
 
 
 def test_dot_quotes_are_escaped() -> None:
