@@ -1,0 +1,330 @@
+"""The model's values: configuration, policies, fault kinds, and the state of the environment.
+
+See ``kvlifetime.verify.model`` for what the model is, and ``docs/verification.md``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import attrs
+import numpy as np
+
+from kvlifetime.grant import Grant
+from kvlifetime.ledger import BlockLedger
+
+INCARNATION = "verify"  # fixed, so that a replayed trace issues the same grant ids
+
+
+class Policy(enum.Enum):
+    """When the engine around the ledger lets blocks go back to the pool."""
+
+    NAIVE = "naive"  # release on rejection / abort
+    TIMEOUT = "timeout"  # release when a deadline passes (lease reaper)
+    PROOF = "proof"  # release only what the evidence proves (collect_releasable)
+    # As proof, with a receiver that has no provenance: wire evidence is stamped local, so the
+    # ledger believes every claim a peer sends (a lie included). Refuted with the lie fault.
+    TRUSTING = "trusting"
+
+    @property
+    def believes_the_wire(self) -> bool:
+        """Whether the receiver stamps wire evidence as local (no provenance)."""
+        return self is Policy.TRUSTING
+
+
+class Fault(enum.Enum):
+    """What the environment may do wrong. Each one adds events; none removes any."""
+
+    REORDER = "reorder"  # messages overtake each other (else FIFO per channel)
+    DUPLICATE = "duplicate"  # a message is delivered twice
+    DELAY = "delay"  # a message waits while its request moves on (else delivered first)
+    LOSS = "loss"  # a message is dropped
+    # A peer crashes: it goes silent on each of its grants (never posts, answers or reports for
+    # it again; its transfers in flight still land), and its heartbeat fails (PeerLost).
+    CRASH = "crash"
+    FENCE = "fence"  # a crashed peer is fenced: AccessRevoked; later writes touch nothing
+    TIMEOUT = "timeout"  # a lease expires while the peer may still be working
+    RETRY = "retry"  # the owner re-sends a cancel; the peer answers with what it knows now
+    FAIL = "fail"  # a transfer reports FAILED and may still land later
+    # A peer lies: at any point it sends evidence it may not make (``lie_table``): AccessRevoked
+    # about itself, PeerLost / LeaseExpired, a claim about another peer's grant or in its name.
+    LIE = "lie"
+
+
+ALL_FAULTS: frozenset[Fault] = frozenset(Fault)
+
+
+def parse_faults(text: str) -> frozenset[Fault]:
+    """``"reorder,loss"``, ``"all"`` or ``"none"`` / ``""``. Unknown names raise ``ValueError``."""
+    text = text.strip()
+    if text in ("", "none"):
+        return frozenset()
+    if text == "all":
+        return ALL_FAULTS
+    out: set[Fault] = set()
+    for name in text.split(","):
+        name = name.strip()
+        try:
+            out.add(Fault(name))
+        except ValueError:
+            known = ", ".join(f.value for f in Fault)
+            raise ValueError(f"unknown fault {name!r} (known: {known}, all, none)") from None
+    if Fault.FENCE in out:
+        out.add(Fault.CRASH)  # only a crashed peer is fenced
+    return frozenset(out)
+
+
+@attrs.frozen(slots=True)
+class Config:
+    """The bounds of one exploration. Every bound keeps the state space finite."""
+
+    requests: int = 2  # requests ever admitted (a later one reuses an earlier one's blocks)
+    peers: int = 2
+    blocks: int = 2
+    faults: frozenset[Fault] = ALL_FAULTS
+    blocks_per_request: int = 1
+    transfers_per_grant: int = 1  # numbered transfers a peer may post per grant
+    max_duplicates: int = 1  # duplicated messages, in the whole run
+    max_delays: int = 1  # messages held back while anything else happens, in the whole run
+    max_losses: int = 1  # lost messages, in the whole run
+    max_crashes: int = 1  # crashed peers, in the whole run
+    max_retries: int = 1  # re-sent cancels per grant
+    # At most this many fault events of any kind in one run (None: only the per-kind bounds).
+    # Counted: lose, duplicate, delay, a reordered delivery (a message overtaking an earlier one
+    # on its channel), crash, fail, retry, a lease that expires while anything else could
+    # still happen (an early deadline), and a lie that a trusting receiver believes. Not counted:
+    # what follows a crash (PeerLost, fencing), a lease that expires when nothing else can
+    # happen (every policy's generous deadline), and a lie the ledger refuses (a no-op).
+    max_faults: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("requests", "peers", "blocks", "blocks_per_request"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        for name in (
+            "transfers_per_grant",
+            "max_duplicates",
+            "max_delays",
+            "max_losses",
+            "max_crashes",
+            "max_retries",
+        ):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        if self.max_faults is not None and (
+            not isinstance(self.max_faults, int) or self.max_faults < 0
+        ):
+            raise ValueError(f"max_faults must be None or an int >= 0, got {self.max_faults!r}")
+        if self.blocks_per_request > self.blocks:
+            raise ValueError("blocks_per_request must be <= blocks")
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "peers": self.peers,
+            "blocks": self.blocks,
+            "faults": sorted(f.value for f in self.faults),
+            "blocks_per_request": self.blocks_per_request,
+            "transfers_per_grant": self.transfers_per_grant,
+            "max_duplicates": self.max_duplicates,
+            "max_delays": self.max_delays,
+            "max_losses": self.max_losses,
+            "max_crashes": self.max_crashes,
+            "max_retries": self.max_retries,
+            "max_faults": self.max_faults,
+        }
+
+
+# ------------------------------------------------------------------ environment state
+
+# Request phases on the owner's side (the ledger has its own, finer states).
+LIVE, FINISHED, REJECTED, RELEASED = "live", "finished", "rejected", "released"
+
+# Transfer status codes, per numbered transfer of a grant.
+IN_FLIGHT = 0  # posted; will touch the blocks when it lands
+FAILED = 1  # reported FAILED, yet may still land (Mooncake: a FAILED batch keeps writing)
+LANDED = 2  # wrote and ended; the peer saw it complete
+LANDED_UNSEEN = 3  # a FAILED transfer that landed: the peer never learns that it ended
+
+TO_PEER, TO_LEDGER = 0, 1
+
+
+@attrs.frozen(slots=True)
+class ReqSide:
+    key: str
+    phase: str  # LIVE / FINISHED / REJECTED / RELEASED
+    blocks: tuple[int, ...]  # what allocate returned
+    grants: tuple[int, ...]  # env grant indices, one per peer granted
+
+
+@attrs.frozen(slots=True)
+class GrantSide:
+    """One grant as the peer and the wire see it (the ledger keeps its own record)."""
+
+    grant: Grant = attrs.field(eq=False)
+    req: int  # index in Env.reqs
+    peer: int
+    transfers: tuple[int, ...] = ()  # status per sequence number (seq = index + 1)
+    cancelled: bool = False  # the peer received a cancel
+    stopped: bool = False  # the peer stopped scheduling (and said so)
+    quiesced_sent: bool = False  # TransferQuiesced / TransferCompleted sent
+    lease_fired: bool = False
+    retries: int = 0
+    silent: bool = False  # the peer crashed, as this grant sees it: it never acts on it again
+
+
+@attrs.frozen(slots=True)
+class PeerSide:
+    crashable: bool = False  # may crash (see ``initial``)
+    # Crashed: the crash budget is spent on it. From then on each of its grants may go silent,
+    # and its heartbeat may fail (PeerLost) and it may be fenced, at no further cost.
+    crashed: bool = False
+    fenced: bool = False
+    lost_reported: bool = False
+
+
+@attrs.frozen(slots=True)
+class Msg:
+    dest: int  # TO_PEER (a cancel) or TO_LEDGER (evidence)
+    peer: int
+    kind: str  # "Cancel" or an evidence class name
+    grant: int  # env grant index
+    value: int  # last_seq / through_seq; 0 otherwise
+    dupable: bool = True  # a message is duplicated at most once
+    delayed: bool = False  # held back: its request may move on before it arrives
+
+
+@attrs.frozen(slots=True)
+class Env:
+    reqs: tuple[ReqSide, ...] = ()
+    grants: tuple[GrantSide, ...] = ()
+    msgs: tuple[Msg, ...] = ()
+    peers: tuple[PeerSide, ...] = ()
+    admitted: int = 0
+    dups_left: int = 0
+    delays_left: int = 0
+    losses_left: int = 0
+    crashes_left: int = 0
+    faults_left: int = -1  # Config.max_faults still unspent; -1: no total bound
+
+
+class Snap:
+    """A ledger that no one mutates any more, with the queries the explorer keeps asking."""
+
+    __slots__ = ("_fp", "_gens", "_proofs", "_stale", "_states", "ledger", "lies")
+
+    def __init__(self, ledger: BlockLedger) -> None:
+        self.ledger = ledger
+        self.lies: dict[Any, tuple[int, ...]] = {}  # lie signature -> the lies not no-ops
+        self._fp: tuple[Any, ...] | None = None
+        self._gens: list[int] | None = None
+        self._states: dict[str, str] = {}
+        self._proofs: dict[int, tuple[Any, ...]] = {}
+        self._stale: dict[int, bool] = {}
+
+    def fingerprint(self) -> tuple[Any, ...]:
+        if self._fp is None:
+            self._fp = self.ledger.fingerprint()
+        return self._fp
+
+    def state(self, key: str) -> str:
+        s = self._states.get(key)
+        if s is None:
+            s = self.ledger.state(key).value
+            self._states[key] = s
+        return s
+
+    def proof(self, g: Grant) -> tuple[Any, ...]:
+        """The grant's proof as a hashable value with one type per position."""
+        p = self._proofs.get(g.id.serial)
+        if p is None:
+            pr = self.ledger.proof_of(g)
+            cr, last, through, revoked, suspect = pr.key()
+            p = (cr, -1 if last is None else last, through, revoked, suspect or "", pr.closed)
+            self._proofs[g.id.serial] = p
+        return p
+
+    def stale(self, g: Grant) -> bool:
+        """Whether a write for ``g`` would now touch a later generation of its blocks."""
+        s = self._stale.get(g.id.serial)
+        if s is None:
+            if self._gens is None:
+                self._gens = self.ledger.generation(np.arange(self.ledger.num_blocks)).tolist()
+            now = self._gens
+            pairs = zip(g.blocks.tolist(), g.generations.tolist(), strict=True)
+            s = any(now[b] != x for b, x in pairs)
+            self._stale[g.id.serial] = s
+        return s
+
+
+@attrs.frozen(slots=True)
+class State:
+    snap: Snap = attrs.field(eq=False)
+    env: Env
+
+
+@attrs.frozen(slots=True)
+class Event:
+    """One step of the environment. ``a``/``b`` index into the state it is taken from."""
+
+    kind: str
+    a: int = -1
+    b: int = -1
+
+    def to_list(self) -> list[Any]:
+        return [self.kind, self.a, self.b]
+
+
+@attrs.frozen(slots=True)
+class Violation:
+    invariant: str  # isolation / exclusivity / no_leak / progress / ledger_error
+    message: str
+
+
+class Broken(Exception):
+    """Raised inside a step when an invariant breaks; the explorer turns it into a Violation."""
+
+    def __init__(self, invariant: str, message: str) -> None:
+        self.violation = Violation(invariant, message)
+        self.notes: list[str] = []  # what the breaking step did, up to the break
+        super().__init__(message)
+
+
+INVARIANTS: dict[str, str] = {
+    "isolation": "no transfer for generation g touches a block after g was released",
+    "exclusivity": "no block is owned by two requests",
+    "no_leak": "in a quiet state every block is free, or quarantined with a reason",
+    "progress": "a request whose grants are all closed can be released",
+    "provenance": "no evidence from a source that may not make it changes the ledger (a lying "
+    "peer's claims are refused as unauthorized)",
+    "ledger_error": "the ledger refuses a call the contract allows (a kvlifetime bug)",
+}
+
+
+def peer_name(i: int) -> str:
+    return f"p{i + 1}"
+
+
+def initial(config: Config, *, checked: bool = False, crash_first: bool = False) -> State:
+    """The state before anything happened. ``crash_first``: only the first
+    ``config.max_crashes`` peers may crash (a reduction: see "which peers crash" in
+    ``explore.py``); else any peer may."""
+    ledger = BlockLedger(config.blocks, checked=checked, incarnation=INCARNATION)
+    env = Env(
+        peers=tuple(
+            PeerSide(
+                crashable=Fault.CRASH in config.faults
+                and (not crash_first or i < config.max_crashes)
+            )
+            for i in range(config.peers)
+        ),
+        dups_left=config.max_duplicates if Fault.DUPLICATE in config.faults else 0,
+        delays_left=config.max_delays if Fault.DELAY in config.faults else 0,
+        losses_left=config.max_losses if Fault.LOSS in config.faults else 0,
+        crashes_left=config.max_crashes if Fault.CRASH in config.faults else 0,
+        faults_left=-1 if config.max_faults is None else config.max_faults,
+    )
+    return State(Snap(ledger), env)
