@@ -37,6 +37,10 @@ its holders' request states and open grants, so it is derived when asked (``bloc
 only where the contract needs it — to refuse a block that is not free, to record generations in a
 grant, and to put blocks back in the pool.
 
+Companion modules: ``ledger_records`` (the per-request and per-grant records),
+``ledger_values`` (``Transition``, ``LedgerStats``, ``QuarantineInfo``, re-exported here) and
+``block_counters`` (the open-grant counters that widen instead of wrapping).
+
 Thread safety: every public method holds one lock; evidence may arrive on transfer-engine
 threads while the scheduler allocates.
 """
@@ -46,15 +50,17 @@ from __future__ import annotations
 import collections
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
-from typing import Any, Literal, NamedTuple
+from collections.abc import Sequence
+from typing import Any, Literal
 
-import attrs
 import numpy as np
 import numpy.typing as npt
 import structlog
 
 from kvlifetime import errors, inputs
+from kvlifetime.block_counters import Counts as _Counts
+from kvlifetime.block_counters import counted as _counted
+from kvlifetime.block_counters import narrowest as _narrowest
 from kvlifetime.errors import (
     BlockUnavailable,
     DoubleRelease,
@@ -87,6 +93,8 @@ from kvlifetime.grant import (
     make_grant,
     make_grant_id,
 )
+from kvlifetime.ledger_records import GrantRecord, RequestRecord
+from kvlifetime.ledger_values import LedgerStats, QuarantineInfo, Transition
 from kvlifetime.machines import (
     ENDED_STATES,
     PROOF_CHAIN,
@@ -135,107 +143,6 @@ def _enabled() -> bool:
     # A library never configures structlog; it stays silent (and cheap) until the application
     # (or structlog.testing.capture_logs) has.
     return structlog.is_configured()
-
-
-class Transition(NamedTuple):
-    """One named request transition that fired.
-
-    A NamedTuple rather than an attrs class: several are built per request on the hot path,
-    and a tuple is built in a third of the time. It is just as immutable.
-    """
-
-    request: RequestKey
-    event: str  # the named transition: rejected, cancel_received, ..., force_released
-    source: str  # RequestState value before
-    target: str  # RequestState value after
-    cause: str  # the evidence class name, or the call: reject, finish, release, expire, ...
-    grant: str | None = None  # the grant the evidence was about, as "incarnation#serial"
-    peer: PeerId | None = None
-    unsafe: bool = False  # force_released: never the normal path
-
-
-@attrs.frozen(slots=True)
-class QuarantineInfo:
-    request: RequestKey
-    blocks: int  # blocks the request still holds
-    reason: str  # deadline / lease_expired / peer_lost
-    since: float | None  # caller's clock when quarantined (None: evidence-driven, no clock seen)
-    age: float | None  # now - since, when stats() was given ``now``
-
-
-@attrs.frozen(slots=True)
-class LedgerStats:
-    num_blocks: int
-    blocks_by_state: dict[str, int]  # BlockState label -> count; sums to num_blocks
-    requests_by_state: dict[str, int]  # RequestState value -> live requests
-    quarantined: tuple[QuarantineInfo, ...]
-    unsafe_releases: int  # force_release calls that released a request with an open grant
-    refused_evidence: dict[str, int]  # error kind -> count
-    open_grants: int
-    # fence name -> blocks put back in the pool by releases a fence made possible (a grant of
-    # the request was closed by AccessRevoked); only grows
-    reclaimed_blocks: dict[str, int] = attrs.field(factory=dict)
-
-
-class _GrantRecord(GrantProof):
-    """A live grant and what has been proven about it (the record *is* its proof, so the
-    guards can read a request's open records directly)."""
-
-    __slots__ = ("deadline", "grant", "is_open", "label", "peer", "req")
-
-    def __init__(self, grant: Grant, req: _Request, deadline: float | None) -> None:
-        super().__init__()
-        self.grant = grant
-        self.req = req
-        self.deadline = deadline  # caller's clock; None: only the request's deadline applies
-        self.label = str(grant.id)  # formatted once: every transition it causes names it
-        self.peer = grant.peer
-        self.is_open = True  # False once closed; then it is only in req.grants
-
-
-class _Request:
-    """Per-request record. Implements ``machines.RequestFacts`` for the guards."""
-
-    __slots__ = (
-        "deadline",
-        "excl",
-        "fenced_by",
-        "grants",
-        "key",
-        "machine",
-        "open",
-        "quarantine_reason",
-        "quarantined_at",
-        "shared",
-        "slot",
-        "state",
-    )
-
-    def __init__(self, key: RequestKey, slot: int, deadline: float | None) -> None:
-        self.key = key
-        self.slot = slot  # int32 id written in _owner; never reused within 2**31 requests
-        self.state = _ADMITTED
-        self.excl: list[BlockIds] = []  # read-only arrays acquired exclusively
-        self.shared: list[BlockIds] = []  # read-only arrays acquired shared
-        self.grants: dict[int, _GrantRecord] = {}  # serial -> record, open and closed
-        self.open: dict[int, _GrantRecord] = {}  # serial -> record, open only
-        self.deadline = deadline
-        self.quarantine_reason: str | None = None
-        self.quarantined_at: float | None = None
-        self.fenced_by: str | None = None  # the fence whose AccessRevoked closed a grant of it
-        self.machine: RequestLifecycle | None = None
-
-    def open_proofs(self) -> Iterable[GrantProof]:
-        return self.open.values()
-
-    def nblocks(self) -> int:
-        return sum(len(a) for a in self.excl) + sum(len(a) for a in self.shared)
-
-    def all_blocks(self) -> BlockIds:
-        arrs = self.excl + self.shared
-        if not arrs:
-            return np.empty(0, dtype=np.int64)
-        return arrs[0] if len(arrs) == 1 else np.concatenate(arrs)
 
 
 def _empty() -> BlockIds:
@@ -293,12 +200,12 @@ class BlockLedger:
         self._generation = np.zeros(num_blocks, dtype=np.uint32)
         self._free_stack: npt.NDArray[np.int32] | None = None
         self._free_top = 0
-        self._requests: dict[RequestKey, _Request] = {}
-        self._by_slot: dict[int, _Request] = {}
+        self._requests: dict[RequestKey, RequestRecord] = {}
+        self._by_slot: dict[int, RequestRecord] = {}
         self._next_slot = 0
         self._next_serial = 1
-        self._grants: dict[int, _GrantRecord] = {}  # serial -> record, for live requests
-        self._by_peer: dict[PeerId, dict[int, _GrantRecord]] = {}  # open grants per peer
+        self._grants: dict[int, GrantRecord] = {}  # serial -> record, for live requests
+        self._by_peer: dict[PeerId, dict[int, GrantRecord]] = {}  # open grants per peer
         self._releasable: dict[RequestKey, None] = {}  # requests in transfer_quiesced (ordered)
         self._timed: dict[RequestKey, None] = {}  # requests with a deadline somewhere
         self._shared_holds = 0  # live shared acquisitions; 0 lets release skip _sharers
@@ -516,7 +423,7 @@ class BlockLedger:
 
     def _open_grant(
         self,
-        req: _Request,
+        req: RequestRecord,
         peer: PeerId,
         arr: BlockIds,
         access: Access,
@@ -532,7 +439,7 @@ class BlockLedger:
         gens = self._generation.take(arr)
         gens.flags.writeable = False
         g = make_grant(make_grant_id(self.incarnation, serial), request, peer, arr, gens, access)
-        rec = _GrantRecord(g, req, deadline)
+        rec = GrantRecord(g, req, deadline)
         req.grants[serial] = rec
         req.open[serial] = rec
         self._grants[serial] = rec
@@ -636,7 +543,7 @@ class BlockLedger:
             _emit(out)
         return out
 
-    def _proven(self, rec: _GrantRecord, ev: Evidence, out: list[Transition]) -> None:
+    def _proven(self, rec: GrantRecord, ev: Evidence, out: list[Transition]) -> None:
         """Something new was proven about ``rec``: close it if it now is, advance its request."""
         req = rec.req
         if rec.is_open and rec.closed:
@@ -646,7 +553,7 @@ class BlockLedger:
         if req.state != _ADMITTED:
             self._advance(req, type(ev).__name__, rec, out)
 
-    def _grant_record(self, ev: GrantEvidence | AccessRevoked) -> _GrantRecord:
+    def _grant_record(self, ev: GrantEvidence | AccessRevoked) -> GrantRecord:
         gid = ev.grant_id
         assert gid is not None
         if gid.incarnation != self.incarnation:
@@ -677,7 +584,7 @@ class BlockLedger:
             )
         return rec
 
-    def _close(self, rec: _GrantRecord) -> None:
+    def _close(self, rec: GrantRecord) -> None:
         rec.is_open = False
         if self._tracking:
             self._uncount_open(rec)
@@ -786,7 +693,7 @@ class BlockLedger:
                     )
             return self._let_go([req], out)[0]
 
-    def _let_go(self, reqs: Sequence[_Request], out: list[Transition]) -> list[BlockIds]:
+    def _let_go(self, reqs: Sequence[RequestRecord], out: list[Transition]) -> list[BlockIds]:
         """Forget the requests; put the blocks no one else holds back in the pool."""
         if self._engine:
             return self._let_go_engine(reqs, out)
@@ -834,7 +741,9 @@ class BlockLedger:
                 _log.info("request_released", request=req.key, blocks=ids.tolist())
         return results
 
-    def _let_go_engine(self, reqs: Sequence[_Request], out: list[Transition]) -> list[BlockIds]:
+    def _let_go_engine(
+        self, reqs: Sequence[RequestRecord], out: list[Transition]
+    ) -> list[BlockIds]:
         """Engine mode: forget the requests and drop their holds; return every block each one
         held (the engine may drop its own references to them). A block no request holds any
         more is not guarded: its generation is bumped."""
@@ -861,7 +770,7 @@ class BlockLedger:
                 _log.info("request_released", request=req.key, blocks=ids.tolist())
         return results
 
-    def _forget(self, req: _Request) -> None:
+    def _forget(self, req: RequestRecord) -> None:
         # The ledger never grows with history: a released request and its grants are gone.
         key = req.key
         del self._requests[key]
@@ -885,7 +794,7 @@ class BlockLedger:
 
     # =================================================================== transitions
 
-    def _fire(self, req: _Request, event: str, cause: str, out: list[Transition]) -> None:
+    def _fire(self, req: RequestRecord, event: str, cause: str, out: list[Transition]) -> None:
         """Fire a call-driven transition (reject, finish, release, force_released)."""
         target = _TABLE.step(req.state, event, req, req.key)
         if target is None:
@@ -895,7 +804,7 @@ class BlockLedger:
         self._moved(req, event, target, cause, None, out)
 
     def _advance(
-        self, req: _Request, cause: str, rec: _GrantRecord | None, out: list[Transition]
+        self, req: RequestRecord, cause: str, rec: GrantRecord | None, out: list[Transition]
     ) -> None:
         """Fire every evidence-driven transition whose guard now holds, in chain order."""
         while True:
@@ -908,11 +817,11 @@ class BlockLedger:
 
     def _moved(
         self,
-        req: _Request,
+        req: RequestRecord,
         event: str,
         target: str,
         cause: str,
-        rec: _GrantRecord | None,
+        rec: GrantRecord | None,
         out: list[Transition],
     ) -> None:
         source = req.state
@@ -935,7 +844,7 @@ class BlockLedger:
         else:
             out.append(Transition(req.key, event, source, target, cause, rec.label, rec.peer))
 
-    def _mirror(self, req: _Request, event: str, target: str) -> None:
+    def _mirror(self, req: RequestRecord, event: str, target: str) -> None:
         m = req.machine
         assert m is not None
         try:
@@ -1127,7 +1036,7 @@ class BlockLedger:
             new._grants = {}
             new._by_peer = {}
             for key, old in self._requests.items():
-                req = _Request(key, old.slot, old.deadline)
+                req = RequestRecord(key, old.slot, old.deadline)
                 req.state = old.state
                 req.excl = list(old.excl)  # the arrays themselves are read-only
                 req.shared = list(old.shared)
@@ -1135,7 +1044,7 @@ class BlockLedger:
                 req.quarantined_at = old.quarantined_at
                 req.fenced_by = old.fenced_by
                 for serial, orec in old.grants.items():
-                    rec = _GrantRecord(orec.grant, req, orec.deadline)
+                    rec = GrantRecord(orec.grant, req, orec.deadline)
                     rec.assign(orec)
                     rec.is_open = orec.is_open
                     req.grants[serial] = rec
@@ -1190,14 +1099,14 @@ class BlockLedger:
 
     # =================================================================== internals
 
-    def _admit(self, request: RequestKey, deadline: float | None) -> _Request:
+    def _admit(self, request: RequestKey, deadline: float | None) -> RequestRecord:
         if isinstance(request, bool) or not isinstance(request, str | int) or request == "":
             raise errors.InvalidField(f"request must be a non-empty str or an int: {request!r}")
         if request in self._requests:
             raise DuplicateRequest(request)
         slot = self._next_slot
         self._next_slot = (slot + 1) & 0x7FFFFFFF
-        req = _Request(request, slot, None)
+        req = RequestRecord(request, slot, None)
         if self.checked:
             req.machine = RequestLifecycle(req)
         self._requests[request] = req
@@ -1209,12 +1118,12 @@ class BlockLedger:
             _log.info("request_admitted", request=request)
         return req
 
-    def _set_deadline(self, req: _Request, deadline: float | None) -> None:
+    def _set_deadline(self, req: RequestRecord, deadline: float | None) -> None:
         req.deadline = deadline
         if deadline is not None:
             self._timed[req.key] = None
 
-    def _get(self, request: RequestKey, *, ending: bool = False) -> _Request:
+    def _get(self, request: RequestKey, *, ending: bool = False) -> RequestRecord:
         """The live request; ``request`` was validated by the caller (hashable, exact type).
 
         ``ending``: the call ends or lets go of the request (reject, finish, release,
@@ -1228,7 +1137,7 @@ class BlockLedger:
             raise UnknownRequest(request)
         return req
 
-    def _unproven(self, req: _Request) -> dict[str, list[str]]:
+    def _unproven(self, req: RequestRecord) -> dict[str, list[str]]:
         return {f"{r.grant.id} ({r.grant.peer})": r.unproven() for r in req.open.values()}
 
     def _ids(self, ids: npt.ArrayLike, *, unique: bool = True) -> BlockIds:
@@ -1274,7 +1183,7 @@ class BlockLedger:
             self._readers = _counted(self._readers, arr, self._open_reads)
             self._open_reads += 1
 
-    def _uncount_open(self, rec: _GrantRecord) -> None:
+    def _uncount_open(self, rec: GrantRecord) -> None:
         if rec.grant.access is Access.WRITE:
             self._unsettled[rec.grant.blocks] -= 1
             self._open_writes -= 1
@@ -1319,7 +1228,7 @@ class BlockLedger:
         self._free_top = len(free)
         return stack
 
-    def _held_view(self, req: _Request, blocks: npt.ArrayLike) -> BlockIds:
+    def _held_view(self, req: RequestRecord, blocks: npt.ArrayLike) -> BlockIds:
         """``blocks`` as a read-only array, refused unless ``req`` holds every one of them."""
         if isinstance(blocks, np.ndarray):
             batches = req.shared if self._engine else req.excl  # where its holds are recorded
@@ -1341,7 +1250,7 @@ class BlockLedger:
             )
         return arr
 
-    def _check_shareable(self, arr: BlockIds, req: _Request | None) -> None:
+    def _check_shareable(self, arr: BlockIds, req: RequestRecord | None) -> None:
         """Refuse a shared acquire of ``arr`` unless every block is held, settled and below the
         holder limit, and ``req`` holds none of them yet. O(len(arr)) whatever the number of
         live sharers: the per-block counters say it all (``_unsettled``, ``_sharers``)."""
@@ -1374,7 +1283,7 @@ class BlockLedger:
                 f"{self.MAX_SHARERS} shared holders (the counter's limit): not shared again"
             )
 
-    def _check_engine_hold(self, arr: BlockIds, req: _Request | None) -> None:
+    def _check_engine_hold(self, arr: BlockIds, req: RequestRecord | None) -> None:
         """Engine mode: refuse a hold on ``arr`` where an open write grant covers a block (its
         content is unsettled), where ``req`` already holds one, or at the holder limit. Open
         read grants do not matter, whoever holds the block and whatever its state."""
@@ -1399,7 +1308,7 @@ class BlockLedger:
                 f"{self.MAX_SHARERS} holders (the counter's limit): not held by one more"
             )
 
-    def _check_engine_grant(self, req: _Request, arr: BlockIds, access: Access) -> None:
+    def _check_engine_grant(self, req: RequestRecord, arr: BlockIds, access: Access) -> None:
         """Engine mode: a write grant only on blocks ``req`` alone holds and no open grant
         covers; a read grant not on blocks another request's open write grant covers."""
         writes = self._unsettled.take(arr)
@@ -1426,39 +1335,6 @@ class BlockLedger:
                     f"a read grant on blocks another request's open write grant covers: "
                     f"{arr[foreign][:16].tolist()}"
                 )
-
-
-_Counts = npt.NDArray[np.uint8 | np.uint16 | np.uint32]
-_WIDER: dict[np.dtype[Any], type[np.unsignedinteger[Any]]] = {
-    np.dtype(np.uint8): np.uint16,
-    np.dtype(np.uint16): np.uint32,
-}
-
-
-def _narrowest(counts: npt.NDArray[np.int64]) -> _Counts:
-    """``counts`` in the narrowest unsigned dtype none of its values reaches the limit of."""
-    top = int(counts.max()) if len(counts) else 0
-    for dtype in (np.uint8, np.uint16):
-        if top < np.iinfo(dtype).max:
-            return counts.astype(dtype)
-    return counts.astype(np.uint32)
-
-
-def _counted(counts: _Counts, arr: BlockIds, counted: int) -> _Counts:
-    """``counts`` + 1 on ``arr`` (distinct ids), widened first if a block of ``arr`` is at the
-    dtype's limit. ``counted`` (the grants counted so far) bounds every block's count, so below
-    the limit no block needs looking at: one int compare on the hot path."""
-    top = int(np.iinfo(counts.dtype).max)
-    if counted >= top and len(arr) and int(counts.take(arr).max()) >= top:
-        wider = _WIDER.get(counts.dtype)
-        if wider is None:
-            raise HolderLimit(
-                f"blocks {arr[counts.take(arr) >= top][:16].tolist()} already have {top} open "
-                "grants of this access (the counter's limit)"
-            )
-        counts = counts.astype(wider)
-    counts[arr] += 1
-    return counts
 
 
 def _emit(transitions: list[Transition]) -> None:

@@ -1,0 +1,52 @@
+"""Per-block counters that never wrap: the ledger's open-grant counts per block.
+
+A counter starts in the narrowest unsigned dtype (one byte a block) and is widened, before any
+block could reach the dtype's limit, to the next one (uint16, then uint32); past uint32 the
+grant that would overflow is refused (``HolderLimit``) with nothing changed. The check that
+decides whether to look at the blocks at all is one int compare: the number of grants counted
+so far bounds every block's count.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kvlifetime.errors import HolderLimit
+from kvlifetime.grant import BlockIds
+
+Counts = npt.NDArray[np.uint8 | np.uint16 | np.uint32]
+"""A per-block count array in one of the counter dtypes (uint8, uint16 or uint32)."""
+
+_WIDER: dict[np.dtype[Any], type[np.unsignedinteger[Any]]] = {
+    np.dtype(np.uint8): np.uint16,
+    np.dtype(np.uint16): np.uint32,
+}
+
+
+def narrowest(counts: npt.NDArray[np.int64]) -> Counts:
+    """``counts`` in the narrowest unsigned dtype none of its values reaches the limit of."""
+    top = int(counts.max()) if len(counts) else 0
+    for dtype in (np.uint8, np.uint16):
+        if top < np.iinfo(dtype).max:
+            return counts.astype(dtype)
+    return counts.astype(np.uint32)
+
+
+def counted(counts: Counts, arr: BlockIds, so_far: int) -> Counts:
+    """``counts`` + 1 on ``arr`` (distinct ids), widened first if a block of ``arr`` is at the
+    dtype's limit. ``so_far`` (the grants counted so far) bounds every block's count, so below
+    the limit no block needs looking at: one int compare on the hot path."""
+    top = int(np.iinfo(counts.dtype).max)
+    if so_far >= top and len(arr) and int(counts.take(arr).max()) >= top:
+        wider = _WIDER.get(counts.dtype)
+        if wider is None:
+            raise HolderLimit(
+                f"blocks {arr[counts.take(arr) >= top][:16].tolist()} already have {top} open "
+                "grants of this access (the counter's limit)"
+            )
+        counts = counts.astype(wider)
+    counts[arr] += 1
+    return counts
