@@ -1,0 +1,531 @@
+"""The anchor: the same protocol checked by SPIN and by ``kvlifetime verify``, side by side.
+
+    .venv/bin/python -m bench.spin_anchor [--configs 2x2x2,3x2x3/k1,3x2x3/k2]
+        [--policies naive,timeout,proof,trusting] [--explorer-timeout S] [--out out]
+
+For each configuration and policy it builds SPIN's verifier from ``bench/spin/kvlifetime.pml``
+(``spin -a`` with the configuration as ``-D`` flags, then ``gcc -O2 -DSAFETY -DBFS``: safety
+properties only, breadth first so that a counterexample is a shortest one, as in our explorer;
+no state compression, no hash compaction, no bitstate: SPIN's search is exhaustive), runs it,
+and runs ``kvlifetime verify --format json`` on the same configuration in a subprocess. It
+prints one markdown table (configuration, faults, policy, checker, verdict, states, seconds,
+states/s, counterexample steps), writes the rows as JSON to ``out/spin-anchor.json``, and checks
+that both checkers give the same verdict on every row where both finished: exit status 1 if
+they disagree, 0 otherwise (a row one of them did not finish is reported as unconfirmed).
+
+The two state counts are not the same measure: SPIN stores every concrete state of the Promela
+model (no symmetry, and its partial-order reduction has nothing to reduce in a one-process
+model), our explorer stores canonical states up to renaming requests, blocks and peers, with
+its own partial-order reduction. See ``docs/verification-anchor.md`` for what each model
+leaves out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from kvlifetime.verify import Config, Fault, Policy, parse_faults
+
+MODEL = Path(__file__).resolve().parent / "spin" / "kvlifetime.pml"
+
+# The fault kinds the Promela model has (every one of the explorer's, in these configurations).
+ANCHOR_FAULTS = "reorder,duplicate,delay,loss,crash,fence,timeout,retry,fail,lie"
+_FAULT_FLAGS: dict[Fault, str] = {
+    Fault.REORDER: "F_REORDER",
+    Fault.DUPLICATE: "F_DUP",
+    Fault.DELAY: "F_DELAY",
+    Fault.LOSS: "F_LOSS",
+    Fault.CRASH: "F_CRASH",
+    Fault.FENCE: "F_FENCE",
+    Fault.TIMEOUT: "F_TIMEOUT",
+    Fault.RETRY: "F_RETRY",
+    Fault.FAIL: "F_FAIL",
+    Fault.LIE: "F_LIE",
+}
+_POLICY_CODES: dict[Policy, int] = {
+    Policy.NAIVE: 0,
+    Policy.TIMEOUT: 1,
+    Policy.PROOF: 2,
+    Policy.TRUSTING: 3,
+}
+# What each policy must give (the explorer's own tests pin the same).
+EXPECTED: dict[Policy, str] = {
+    Policy.NAIVE: "refuted",
+    Policy.TIMEOUT: "refuted",
+    Policy.PROOF: "pass",
+    Policy.TRUSTING: "refuted",
+}
+
+
+def _config(r: int, p: int, b: int, max_faults: int | None) -> Config:
+    return Config(r, p, b, faults=parse_faults(ANCHOR_FAULTS), max_faults=max_faults)
+
+
+# The configurations of the issue: 2x2x2 with the per-kind bounds only, 3x2x3 at one and at two
+# faults per run; 1x1x1 is the smallest (the test's).
+CONFIGS: dict[str, Config] = {
+    "1x1x1": _config(1, 1, 1, None),
+    "2x2x2": _config(2, 2, 2, None),
+    "3x2x3/k1": _config(3, 2, 3, 1),
+    "3x2x3/k2": _config(3, 2, 3, 2),
+}
+
+
+class AnchorError(Exception):
+    """The anchor could not run: a tool is missing, the model does not compile, or a
+    configuration asks for what the Promela model does not have (the anchor's fault)."""
+
+
+# ------------------------------------------------------------------ SPIN
+
+
+def spin_defines(config: Config, policy: Policy) -> list[str]:
+    """The ``-D`` flags that make the Promela model the explorer's ``config`` under ``policy``.
+
+    Raises ``AnchorError`` for what the model cannot express: more than one block per request,
+    sizes beyond its enumeration (4 requests, 3 peers, 2 transfers), or a fault kind it lacks.
+    """
+    if config.blocks_per_request != 1:
+        raise AnchorError("the Promela model gives every request one block")
+    if not (config.requests <= 4 and config.peers <= 3 and 1 <= config.transfers_per_grant <= 2):
+        raise AnchorError("the Promela model has at most 4 requests, 3 peers, 2 transfers")
+    missing = sorted(f.value for f in config.faults if f not in _FAULT_FLAGS)
+    if missing:
+        raise AnchorError(f"the Promela model has no fault kind {', '.join(missing)}")
+    flags = {
+        "R": config.requests,
+        "P": config.peers,
+        "B": config.blocks,
+        "T": config.transfers_per_grant,
+        "POLICY": _POLICY_CODES[policy],
+        "MAXF": -1 if config.max_faults is None else config.max_faults,
+        "MAXDUP": config.max_duplicates,
+        "MAXDELAY": config.max_delays,
+        "MAXLOSS": config.max_losses,
+        "MAXCRASH": config.max_crashes,
+        "MAXRETRY": config.max_retries,
+    }
+    for fault, name in _FAULT_FLAGS.items():
+        flags[name] = int(fault in config.faults)
+    return [f"-D{k}={v}" for k, v in flags.items()]
+
+
+@attrs.frozen(slots=True)
+class PanRun:
+    """What one run of SPIN's verifier reported (parsed from its output)."""
+
+    complete: bool  # the search ended by itself (no error, no memory bound)
+    errors: int
+    states: int  # states stored
+    transitions: int
+    seconds: float  # pan's own elapsed time (the search; compiling is not in it)
+    vector_bytes: int
+    assertion: str | None  # the text of the violated assertion, if any
+    memory_mb: float | None
+
+
+_RE = {
+    "vector": re.compile(r"State-vector (\d+) byte, depth reached (\d+), errors: (\d+)"),
+    "stored": re.compile(r"^\s*(\d+) states, stored", re.M),
+    "transitions": re.compile(r"^\s*(\d+) transitions \(= stored\+matched\)", re.M),
+    "elapsed": re.compile(r"pan: elapsed time ([0-9.e+-]+) seconds"),
+    "assertion": re.compile(r"assertion violated (.*?) \(at depth \d+\)"),
+    "memory": re.compile(r"^\s*([0-9.]+)\s+total actual memory usage", re.M),
+    "trail": re.compile(r"trail ends after (\d+) steps"),
+}
+
+
+def parse_pan(text: str) -> PanRun:
+    """Parse the report ``pan`` prints. Raises ``AnchorError`` if it is not one."""
+    vec = _RE["vector"].search(text)
+    stored = _RE["stored"].search(text)
+    trans = _RE["transitions"].search(text)
+    if vec is None or stored is None or trans is None:
+        raise AnchorError("not a report of SPIN's verifier:\n" + text[-2000:])
+    elapsed = _RE["elapsed"].search(text)
+    assertion = _RE["assertion"].search(text)
+    memory = _RE["memory"].search(text)
+    errors = int(vec.group(3))
+    bounded = "-DMEMLIM bound" in text or "out of memory" in text
+    return PanRun(
+        complete=errors == 0 and not bounded and "Search not completed" not in text,
+        errors=errors,
+        states=int(stored.group(1)),
+        transitions=int(trans.group(1)),
+        seconds=float(elapsed.group(1)) if elapsed else 0.0,
+        vector_bytes=int(vec.group(1)),
+        assertion=assertion.group(1) if assertion else None,
+        memory_mb=float(memory.group(1)) if memory else None,
+    )
+
+
+def parse_trail_steps(text: str) -> int:
+    """The length of the counterexample ``spin -t`` replayed."""
+    m = _RE["trail"].search(text)
+    if m is None:
+        raise AnchorError("not a replay of a SPIN trail:\n" + text[-2000:])
+    return int(m.group(1))
+
+
+def invariant_of(assertion: str) -> str:
+    """Which of the explorer's invariants a failed assertion of the Promela model states."""
+    if "ggen" in assertion:
+        return "isolation"
+    if "blk[admitted]" in assertion:
+        return "exclusivity"
+    if "quar" in assertion:
+        return "no_leak"
+    if "POLICY" in assertion:
+        return "ledger_error"
+    if "lqn" in assertion or "cqn" in assertion:
+        raise AnchorError(f"a channel bound of the Promela model is too small: {assertion}")
+    raise AnchorError(f"unknown assertion of the Promela model: {assertion}")
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise AnchorError(f"{name} is not installed (Debian: apt-get install {name})")
+    return path
+
+
+@attrs.frozen(slots=True)
+class SpinResult:
+    run: PanRun
+    trail_steps: int | None
+    compile_seconds: float
+    flags: tuple[str, ...]
+
+
+def run_spin(
+    config: Config,
+    policy: Policy,
+    workdir: Path,
+    *,
+    memlim_mb: int = 8192,
+    hash_log2: int = 24,
+    timeout_s: float = 3600.0,
+) -> SpinResult:
+    """Build SPIN's verifier for ``config`` / ``policy`` in ``workdir`` and run it."""
+    spin, gcc = _tool("spin"), _tool("gcc")
+    workdir.mkdir(parents=True, exist_ok=True)
+    model = workdir / MODEL.name
+    shutil.copyfile(MODEL, model)
+    defines = spin_defines(config, policy)
+    cflags = ["-O2", "-DSAFETY", "-DBFS", f"-DMEMLIM={memlim_mb}"]
+    t0 = time.perf_counter()
+    gen = subprocess.run(
+        [spin, "-a", *defines, model.name], cwd=workdir, capture_output=True, text=True
+    )
+    if gen.returncode != 0 or not (workdir / "pan.c").exists():
+        raise AnchorError(f"spin -a failed:\n{gen.stdout}{gen.stderr}")
+    cc = subprocess.run(
+        [gcc, *cflags, "-w", "-o", "pan", "pan.c"], cwd=workdir, capture_output=True, text=True
+    )
+    if cc.returncode != 0:
+        raise AnchorError(f"gcc failed on pan.c:\n{cc.stderr[-2000:]}")
+    compile_s = time.perf_counter() - t0
+    trail = workdir / f"{model.name}.trail"
+    trail.unlink(missing_ok=True)
+    out = subprocess.run(
+        ["./pan", f"-w{hash_log2}"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    run = parse_pan(out.stdout + out.stderr)
+    steps = None
+    if run.errors and trail.exists():
+        replay = subprocess.run(
+            [spin, "-t", *defines, model.name], cwd=workdir, capture_output=True, text=True
+        )
+        steps = parse_trail_steps(replay.stdout + replay.stderr)
+    return SpinResult(run, steps, compile_s, (*defines, *cflags))
+
+
+# ------------------------------------------------------------------ kvlifetime verify
+
+
+@attrs.frozen(slots=True)
+class ExplorerRun:
+    complete: bool
+    violation: str | None  # the invariant broken, if any
+    states: int | None  # None: it was stopped before it said
+    transitions: int | None
+    seconds: float
+    trace_steps: int | None
+
+
+def explorer_argv(config: Config, policy: Policy) -> list[str]:
+    """``kvlifetime verify`` arguments for ``config`` / ``policy`` (JSON out)."""
+    argv = [
+        "verify",
+        "--requests",
+        str(config.requests),
+        "--peers",
+        str(config.peers),
+        "--blocks",
+        str(config.blocks),
+        "--faults",
+        ",".join(sorted(f.value for f in config.faults)),
+        "--policy",
+        policy.value,
+        "--transfers",
+        str(config.transfers_per_grant),
+        "--format",
+        "json",
+    ]
+    if config.max_faults is not None:
+        argv += ["--max-faults", str(config.max_faults)]
+    return argv
+
+
+def parse_explorer(text: str) -> ExplorerRun:
+    """Parse ``kvlifetime verify --format json``."""
+    d = json.loads(text)
+    v = d.get("violation")
+    return ExplorerRun(
+        complete=bool(d["complete"]),
+        violation=None if v is None else str(v["invariant"]),
+        states=int(d["states"]),
+        transitions=int(d["transitions"]),
+        seconds=float(d["seconds"]),
+        trace_steps=len(d["trace"]) if v is not None else None,
+    )
+
+
+def run_explorer(config: Config, policy: Policy, *, timeout_s: float) -> ExplorerRun:
+    """Run ``kvlifetime verify`` in a subprocess; at ``timeout_s`` it is interrupted (SIGINT)
+    and whatever partial result it prints is taken, else the row is marked unfinished."""
+    code = "import sys; from kvlifetime.cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = [sys.executable, "-c", code, *explorer_argv(config, policy)]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, _err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, _err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _err = proc.communicate()
+    wall = time.perf_counter() - t0
+    try:
+        return parse_explorer(out)
+    except (ValueError, KeyError):
+        return ExplorerRun(False, None, None, None, wall, None)
+
+
+# ------------------------------------------------------------------ the table
+
+
+@attrs.frozen(slots=True)
+class Row:
+    config: str
+    faults: str  # "per-kind bounds" or "at most K per run"
+    policy: str
+    checker: str  # "SPIN" or "kvlifetime verify"
+    verdict: str  # pass / refuted / unfinished
+    invariant: str | None
+    states: int | None
+    transitions: int | None
+    seconds: float
+    trace_steps: int | None
+
+    @property
+    def states_per_second(self) -> float | None:
+        if self.states is None or self.seconds <= 0:
+            return None
+        return self.states / self.seconds
+
+
+def _verdict(complete: bool, violation: str | None) -> str:
+    if violation is not None:
+        return "refuted"
+    return "pass" if complete else "unfinished"
+
+
+def spin_row(name: str, config: Config, policy: Policy, res: SpinResult) -> Row:
+    r = res.run
+    inv = invariant_of(r.assertion) if r.assertion is not None else None
+    return Row(
+        name,
+        _faults_label(config),
+        policy.value,
+        "SPIN",
+        _verdict(r.complete, inv),
+        inv,
+        r.states,
+        r.transitions,
+        r.seconds,
+        res.trail_steps,
+    )
+
+
+def explorer_row(name: str, config: Config, policy: Policy, res: ExplorerRun) -> Row:
+    return Row(
+        name,
+        _faults_label(config),
+        policy.value,
+        "kvlifetime verify",
+        _verdict(res.complete, res.violation),
+        res.violation,
+        res.states,
+        res.transitions,
+        res.seconds,
+        res.trace_steps,
+    )
+
+
+def _faults_label(config: Config) -> str:
+    if config.max_faults is None:
+        return "per-kind bounds"
+    return f"at most {config.max_faults} per run"
+
+
+def agreement(ours: Row, theirs: Row) -> str:
+    """``agree``, ``DISAGREE`` (both finished with different verdicts), or ``unconfirmed``."""
+    if "unfinished" in (ours.verdict, theirs.verdict):
+        return "unconfirmed"
+    return "agree" if ours.verdict == theirs.verdict else "DISAGREE"
+
+
+def _num(v: int | None) -> str:
+    return "-" if v is None else f"{v:,}"
+
+
+def markdown(rows: Sequence[Row], checks: Sequence[str]) -> str:
+    head = (
+        "| config | faults | policy | checker | verdict | states | seconds | states/s "
+        "| counterexample steps | same verdict |\n"
+        "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |\n"
+    )
+    lines = []
+    for i, row in enumerate(rows):
+        sps = row.states_per_second
+        verdict = row.verdict + (f" ({row.invariant})" if row.invariant else "")
+        lines.append(
+            f"| {row.config} | {row.faults} | {row.policy} | {row.checker} | {verdict} | "
+            f"{_num(row.states)} | {row.seconds:.2f} | "
+            f"{'-' if sps is None else f'{sps:,.0f}'} | {_num(row.trace_steps)} | "
+            f"{checks[i // 2] if i % 2 else ''} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--configs", default="2x2x2,3x2x3/k1,3x2x3/k2", help=f"of {list(CONFIGS)}")
+    ap.add_argument("--policies", default="naive,timeout,proof,trusting")
+    ap.add_argument(
+        "--explorer-timeout",
+        type=float,
+        default=900.0,
+        help="seconds before kvlifetime verify is interrupted (its row is then unfinished)",
+    )
+    ap.add_argument("--memlim-mb", type=int, default=8192, help="SPIN's memory bound (MB)")
+    ap.add_argument("--hash-log2", type=int, default=24, help="SPIN's hash table: 2^N slots")
+    ap.add_argument("--no-explorer", action="store_true", help="run SPIN only")
+    ap.add_argument("--out", type=Path, default=Path("out"))
+    args = ap.parse_args(argv)
+    try:
+        names = [c.strip() for c in args.configs.split(",") if c.strip()]
+        policies = [Policy(p.strip()) for p in args.policies.split(",") if p.strip()]
+        for n in names:
+            if n not in CONFIGS:
+                raise AnchorError(f"unknown configuration {n!r} (known: {', '.join(CONFIGS)})")
+    except (ValueError, AnchorError) as e:
+        print(f"spin_anchor: error: {e}", file=sys.stderr)
+        return 2
+    rows: list[Row] = []
+    checks: list[str] = []
+    details: list[dict[str, Any]] = []
+    build = args.out / "spin-anchor"
+    print(f"cores: {os.cpu_count()}", file=sys.stderr)
+    try:
+        for name in names:
+            config = CONFIGS[name]
+            for policy in policies:
+                workdir = build / f"{name.replace('/', '-')}-{policy.value}"
+                print(f"{name} {policy.value}: SPIN ...", file=sys.stderr, flush=True)
+                sres = run_spin(
+                    config,
+                    policy,
+                    workdir,
+                    memlim_mb=args.memlim_mb,
+                    hash_log2=args.hash_log2,
+                )
+                srow = spin_row(name, config, policy, sres)
+                if args.no_explorer:
+                    erow = Row(name, srow.faults, policy.value, "kvlifetime verify",
+                               "unfinished", None, None, None, 0.0, None)  # fmt: skip
+                else:
+                    print(f"{name} {policy.value}: kvlifetime verify ...", file=sys.stderr)
+                    eres = run_explorer(config, policy, timeout_s=args.explorer_timeout)
+                    erow = explorer_row(name, config, policy, eres)
+                rows += [erow, srow]
+                checks.append(agreement(erow, srow))
+                details.append(
+                    {
+                        "config": name,
+                        "policy": policy.value,
+                        "explorer": attrs.asdict(erow),
+                        "spin": attrs.asdict(srow)
+                        | {
+                            "flags": list(sres.flags),
+                            "compile_seconds": round(sres.compile_seconds, 2),
+                            "vector_bytes": sres.run.vector_bytes,
+                            "memory_mb": sres.run.memory_mb,
+                        },
+                        "expected": EXPECTED[policy],
+                        "agreement": checks[-1],
+                    }
+                )
+                print(f"  -> {erow.verdict} / {srow.verdict}: {checks[-1]}", file=sys.stderr)
+    except AnchorError as e:
+        print(f"spin_anchor: error: {e}", file=sys.stderr)
+        return 2
+    table = markdown(rows, checks)
+    sys.stdout.write(table)
+    bad = [c for c in checks if c == "DISAGREE"]
+    unexpected = [d for d in details if d["spin"]["verdict"] not in (d["expected"], "unfinished")]
+    summary = (
+        f"{len(checks) - len(bad) - checks.count('unconfirmed')} of {len(checks)} rows: same "
+        f"verdict from both checkers; {checks.count('unconfirmed')} unconfirmed (one did not "
+        f"finish); {len(bad)} disagree"
+    )
+    print(summary)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "spin-anchor.json").write_text(
+        json.dumps(
+            {"cores": os.cpu_count(), "rows": details, "summary": summary, "table": table},
+            indent=2,
+        )
+        + "\n"
+    )
+    if unexpected:
+        print(
+            "unexpected SPIN verdicts: "
+            + ", ".join(f"{d['config']} {d['policy']}" for d in unexpected),
+            file=sys.stderr,
+        )
+    return 1 if bad or unexpected else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
