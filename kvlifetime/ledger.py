@@ -50,7 +50,7 @@ from __future__ import annotations
 import collections
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -383,6 +383,219 @@ class BlockLedger:
                 self._owner[arr] = req.slot
                 req.excl.append(arr)
 
+    def acquire_many(
+        self, holds: Mapping[RequestKey, npt.ArrayLike], *, shared: bool = False
+    ) -> None:
+        """Many requests' ``acquire`` in one call: a scheduler step's new blocks (decode growing
+        each running request by a block, a batch of prefills admitted together).
+
+        The same as ``acquire(request, ids, shared=shared)`` for each item of ``holds`` in order,
+        with the same refusals, but all or nothing: if any of them would be refused, this raises
+        that refusal and nothing changes, for any request. The ids of every request are
+        validated and checked together, as one batch; the per-request work is a dict lookup and
+        a list append, so the call costs O(requests + blocks) with numpy's per-call overhead paid
+        once per step instead of once per request.
+        """
+        if not isinstance(holds, Mapping):
+            raise errors.InvalidField(
+                f"holds must be a mapping of request -> block ids, got {type(holds).__name__}"
+            )
+        shared = inputs.flag(shared, "shared")
+        keys = [inputs.request_key(k) for k in holds]
+        if len(set(keys)) != len(keys):  # e.g. an IntEnum member and its int value
+            raise errors.InvalidField(f"holds names a request twice: {keys!r}")
+        engine = self._engine
+        shared = shared or engine
+        parts = [self._batch_part(v) for v in holds.values()]
+        lens = [len(p) for p in parts]
+        if not keys:
+            return
+        allids = _concat_ids(parts, self.num_blocks)
+        starts = [0] * len(keys)
+        total = 0
+        for i, n in enumerate(lens):
+            starts[i] = total
+            total += n
+        # One sort finds every repeat: within one request it is DuplicateBlockIds, as in
+        # acquire; across requests it is a block taken by two of them (refused where holds are
+        # exclusive; counted twice, below the holder limit, where they are shared).
+        repeats = _repeats(allids, lens)
+        if repeats is not None and repeats[0] is not None:
+            raise DuplicateBlockIds(
+                f"duplicate block ids in one batch of request {keys[repeats[0]]!r}: "
+                f"{repeats[2][:16].tolist()}"
+            )
+        with self._lock:
+            reqs: list[RequestRecord | None] = []
+            for key in keys:
+                req = self._requests.get(key)
+                if req is not None and req.state != _ADMITTED:
+                    raise IllegalTransition("request", key, req.state, "acquire")
+                reqs.append(req)
+            if engine or shared:
+                if engine:
+                    self._check_engine_hold(allids, None)
+                else:
+                    self._check_shareable(allids, None)
+                self._check_not_held_yet(allids, keys, reqs, starts, lens)
+                if repeats is not None:
+                    self._check_repeat_limit(repeats[1], repeats[3])
+            else:
+                if self._free_stack is not None:
+                    raise BlockUnavailable(
+                        "this ledger owns the free list (allocate was called): take fresh "
+                        "blocks with allocate; acquire(shared=True) shares held ones"
+                    )
+                if repeats is not None:
+                    raise BlockUnavailable(
+                        f"blocks {repeats[1][:16].tolist()} acquired exclusively by two "
+                        "requests in one call"
+                    )
+                self._mark_free_unique(allids)
+            # Every check passed: from here on nothing is refused.
+            try:
+                recs = [
+                    r if r is not None else self._admit(k, None)
+                    for k, r in zip(keys, reqs, strict=True)
+                ]
+            except BaseException:  # keys were validated: only a bug gets here
+                if not shared:
+                    self._owner[allids] = FREE
+                raise
+            if shared:
+                if repeats is None:
+                    self._sharers[allids] += 1
+                else:
+                    np.add.at(self._sharers, allids, 1)
+                self._shared_holds += len(recs)
+                for req, a, n in zip(recs, starts, lens, strict=True):
+                    req.shared.append(allids[a : a + n])
+            else:
+                self._owner[allids] = np.repeat(
+                    np.fromiter((r.slot for r in recs), np.int32, len(recs)), lens
+                )
+                for req, a, n in zip(recs, starts, lens, strict=True):
+                    req.excl.append(allids[a : a + n])
+
+    def acquire_and_grant(
+        self,
+        request: RequestKey,
+        ids: npt.ArrayLike,
+        peer: PeerId,
+        access: Access = Access.WRITE,
+        *,
+        shared: bool = False,
+        deadline: float | None = None,
+    ) -> Grant:
+        """``acquire(request, ids, shared=shared)`` then ``grant(request, peer, ids, access)``,
+        in one call and all or nothing: a prefill that takes its blocks and sends their
+        addresses to the peer that fills them, or a decode that exposes blocks it just took to
+        the peer that reads them.
+
+        Refused exactly where one of the two calls would be (``deadline`` is the request's, as
+        in ``acquire``); a refusal changes nothing. One validation and one lock instead of two,
+        and no check that the request holds the blocks: it just took them.
+        """
+        request = inputs.request_key(request)
+        peer = inputs.peer_id(peer)
+        inputs.instance(access, Access, "access")
+        shared = inputs.flag(shared, "shared")
+        deadline = inputs.optional_time(deadline, "deadline")
+        engine = self._engine
+        shared = shared or engine
+        arr = self._ids(ids, unique=shared)
+        with self._lock:
+            req = self._requests.get(request)
+            if req is not None and req.state != _ADMITTED:
+                raise IllegalTransition("request", request, req.state, "acquire")
+            if engine:
+                self._check_engine_hold(arr, req)
+            elif shared:
+                self._check_shareable(arr, req)
+            elif self._free_stack is not None:
+                raise BlockUnavailable(
+                    "this ledger owns the free list (allocate was called): take fresh "
+                    "blocks with allocate; acquire(shared=True) shares held ones"
+                )
+            if access is Access.WRITE and len(arr):
+                # What grant() refuses on blocks the request holds once the hold is recorded
+                # (the hold checks above already refused an open write grant on any of them).
+                if engine:
+                    if self._sharers.take(arr).any():
+                        raise BlockUnavailable("a write grant on blocks another request holds")
+                    if self._readers.take(arr).any():
+                        raise BlockUnavailable("a write grant on blocks an open grant covers")
+                elif shared:
+                    raise BlockUnavailable("a write grant on a block this request shares")
+            if not shared:
+                self._mark_free_unique(arr)
+            try:
+                if self._tracking:
+                    self._count_open(arr, access)  # HolderLimit here changes nothing
+                if req is None:
+                    req = self._admit(request, None)
+                if deadline is not None:
+                    self._set_deadline(req, deadline)
+            except BaseException:
+                if not shared:
+                    self._owner[arr] = FREE
+                raise
+            if shared:
+                self._sharers[arr] += 1
+                self._shared_holds += 1
+                req.shared.append(arr)
+            else:
+                self._owner[arr] = req.slot
+                req.excl.append(arr)
+            return self._open_grant(req, peer, arr, access, deadline=None, counted=True)
+
+    def _batch_part(self, value: object) -> BlockIds | list[int]:
+        """One request's ids for ``acquire_many``: an int64 array or a list of ints are taken as
+        they are (checked with the whole batch); anything else through ``inputs.block_ids``,
+        which refuses what is not a batch of ids."""
+        if type(value) is np.ndarray and value.ndim == 1 and value.dtype == np.int64:
+            return value
+        if isinstance(value, list | tuple) and type(value) in (list, tuple):
+            ints = list(value)
+            if all(type(v) is int for v in ints):
+                return ints
+        return inputs.block_ids(value, self.num_blocks, unique=False)
+
+    def _check_not_held_yet(
+        self,
+        allids: BlockIds,
+        keys: Sequence[RequestKey],
+        reqs: Sequence[RequestRecord | None],
+        starts: Sequence[int],
+        lens: Sequence[int],
+    ) -> None:
+        """``acquire_many`` (shared or engine holds): refuse where a request already holds one
+        of the blocks it asks for. Only blocks someone holds can be, and only requests that
+        already hold something are looked at."""
+        held = self._sharers.take(allids) > 0
+        if not self._engine:
+            held |= self._owner.take(allids) >= 0
+        if not held.any():
+            return
+        for key, req, a, n in zip(keys, reqs, starts, lens, strict=True):
+            if req is None or not n or not held[a : a + n].any():
+                continue
+            mine = allids[a : a + n]
+            if (not self._engine and (self._owner.take(mine) == req.slot).any()) or any(
+                np.isin(mine, s, assume_unique=True).any() for s in req.shared
+            ):
+                raise BlockUnavailable(f"request {key!r} already holds some of these blocks")
+
+    def _check_repeat_limit(self, ids: BlockIds, times: npt.NDArray[np.int64]) -> None:
+        """``acquire_many``: blocks ``ids`` are taken by ``times`` requests of one call; refuse
+        if that would pass the holder limit (each alone was checked below it)."""
+        over = self._sharers.take(ids).astype(np.int64) + times > self.MAX_SHARERS
+        if over.any():
+            raise HolderLimit(
+                f"blocks {ids[over][:16].tolist()} would have more than {self.MAX_SHARERS} "
+                "holders (the counter's limit): not held by one more"
+            )
+
     # =================================================================== grants
 
     def grant(
@@ -428,10 +641,13 @@ class BlockLedger:
         arr: BlockIds,
         access: Access,
         deadline: float | None,
+        *,
+        counted: bool = False,
     ) -> Grant:
         """Open the grant (every check done; ``HolderLimit`` from the counters, if any, comes
-        first and changes nothing)."""
-        if self._tracking:
+        first and changes nothing). ``counted``: the caller already counted it in the per-block
+        counters (before changing anything else)."""
+        if self._tracking and not counted:
             self._count_open(arr, access)
         request = req.key
         serial = self._next_serial
@@ -1335,6 +1551,51 @@ class BlockLedger:
                     f"a read grant on blocks another request's open write grant covers: "
                     f"{arr[foreign][:16].tolist()}"
                 )
+
+
+def _concat_ids(parts: Sequence[BlockIds | list[int]], num_blocks: int) -> BlockIds:
+    """The ids of every request of an ``acquire_many``, as one read-only int64 array, refused
+    (``BlockOutOfRange``) unless each is in ``[0, num_blocks)``. The parts are int64 arrays
+    or lists of ints (``_batch_part``), so the concatenation converts nothing."""
+    try:
+        if len(parts) == 1:
+            arr = np.array(parts[0], dtype=np.int64)
+        else:
+            arr = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
+    except OverflowError:
+        raise errors.BlockOutOfRange("block ids out of range: beyond int64") from None
+    if len(arr) and (int(arr.min()) < 0 or int(arr.max()) >= num_blocks):
+        bad = arr[(arr < 0) | (arr >= num_blocks)]
+        raise errors.BlockOutOfRange(
+            f"block ids out of range [0, {num_blocks}): {bad[:16].tolist()}"
+        )
+    arr.flags.writeable = False
+    return arr
+
+
+def _repeats(
+    allids: BlockIds, lens: Sequence[int]
+) -> tuple[int | None, BlockIds, BlockIds, npt.NDArray[np.int64]] | None:
+    """Repeated ids in ``allids`` (the batches of ``lens`` requests, concatenated). ``None``
+    when every id is distinct (the common case: one sort, one comparison). Otherwise
+    ``(index of the first request that names an id twice, or None; the ids named by more than
+    one request; that request's repeated ids; how many requests name each id)``."""
+    if len(allids) < 2:
+        return None
+    order = np.argsort(allids, kind="stable")
+    s = allids[order]
+    eq = s[1:] == s[:-1]
+    if not np.count_nonzero(eq):
+        return None
+    seg = np.repeat(np.arange(len(lens), dtype=np.int64), lens)[order]
+    same_req = eq & (seg[1:] == seg[:-1])
+    if np.count_nonzero(same_req):
+        first = int(seg[1:][same_req].min())
+        dups = np.unique(s[1:][same_req & (seg[1:] == first)])
+        return first, _empty(), dups, np.empty(0, dtype=np.int64)
+    ids, times = np.unique(s, return_counts=True)
+    multi = times > 1
+    return None, ids[multi], _empty(), times[multi].astype(np.int64)
 
 
 def _emit(transitions: list[Transition]) -> None:
