@@ -51,7 +51,7 @@ import collections
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -113,6 +113,8 @@ ORPHANED = -2
 Counts = Literal["ledger", "engine"]
 """Whose reference counts decide when a block is free (``BlockLedger(counts=...)``)."""
 COUNTS: tuple[Counts, ...] = ("ledger", "engine")
+
+_Key = TypeVar("_Key", bound=RequestKey)  # a mapping keyed by str, by int, or by both
 
 _log = structlog.get_logger("kvlifetime")
 
@@ -384,7 +386,7 @@ class BlockLedger:
                 req.excl.append(arr)
 
     def acquire_many(
-        self, holds: Mapping[RequestKey, npt.ArrayLike], *, shared: bool = False
+        self, holds: Mapping[_Key, npt.ArrayLike], *, shared: bool = False
     ) -> None:
         """Many requests' ``acquire`` in one call: a scheduler step's new blocks (decode growing
         each running request by a block, a batch of prefills admitted together).
