@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 NIXL_PKGS := nixl==1.5.1 nixl-cu13==1.5.1
 
 .PHONY: demo demo-mooncake demo-nixl soak test lint typecheck bench docs clean system-deps \
-	vllm-venv vllm-src vllm-hf vllm-baseline test-vllm clean-vllm
+	vllm-venv vllm-src vllm-hf vllm-baseline test-vllm clean-vllm spin-anchor
 
 # Python packages: the library with every extra (the harness, Prometheus, Mooncake), NIXL and
 # the test tools, in a local virtual environment.
@@ -66,9 +66,15 @@ docs: $(STAMP)
 
 bench: $(STAMP) vllm-venv vllm-hf
 	$(BIN)/python -m bench
+	$(MAKE) spin-anchor
 	# The guard's cost inside vLLM 0.33 (its real Scheduler and BlockPool), in the vLLM venv.
 	$(VLLM_VENV)/bin/python -m bench.vllm_scheduler --out out/bench-vllm-scheduler.json 2>/dev/null
 	$(VLLM_VENV)/bin/python -m bench.vllm_blockpool --out out/bench-vllm-blockpool.json 2>/dev/null
+
+# SPIN beside `kvlifetime verify` on the same configurations (bench/spin/kvlifetime.pml): one
+# table, both checkers' verdicts compared (exit 1 if they disagree). Tens of minutes; not in test.
+spin-anchor: system-deps $(STAMP)
+	$(BIN)/python -m bench.spin_anchor --out out
 
 clean:
 	rm -rf $(VENV) out .mypy_cache .pytest_cache .ruff_cache
