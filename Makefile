@@ -8,12 +8,12 @@ NIXL_PKGS := nixl==1.5.1 nixl-cu13==1.5.1
 .PHONY: demo demo-mooncake demo-nixl soak test lint typecheck bench docs clean system-deps \
 	vllm-venv vllm-src vllm-hf vllm-baseline test-vllm clean-vllm spin-anchor
 
-# Python packages: the library with every extra (the harness, Prometheus, Mooncake), NIXL and
-# the test tools, in a local virtual environment.
+# Python packages: the library with every extra (the harness, Prometheus, Mooncake, the
+# report's plots), NIXL and the test tools, in a local virtual environment.
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[test,harness,prometheus,mooncake]'
+	$(BIN)/pip install -q -e '.[test,harness,prometheus,mooncake,report]'
 	# NIXL, lean: no torch, no CUDA libraries (an extra cannot say --no-deps; plain
 	# `pip install nixl` pulls about 3 GB of them). Only numpy is needed to import it.
 	$(BIN)/pip install -q --no-deps $(NIXL_PKGS)

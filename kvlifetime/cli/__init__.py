@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import structlog
 
-from kvlifetime.cli import contract, demo, replay, simulate, verify
+from kvlifetime.cli import contract, demo, replay, report, simulate, verify
 from kvlifetime.cli.demo import run_demo
 from kvlifetime.cli.output import Logger, write_text
 from kvlifetime.errors import KVLifetimeError
@@ -82,6 +82,13 @@ COMMANDS: list[Command] = [
         "run prefill/decode disaggregation with faults under a release policy",
         simulate.add_arguments,
         simulate.run,
+    ),
+    Command(
+        "report",
+        "write the design-review page (index.html): lifecycles, evidence, engine profiles, "
+        "harness plots, counterexamples as sequence diagrams",
+        report.add_arguments,
+        report.run,
     ),
 ]
 """Every subcommand, in help order. Append new ones here (see the module docstring)."""

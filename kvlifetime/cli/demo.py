@@ -61,6 +61,10 @@ def run_demo(
 
     n = DEMO_REQUESTS if harness_requests is None else harness_requests
     written += demo_harness(out, backend, stream, requests=n)
+    from kvlifetime.report import write_demo_page
+
+    # Last: the design-review page of everything above (out/index.html).
+    written += write_demo_page(out, stream, log)
     stream.write("\n" + "".join(f"wrote {p}\n" for p in written))
     return 0
 

@@ -840,6 +840,7 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
         released_by_late_proof=c["released_by_late_proof"],
         prefix_hits=c["prefix_hits"],
         oracle=attrs.asdict(worker.oracle.counts()),
+        series=worker.series.columns(),
         topology={
             "tp_ranks": cfg.faults.tp_ranks,
             "land_after_crash": int(cfg.faults.land_after_crash),

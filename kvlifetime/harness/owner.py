@@ -9,15 +9,20 @@ releases by a late proof). Each harness says what a fence does to its own reques
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from kvlifetime.evidence import AccessRevoked
 from kvlifetime.grant import RequestKey
+from kvlifetime.harness.series import StateSeries
 from kvlifetime.ledger import BlockLedger
+from kvlifetime.ledger_values import LedgerStats
 from kvlifetime.machines import BlockState
+
+if TYPE_CHECKING:
+    from kvlifetime.harness.oracle import TransportOracle
 
 
 class _FenceSettings(Protocol):
@@ -38,10 +43,15 @@ class FencingOwner:
     count: dict[str, int]
     fences: dict[str, int]  # fence name -> times performed
     _fencing: bool  # True while releasing what a fence made releasable (not a late proof)
+    oracle: TransportOracle
+    retired: list[LedgerStats]  # the stats of ledgers replaced by a restart (if any)
+    series: StateSeries  # blocks by state over the run, for the report's plots
 
     def _init_fencing(self) -> None:
         self.fences = {}
         self._fencing = False
+        self.retired = []
+        self.series = StateSeries()
 
     def _release(self, key: RequestKey, ids: npt.NDArray[np.int64]) -> None:
         raise NotImplementedError
@@ -66,14 +76,36 @@ class FencingOwner:
         self.count["peak_quarantined_blocks"] = max(self.count["peak_quarantined_blocks"], q)
         return q
 
+    def _sample(self, tick: int) -> LedgerStats:
+        """One reading of the ledger, kept in the series (the report's plots)."""
+        st = self.ledger.stats()
+        old = self.retired
+        o = self.oracle
+        self.series.sample(
+            tick,
+            st,
+            reclaimed=sum(st.reclaimed_blocks.values())
+            + sum(sum(s.reclaimed_blocks.values()) for s in old),
+            unsafe_releases=st.unsafe_releases + sum(s.unsafe_releases for s in old),
+            late_writes=o.late_into_owned + o.late_into_free,
+            stale_reads=o.stale_reads,
+        )
+        return st
+
     def wants_fence(self, n: int, *, quiet: bool) -> bool:
         """The proof policy fences on quarantine pressure (checked every 8 ticks), and once
         the system is ``quiet`` with only quarantined requests left (so that it ends with
-        nothing lost). The peak of quarantine is sampled whatever the policy."""
+        nothing lost). The peak of quarantine is sampled whatever the policy, every 8 ticks
+        (the series may read the ledger more often; those readings leave the peak alone)."""
         cfg = self.cfg
-        if n % 8 and not quiet:
+        checks = not n % 8 or quiet
+        if not checks:
+            if self.series.due(n):
+                self._sample(n)
             return False
-        q = self.quarantined_blocks()
+        st = self._sample(n)
+        q = st.blocks_by_state.get(BlockState.QUARANTINED.label, 0)
+        self.count["peak_quarantined_blocks"] = max(self.count["peak_quarantined_blocks"], q)
         if cfg.policy != "proof" or not cfg.fence:
             return False
         return q > 0 and (quiet or 0 < cfg.fence_quarantined_blocks <= q)

@@ -908,4 +908,5 @@ def _report(
         direction="pull",
         stale_reads=c["stale_reads"],
         stale_read_blocks=len(owner.stale_blocks),
+        series=owner.series.columns(),
     )

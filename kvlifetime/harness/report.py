@@ -9,6 +9,30 @@ from typing import Any
 import attrs
 
 
+def _kind_of(default: object) -> type:
+    """The JSON kind a field with this default must have: factory defaults are mappings, a
+    field without a default (not in ``_KINDS``) is a count."""
+    if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+        return dict
+    if isinstance(default, bool | str):
+        return type(default)
+    return int
+
+
+# The JSON kind of each required field (the defaulted ones follow their default).
+_KINDS: dict[str, type | tuple[type, ...]] = {
+    "backend": str,
+    "policy": str,
+    "seed": int,
+    "wall_s": (int, float),
+    "requests_per_s": (int, float),
+    "gb_per_s": (int, float),
+    "mean_hold_ticks": (int, float),
+    "refused_evidence": dict,
+    "prefill": dict,
+}
+
+
 @attrs.frozen(slots=True)
 class Report:
     """One run's figures. ``contaminated_blocks`` is counted by content, never estimated."""
@@ -64,6 +88,9 @@ class Report:
     # gone (landed_after_death) or that a fence discarded first (cut_by_fence); re-delivered
     # slices are the oracle's (``redelivered``, ``late_redelivered``)
     topology: Mapping[str, int] = attrs.field(factory=dict)
+    # blocks by state over the run (harness.series.StateSeries.columns: column -> one value
+    # per sample, at most a few hundred samples whatever the run's length); the report's plots
+    series: Mapping[str, Sequence[int]] = attrs.field(factory=dict)
 
     @property
     def topology_label(self) -> str:
@@ -100,6 +127,29 @@ class Report:
         for k in ("late_writes", "late_into_owned", "late_into_free"):
             d[k] = self.seen(k)
         return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Report:
+        """A report back from ``to_dict()`` (what ``report.json`` holds); the derived keys
+        (``late_writes``, ``reclaimed_total``, ...) are recomputed, not read. Raises
+        ``UsageError`` naming the first missing field or a value of the wrong kind."""
+        from kvlifetime.errors import UsageError
+
+        if not isinstance(d, Mapping):
+            raise UsageError(f"a harness result must be a JSON object, not {type(d).__name__}")
+        kwargs: dict[str, Any] = {}
+        for f in attrs.fields(cls):
+            if f.name not in d:
+                if f.default is attrs.NOTHING:
+                    raise UsageError(f"a harness result has no {f.name!r}")
+                continue
+            v = d[f.name]
+            want = _KINDS.get(f.name) or _kind_of(f.default)
+            wrong = not isinstance(v, want) or (isinstance(v, bool) and want is not bool)
+            if wrong:  # a bool is an int to Python, never a count here
+                raise UsageError(f"a harness result's {f.name!r} is {v!r}")
+            kwargs[f.name] = v
+        return cls(**kwargs)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -206,19 +256,17 @@ PULL_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 
-def compare_markdown(reports: Sequence[Report]) -> str:
-    """The policies side by side, and what the proof policy costs against naive."""
+def compare_cells(reports: Sequence[Report]) -> tuple[list[str], list[list[str]]]:
+    """The comparison table as data: its headings, and one row of cells per run."""
     columns = COMPARE_COLUMNS
     if any(r.direction != "push" for r in reports):  # push-only tables stay as they were
         columns = (*COMPARE_COLUMNS[:4], *PULL_COLUMNS, *COMPARE_COLUMNS[4:])
     if any(r.topology_label != "-" for r in reports):
         columns = (*columns[:2], ("topology", "topology_label"), *columns[2:])
-    head = "| backend | " + " | ".join(c for c, _ in columns) + " |"
-    sep = "| --- " * (len(columns) + 1) + "|"
-    lines = [head, sep]
+    rows = []
     for r in reports:
         d = {**r.to_dict(), "topology_label": r.topology_label}
-        cells = []
+        cells = [r.backend]
         for _c, k in columns:
             v = d[k]
             if k == "ended_mid_transfer":
@@ -226,7 +274,15 @@ def compare_markdown(reports: Sequence[Report]) -> str:
             elif isinstance(v, float):
                 v = f"{v:.3f}" if k == "gb_per_s" else f"{v:.1f}"
             cells.append(str(v))
-        lines.append(f"| {r.backend} | " + " | ".join(cells) + " |")
+        rows.append(cells)
+    return ["backend", *(c for c, _ in columns)], rows
+
+
+def compare_markdown(reports: Sequence[Report]) -> str:
+    """The policies side by side, and what the proof policy costs against naive."""
+    head, rows = compare_cells(reports)
+    lines = ["| " + " | ".join(head) + " |", "| --- " * len(head) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
     out = "\n".join(lines) + "\n"
     by = {
         r.policy: r

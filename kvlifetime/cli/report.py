@@ -1,0 +1,47 @@
+"""``report``: the design-review page (``out/index.html``) from what ``make demo`` wrote."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("out"),
+        metavar="DIR",
+        help="folder to write index.html into",
+    )
+    p.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="harness results to show (default: DIR/report.json, as kvlifetime demo writes "
+        "it; without that file the page has no harness section and says how to make one)",
+    )
+    p.add_argument(
+        "--screenshot",
+        action="store_true",
+        help="also open the page in headless Chromium, check every figure rendered, and write "
+        "DIR/index.png (needs Debian's chromium)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvlifetime.report import require_report_extra, write_report
+
+    require_report_extra()  # before anything runs: the missing extra, named
+    done = write_report(args.out, args.results, log=args.log)
+    print(done.path)
+    if not args.screenshot:
+        return 0
+    from kvlifetime.report.browser import BrowserError, check_page
+
+    check = check_page(done.path, screenshot=done.path.with_suffix(".png"))
+    if not check.ok:
+        raise BrowserError(f"{done.path} did not render in Chromium: {check.problems()}")
+    print(check.screenshot)
+    return 0

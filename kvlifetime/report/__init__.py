@@ -1,0 +1,219 @@
+"""``kvlifetime report``: a self-contained HTML page for a design review.
+
+``write_report(out)`` reads the harness results ``make demo`` wrote (``out/report.json``) and
+writes ``out/index.html``: the request and block lifecycles laid out for a slide, the evidence
+and provenance tables, each engine's evidence profile, the harness runs with plots (blocks by
+state over time, naive vs proof, quarantine and reclaim), and each refuted release policy's
+counterexample as a sequence diagram. Every picture is inline SVG; nothing is fetched.
+
+Modules, named after what they draw: ``lifecycles`` (Graphviz), ``harness_plots``
+(matplotlib), ``counterexamples`` (sequence diagrams from the verifier's result), ``tables``
+and ``page`` (the HTML). ``browser`` opens a page in headless Chromium and reads back the
+page's own verdict on its figures.
+
+Needs the ``report`` extra (matplotlib) and Graphviz's ``dot``; without either, nothing is
+written and the error names what to install.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+import attrs
+import structlog
+
+from kvlifetime.errors import KVLifetimeError, UsageError
+
+if TYPE_CHECKING:
+    from kvlifetime.harness.report import Report
+    from kvlifetime.report.page import HarnessSection
+
+__all__ = [
+    "INDEX",
+    "ReportInputError",
+    "ReportWritten",
+    "build_page",
+    "load_results",
+    "require_report_extra",
+    "write_demo_page",
+    "write_report",
+]
+
+INDEX = "index.html"
+RESULTS = "report.json"
+MAX_RESULTS_BYTES = 64 * 2**20  # a results file is a few hundred kB; refuse what is not one
+
+_log = structlog.get_logger("kvlifetime")
+
+
+class ReportInputError(UsageError):
+    """The harness results file is not one: unreadable JSON, not a list of runs, a run with a
+    missing or mistyped field. Whose fault: the input file (or whoever wrote it). State left:
+    nothing written."""
+
+    kind = "report_input"
+
+
+def require_report_extra(what: str = "kvlifetime report") -> None:
+    """Raise ``MissingExtra`` (``pip install 'kvlifetime[report]'``) without matplotlib."""
+    from kvlifetime.extras import EXTRAS, Extra, MissingExtra, missing
+
+    if "report" in EXTRAS:
+        if missing("report"):
+            raise MissingExtra(EXTRAS["report"], missing("report")[0], what)
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise MissingExtra(Extra("report", ("matplotlib",), ("matplotlib",)), "matplotlib", what)
+
+
+def load_results(path: Path) -> list[Report]:
+    """The runs in a harness results file (``kvlifetime demo``'s ``report.json``)."""
+    from kvlifetime.harness.report import Report
+
+    try:
+        size = path.stat().st_size
+        if size > MAX_RESULTS_BYTES:
+            raise ReportInputError(
+                f"{path} is {size} bytes: not a harness results file (at most "
+                f"{MAX_RESULTS_BYTES} bytes)"
+            )
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ReportInputError(f"{path} is not JSON: {e}") from e
+    if not isinstance(data, list) or not data:
+        raise ReportInputError(f"{path} is not a list of harness runs (kvlifetime demo writes one)")
+    runs = []
+    for i, d in enumerate(data):
+        try:
+            runs.append(Report.from_dict(d))
+        except UsageError as e:
+            raise ReportInputError(f"{path}: run {i + 1}: {e}") from e
+    return runs
+
+
+def _harness_section(runs: Sequence[Report], source: str) -> HarnessSection:
+    from kvlifetime.harness.report import compare_markdown
+    from kvlifetime.report import harness_plots as hp
+    from kvlifetime.report.page import Figure, HarnessSection
+    from kvlifetime.report.tables import harness_table
+
+    dicts: list[Mapping[str, Any]] = [r.to_dict() for r in runs]
+    summary = compare_markdown(runs).split("\n\n", 1)
+    figures = []
+    with_series = [d for d in dicts if hp.has_series(d)]
+    note = ""
+    if len(with_series) < len(dicts):
+        note = (
+            f"{len(dicts) - len(with_series)} of {len(dicts)} runs carry no time series (a "
+            "results file from before kvlifetime 0.2): rerun make demo for their plots."
+        )
+    if with_series:
+        svg, n = hp.naive_vs_proof(dicts, "fig-naive-vs-proof")
+        if n:
+            figures.append(
+                Figure(
+                    "fig-naive-vs-proof",
+                    "plot",
+                    svg,
+                    "Naive vs proof, side by side (push, no topology knob): blocks by state over "
+                    "the run, and in red the writes the oracle saw land late, so far (one scale "
+                    "for every panel).",
+                    n,
+                )
+            )
+        svg, n = hp.quarantine_and_reclaim(dicts, "fig-quarantine")
+        if n:
+            figures.append(
+                Figure(
+                    "fig-quarantine",
+                    "plot",
+                    svg,
+                    "Quarantine and reclaim: blocks waiting for proof that may never come, and "
+                    "the blocks fences gave back to the pool so far.",
+                    n,
+                )
+            )
+        svg, n = hp.every_run(dicts, "fig-every-run")
+        figures.append(
+            Figure(
+                "fig-every-run",
+                "plot",
+                svg,
+                "Every run: blocks by state over time (held, draining, quarantined, free).",
+                n,
+            )
+        )
+    return HarnessSection(
+        harness_table(runs),
+        tuple(figures),
+        summary[1].strip() if len(summary) > 1 else "",
+        source,
+        note,
+    )
+
+
+def build_page(runs: Sequence[Report] | None, *, source: str = RESULTS) -> str:
+    """The page for ``runs`` (``None``: no harness results, the page says how to make them)."""
+    require_report_extra()
+    from kvlifetime import __version__
+    from kvlifetime.diagrams import MACHINES
+    from kvlifetime.report.counterexamples import explore_policies
+    from kvlifetime.report.lifecycles import lifecycle
+    from kvlifetime.report.page import render_page
+    from kvlifetime.report.tables import engine_profiles, evidence_table, provenance_table
+
+    return render_page(
+        version=__version__,
+        lifecycles=[lifecycle(m) for m in MACHINES],
+        evidence=evidence_table(),
+        provenance=provenance_table(),
+        engines=engine_profiles(),
+        harness=None if runs is None else _harness_section(runs, source),
+        verdicts=explore_policies(),
+    )
+
+
+@attrs.frozen(slots=True)
+class ReportWritten:
+    path: Path
+    runs: int  # harness runs shown (0: no results file)
+    bytes: int
+
+
+def write_report(out: Path, results: Path | None = None, log: Any = None) -> ReportWritten:
+    """Write ``out/index.html`` from ``results`` (default ``out/report.json``; if that file
+    does not exist the page is written without the harness section, and says so). Nothing is
+    written when anything is refused. ``log``: a structlog logger (default ``kvlifetime``)."""
+    log = _log if log is None else log
+    results = out / RESULTS if results is None else results
+    try:
+        runs = load_results(results) if results.exists() else None
+        text = build_page(runs, source=str(results))
+    except KVLifetimeError as e:
+        log.warning("report_refused", error=e.kind, message=str(e), results=str(results))
+        raise
+    path = out / INDEX
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".html.tmp")
+    tmp.write_text(text, encoding="utf-8", newline="\n")
+    tmp.replace(path)  # a reader never sees half a page
+    n = len(text.encode("utf-8"))
+    log.info("report_written", path=str(path), runs=0 if runs is None else len(runs), bytes=n)
+    return ReportWritten(path, 0 if runs is None else len(runs), n)
+
+
+def write_demo_page(out: Path, stream: TextIO, log: Any = None) -> list[Path]:
+    """``make demo``'s last step: the page, or one line saying why not (a missing extra or a
+    missing Graphviz must not undo minutes of harness runs already written)."""
+    try:
+        done = write_report(out, log=log)
+    except KVLifetimeError as e:
+        stream.write(f"\nkvlifetime: note: {out / INDEX} not written: {' '.join(str(e).split())}\n")
+        return []
+    stream.write(f"\ndesign-review page: {done.path} ({done.runs} harness runs)\n")
+    return [done.path]

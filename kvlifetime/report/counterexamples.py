@@ -1,0 +1,312 @@
+"""Each refuted policy's counterexample as a sequence diagram: lanes and arrows, in SVG.
+
+The verifier (``kvlifetime.verify.explore``) refutes the naive, timeout and trusting release
+policies with a shortest trace of numbered steps. A reviewer reads who did what to whom more
+easily as lanes: the decode side (the owner, whose ledger decides what goes back to the pool),
+each prefill peer, and the transfer engine whose writes land in decode's memory. Only the
+verifier's public result is read (``Result.to_dict()``: each step's event, label and notes), so
+the picture shows exactly what ``kvlifetime verify`` prints.
+
+Proves: the drawn steps are the verifier's trace, in order, one row per step, each arrow
+between the lanes its event names. Does not prove: anything the trace does not contain (a
+step whose peer cannot be read from its label is drawn on the owner's lane).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+from xml.sax.saxutils import escape
+
+import attrs
+
+OWNER = "owner"
+ENGINE = "engine"
+
+# The configurations the report refutes: tiny, so the whole report stays quick (each explores
+# a few hundred states at most).
+REFUTED: tuple[tuple[str, str, int, int], ...] = (
+    # policy, faults, requests, peers
+    ("naive", "none", 1, 1),
+    ("timeout", "timeout", 1, 1),
+    ("trusting", "lie", 1, 2),
+)
+PASSING: tuple[tuple[str, str, int, int], ...] = (
+    ("proof", "none", 1, 1),
+    ("proof", "timeout", 1, 1),
+    ("proof", "lie", 1, 2),
+)
+WHY = {
+    "naive": "frees the blocks when it rejects or aborts the request (the error response read "
+    "as the end of the blocks' life)",
+    "timeout": "frees the blocks when a lease expires (a lease reaper force-releasing what a "
+    "deadline quarantined)",
+    "trusting": "waits for proof, but its receiver stamps what arrives on the wire as local: "
+    "it believes a peer about anything, even that its own access was revoked",
+    "proof": "frees only what the evidence proves (collect_releasable)",
+}
+
+_OWNER_ACTS = frozenset({"admit", "finish", "reject", "lease", "peer_lost"})
+_PEER_ACTS = frozenset({"stop", "quiesce", "complete", "silent"})
+_MESSAGES = frozenset({"deliver", "duplicate", "delay", "lose"})
+_TO_PEER = re.compile(r"\bto (p\d+)\b")
+_FROM_PEER = re.compile(r"\bfrom (p\d+)\b")
+_PEER = re.compile(r"\b(p\d+)\b")
+
+
+@attrs.frozen(slots=True)
+class Arrow:
+    """One step as drawn: from lane to lane (equal: an action on that lane)."""
+
+    number: int
+    source: str  # lane name: "owner", "engine" or a peer ("p1")
+    target: str
+    label: str
+    notes: tuple[str, ...]
+    style: str  # "call", "message", "lost", "duplicate", "delayed", "lie", "write", "action"
+    violation: bool
+
+
+def _peer_lane(index: object) -> str | None:
+    return f"p{index + 1}" if isinstance(index, int) and index >= 0 else None
+
+
+def arrows(trace: Sequence[Mapping[str, Any]]) -> list[Arrow]:
+    """The steps of ``Result.to_dict()["trace"]`` as arrows between lanes."""
+    grant_peer: list[str] = []  # grant index -> its peer's lane, in the order grants were made
+    out: list[Arrow] = []
+    for st in trace:
+        event = list(st.get("event", []))
+        kind = str(event[0]) if event else "?"
+        a = event[1] if len(event) > 1 else -1
+        b = event[2] if len(event) > 2 else -1
+        label = str(st.get("label", kind))
+        notes = tuple(str(n) for n in st.get("notes", ()))
+        violation = any(n.startswith("VIOLATION") for n in notes)
+        number = int(st.get("step", len(out) + 1))
+        grant_lane = grant_peer[a] if isinstance(a, int) and 0 <= a < len(grant_peer) else None
+        mentioned = _PEER.search(label)
+        fallback = mentioned.group(1) if mentioned else OWNER
+        src, dst, style = OWNER, OWNER, "action"
+        if kind == "grant":
+            peer = _peer_lane(b) or fallback
+            grant_peer.append(peer)
+            src, dst, style = OWNER, peer, "call"
+        elif kind in _MESSAGES:
+            to, frm = _TO_PEER.search(label), _FROM_PEER.search(label)
+            if to:
+                src, dst = OWNER, to.group(1)
+            elif frm:
+                src, dst = frm.group(1), OWNER
+            style = {"deliver": "message", "lose": "lost", "duplicate": "duplicate"}.get(
+                kind, "delayed"
+            )
+        elif kind in ("post", "retry"):
+            src, dst, style = grant_lane or fallback, ENGINE, "call"
+        elif kind == "land":
+            src, dst, style = ENGINE, OWNER, "write"  # the bytes land in decode's memory
+        elif kind == "fail":
+            src, dst, style = ENGINE, grant_lane or fallback, "message"
+        elif kind in _PEER_ACTS:
+            src = dst = grant_lane or fallback
+        elif kind == "fence":
+            src, dst, style = OWNER, _peer_lane(a) or fallback, "call"
+        elif kind == "lie":
+            src, dst, style = fallback, OWNER, "lie"
+        elif kind not in _OWNER_ACTS:
+            src = dst = OWNER
+        out.append(Arrow(number, src, dst, label, notes, style, violation))
+    return out
+
+
+def lanes(steps: Sequence[Arrow]) -> list[str]:
+    """Owner first, then the peers in number order, then the engine (when it appears)."""
+    peers = sorted(
+        {x for s in steps for x in (s.source, s.target) if x not in (OWNER, ENGINE)},
+        key=lambda p: int(p[1:]) if p[1:].isdigit() else 0,
+    )
+    used_engine = any(ENGINE in (s.source, s.target) for s in steps)
+    return [OWNER, *peers, *([ENGINE] if used_engine else [])]
+
+
+LANE_TITLES = {OWNER: ("decode", "owner + ledger"), ENGINE: ("transfer engine", "writes KV")}
+
+
+def _lane_title(lane: str) -> tuple[str, str]:
+    return LANE_TITLES.get(lane, (f"prefill {lane}", "peer"))
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    words, lines, cur = text.split(), [], ""
+    for w in words:
+        if cur and len(cur) + 1 + len(w) > width:
+            lines.append(cur)
+            cur = w
+        else:
+            cur = f"{cur} {w}" if cur else w
+    return [*lines, cur] if cur else lines
+
+
+_STROKE = {
+    "call": ("#1f4e79", ""),
+    "message": ("#1f4e79", "6 3"),
+    "duplicate": ("#7a4ea3", "6 3"),
+    "delayed": ("#7a4ea3", "2 3"),
+    "lost": ("#b03a2e", "6 3"),
+    "lie": ("#d35400", "4 2"),
+    "write": ("#117a65", ""),
+}
+
+
+def sequence_svg(figure_id: str, trace: Sequence[Mapping[str, Any]]) -> str:
+    """The trace as an SVG sequence diagram (ids prefixed with ``figure_id``)."""
+    steps = arrows(trace)
+    names = lanes(steps)
+    lane_w, left, top, notes_w = 170, 46, 64, 430
+    x = {n: left + lane_w * i + lane_w // 2 for i, n in enumerate(names)}
+    notes_x = left + lane_w * len(names) + 16
+    width = notes_x + notes_w
+    rows: list[tuple[Arrow, list[str], int]] = []
+    y = top + 20
+    for s in steps:
+        lines = [ln for n in s.notes for ln in _wrap(n, 66)] or [""]
+        h = max(40, 15 * len(lines) + 12)
+        rows.append((s, lines, y))
+        y += h
+    height = y + 12
+    mk = f"{figure_id}-arrow"
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" class="sequence" role="img" '
+        f'font-family="Helvetica, Arial, sans-serif">',
+        "<defs>",
+    ]
+    for style, (colour, _) in _STROKE.items():
+        parts.append(
+            f'<marker id="{mk}-{style}" viewBox="0 0 10 10" refX="9" refY="5" '
+            f'markerWidth="8" markerHeight="8" orient="auto-start-reverse">'
+            f'<path d="M0,0 L10,5 L0,10 z" fill="{colour}"/></marker>'
+        )
+    parts.append("</defs>")
+    for n in names:
+        title, sub = _lane_title(n)
+        parts.append(
+            f'<g class="lane" data-lane="{escape(n)}">'
+            f'<rect x="{x[n] - 72}" y="8" width="144" height="40" rx="6" fill="#eef3f8" '
+            f'stroke="#1f4e79"/>'
+            f'<text x="{x[n]}" y="25" text-anchor="middle" font-size="13" '
+            f'font-weight="bold">{escape(title)}</text>'
+            f'<text x="{x[n]}" y="41" text-anchor="middle" font-size="11" '
+            f'fill="#555">{escape(sub)}</text>'
+            f'<line x1="{x[n]}" y1="48" x2="{x[n]}" y2="{height - 6}" stroke="#9aa9b8" '
+            f'stroke-dasharray="4 4"/></g>'
+        )
+    parts.append(
+        f'<text x="{notes_x}" y="{top - 4}" font-size="12" font-weight="bold" '
+        f'fill="#333">what the step did</text>'
+    )
+    for s, lines, y0 in rows:
+        mid = y0 + 16
+        band = "#fdecea" if s.violation else ("#f7f9fb" if s.number % 2 else "#ffffff")
+        parts.append(
+            f'<g class="step" data-step="{s.number}" data-from="{escape(s.source)}" '
+            f'data-to="{escape(s.target)}" data-style="{s.style}">'
+        )
+        parts.append(
+            f'<rect x="4" y="{y0 - 4}" width="{width - 8}" '
+            f'height="{max(40, 15 * len(lines) + 12) - 2}" fill="{band}"/>'
+        )
+        parts.append(
+            f'<text x="20" y="{mid + 4}" font-size="12" font-weight="bold" '
+            f'fill="#333" text-anchor="middle">{s.number}</text>'
+        )
+        label = escape(s.label)
+        if s.source == s.target:
+            colour = "#b03a2e" if s.violation else "#1f4e79"
+            cx = x[s.source]
+            parts.append(
+                f'<rect x="{cx - 78}" y="{mid - 11}" width="156" height="22" rx="11" '
+                f'fill="#ffffff" stroke="{colour}"/>'
+                f'<text x="{cx}" y="{mid + 4}" text-anchor="middle" font-size="11" '
+                f'fill="{colour}">{escape(s.label[:30])}</text>'
+            )
+        else:
+            colour, dash = _STROKE[s.style]
+            x1, x2 = x[s.source], x[s.target]
+            if s.style == "lost":  # a lost message stops half way, crossed out
+                x2 = (x1 + x2) // 2
+            sign = 1 if x2 > x1 else -1
+            dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
+            end = "" if s.style == "lost" else f' marker-end="url(#{mk}-{s.style})"'
+            parts.append(
+                f'<line x1="{x1 + 4 * sign}" y1="{mid + 6}" x2="{x2 - 4 * sign}" '
+                f'y2="{mid + 6}" stroke="{colour}" stroke-width="{2.2 if s.violation else 1.6}"'
+                f"{dash_attr}{end}/>"
+            )
+            if s.style == "lost":
+                parts.append(
+                    f'<path d="M{x2 - 6},{mid} l12,12 m0,-12 l-12,12" stroke="{colour}" '
+                    f'stroke-width="2"/>'
+                )
+            tx = (x1 + x2) // 2
+            fill = "#b03a2e" if s.violation else colour
+            parts.append(
+                f'<text x="{tx}" y="{mid}" text-anchor="middle" font-size="11" '
+                f'fill="{fill}">{label}</text>'
+            )
+        for i, ln in enumerate(lines):
+            bad = ln.startswith("VIOLATION")
+            pooled = "to the pool" in ln
+            fill = "#b03a2e" if bad else ("#a04000" if pooled else "#333")
+            weight = ' font-weight="bold"' if bad or pooled else ""
+            parts.append(
+                f'<text x="{notes_x}" y="{y0 + 12 + 15 * i}" font-size="11" '
+                f'fill="{fill}"{weight}>{escape(ln)}</text>'
+            )
+        parts.append("</g>")
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+@attrs.frozen(slots=True)
+class Verdict:
+    """One policy explored on one configuration, as the report shows it."""
+
+    policy: str
+    faults: str
+    requests: int
+    peers: int
+    result: Mapping[str, Any]  # Result.to_dict()
+
+    @property
+    def refuted(self) -> bool:
+        return self.result.get("violation") is not None
+
+    @property
+    def title(self) -> str:
+        return (
+            f"{self.policy}: {self.requests} request x {self.peers} peer(s) x 1 block, "
+            f"faults: {self.faults}"
+        )
+
+
+def explore_policies(
+    configs: Sequence[tuple[str, str, int, int]] = REFUTED + PASSING,
+) -> list[Verdict]:
+    """Run the verifier on each (policy, faults, requests, peers), one block, at most one
+    fault event per run (a few hundred states each: well under a second in all)."""
+    from kvlifetime.verify import Config, Policy, explore, parse_faults
+
+    out = []
+    for policy, faults, requests, peers in configs:
+        cfg = Config(
+            requests=requests,
+            peers=peers,
+            blocks=1,
+            faults=parse_faults(faults),
+            max_faults=1,
+        )
+        result = explore(cfg, Policy(policy))
+        out.append(Verdict(policy, faults, requests, peers, result.to_dict()))
+    return out

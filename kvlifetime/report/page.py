@@ -1,0 +1,287 @@
+"""The design-review page: one self-contained HTML file (every picture inline SVG, no file or
+network fetched, one small inline script that checks the figures and records a verdict).
+
+The verdict (``<pre id="verdict">``, and ``data-verdict`` on ``<body>``) is what a browser test
+reads back: per figure its kind, its drawn size and how many of its parts the browser found
+(Graphviz nodes, sequence steps, plot axes), and every script error the page raised.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+import attrs
+
+from kvlifetime.report.counterexamples import WHY, Verdict, sequence_svg
+from kvlifetime.report.lifecycles import Lifecycle
+
+
+@attrs.frozen(slots=True)
+class Figure:
+    """One figure of the page and what the browser must find in it."""
+
+    id: str
+    kind: str  # "graphviz" (g.node), "sequence" (g.step), "plot" (matplotlib axes)
+    svg: str
+    caption: str
+    expect: int  # parts the browser must find at least (nodes, steps, panels)
+    cls: str = ""
+
+
+@attrs.frozen(slots=True)
+class HarnessSection:
+    table: str  # HTML
+    figures: tuple[Figure, ...]
+    summary: str  # plain text (compare_markdown's closing lines)
+    source: str  # where the results came from
+    note: str = ""  # why something is missing, if it is
+
+
+_CHECK = """
+(function () {
+  var out = {figures: [], errors: window.__kvErrors || []};
+  var figs = document.querySelectorAll('figure[data-kind]');
+  for (var i = 0; i < figs.length; i++) {
+    var f = figs[i], svg = f.querySelector('svg'), kind = f.getAttribute('data-kind');
+    var r = {id: f.id, kind: kind, expect: +f.getAttribute('data-expect'), ok: false};
+    if (svg) {
+      var box = svg.getBoundingClientRect();
+      r.width = Math.round(box.width); r.height = Math.round(box.height);
+      if (kind === 'graphviz') {
+        var nodes = svg.querySelectorAll('g.node');
+        r.parts = nodes.length;
+        r.names = Array.prototype.map.call(nodes, function (n) {
+          var t = n.querySelector('title'); return t ? t.textContent : '';
+        });
+        r.edges = svg.querySelectorAll('g.edge').length;
+      } else if (kind === 'sequence') {
+        r.parts = svg.querySelectorAll('g.step').length;
+        r.lanes = svg.querySelectorAll('g.lane').length;
+        r.arrows = svg.querySelectorAll('g.step line').length;
+      } else {
+        r.parts = svg.querySelectorAll('g[id^="axes_"]').length;
+        r.paths = svg.querySelectorAll('path').length;
+      }
+      r.ok = r.width > 0 && r.height > 0 && r.parts > 0 && r.parts >= r.expect;
+    }
+    out.figures.push(r);
+  }
+  out.height = document.documentElement.scrollHeight;
+  out.ok = out.errors.length === 0 && out.figures.length > 0 &&
+    out.figures.every(function (f) { return f.ok; });
+  document.getElementById('verdict').textContent = JSON.stringify(out);
+  document.body.setAttribute('data-verdict', out.ok ? 'ok' : 'failed');
+})();
+"""
+
+_CSS = """
+:root { --ink: #1d2733; --muted: #5b6b7b; --line: #d5dde5; --accent: #1f4e79; --bad: #b03a2e; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Helvetica, Arial,
+  sans-serif; color: var(--ink); background: #f4f6f8; }
+header { background: var(--accent); color: #fff; padding: 22px 32px 16px; }
+header h1 { margin: 0 0 4px; font-size: 24px; }
+header p { margin: 0; opacity: .9; }
+header code { background: rgba(255,255,255,.18); color: #fff; }
+nav { margin-top: 12px; display: flex; gap: 18px; flex-wrap: wrap; }
+nav a { color: #fff; text-decoration: none; border-bottom: 1px solid rgba(255,255,255,.5); }
+main { max-width: 1320px; margin: 0 auto; padding: 8px 24px 48px; }
+section { background: #fff; border: 1px solid var(--line); border-radius: 8px;
+  padding: 8px 24px 20px; margin: 20px 0; }
+h2 { font-size: 20px; border-bottom: 2px solid var(--accent); padding-bottom: 4px; }
+h3 { font-size: 16px; margin: 22px 0 6px; }
+.lead { color: var(--muted); max-width: 920px; }
+figure.lifecycle svg { width: 100%; }
+#fig-request svg { max-width: 900px; }
+#fig-block svg { max-width: 1240px; }
+.scroll { overflow-x: auto; }
+figure { margin: 12px 0; padding: 10px; border: 1px solid var(--line); border-radius: 6px;
+  background: #fff; overflow-x: auto; }
+figure svg { display: block; max-width: 100%; height: auto; margin: 0 auto; }
+figure.sequence svg { max-width: none; }
+figcaption { color: var(--muted); font-size: 13px; margin-top: 6px; }
+table { border-collapse: collapse; font-size: 13px; margin: 8px 0 12px; width: 100%; }
+th, td { border: 1px solid var(--line); padding: 4px 7px; vertical-align: top; text-align: left; }
+th { background: #eef3f8; font-weight: 600; }
+td.c, th.c { text-align: center; }
+table.numbers { font-size: 12px; }
+table.numbers td { font-variant-numeric: tabular-nums; white-space: nowrap; }
+table.matrix th.c { writing-mode: vertical-rl; transform: rotate(180deg); white-space: nowrap;
+  padding: 6px 2px; }
+.tick { color: #117a65; font-weight: bold; }
+code { font: 12px ui-monospace, "DejaVu Sans Mono", Menlo, monospace; background: #f1f3f5;
+  padding: 0 3px; border-radius: 3px; }
+details { border: 1px solid var(--line); border-radius: 6px; padding: 6px 12px; margin: 8px 0; }
+summary { cursor: pointer; font-weight: 600; }
+.verdict-refuted { color: var(--bad); font-weight: 600; }
+.verdict-pass { color: #117a65; font-weight: 600; }
+.note { background: #fff8e1; border-left: 4px solid #e6a23c; padding: 6px 10px; }
+pre.summary { white-space: pre-wrap; background: #f7f9fb; border: 1px solid var(--line);
+  padding: 8px 10px; font-size: 13px; }
+"""
+
+
+def _figure(f: Figure) -> str:
+    cls = f' class="{f.cls}"' if f.cls else ""
+    return (
+        f'<figure id="{f.id}" data-kind="{f.kind}" data-expect="{f.expect}"{cls}>{f.svg}'
+        f"<figcaption>{html.escape(f.caption)}</figcaption></figure>"
+    )
+
+
+def lifecycle_figure(lc: Lifecycle) -> Figure:
+    # the start point is a Graphviz node too
+    return Figure(
+        f"fig-{lc.machine}", "graphviz", lc.svg, lc.caption, lc.states + 1, cls="lifecycle"
+    )
+
+
+def counterexample_figure(v: Verdict) -> Figure:
+    trace = v.result.get("trace", [])
+    fid = f"fig-cx-{v.policy}"
+    return Figure(
+        fid,
+        "sequence",
+        sequence_svg(fid, trace),
+        f"kvlifetime verify --policy {v.policy} --requests {v.requests} --peers {v.peers} "
+        f"--blocks 1 --faults {v.faults} --max-faults 1: the shortest counterexample, "
+        f"{len(trace)} steps ({v.result.get('states')} states explored).",
+        len(trace),
+        cls="sequence",
+    )
+
+
+def render_page(
+    *,
+    version: str,
+    lifecycles: Sequence[Lifecycle],
+    evidence: str,
+    provenance: str,
+    engines: Sequence[tuple[str, str, str]],
+    harness: HarnessSection | None,
+    verdicts: Sequence[Verdict],
+) -> str:
+    """The whole page as one string."""
+    e = html.escape
+    nav = [
+        ("lifecycles", "Lifecycles"),
+        ("evidence", "Evidence"),
+        ("engines", "Engines"),
+        ("harness", "Harness"),
+        ("counterexamples", "Counterexamples"),
+    ]
+    out = [
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        "<title>kvlifetime design review</title>",
+        # First thing on the page: every later script error is recorded for the verdict.
+        "<script>window.__kvErrors=[];window.addEventListener('error',function(ev){"
+        "window.__kvErrors.push(String(ev.message||ev.type));});</script>",
+        f"<style>{_CSS}</style></head><body>",
+        "<header><h1>kvlifetime: KV-cache block lifetimes, design review</h1>",
+        f"<p>Generated by kvlifetime {e(version)} from its specification, its verifier and "
+        + (
+            f"the harness results in <code>{e(harness.source)}</code>"
+            if harness
+            else "no harness results"
+        )
+        + ". Self-contained: works offline.</p>",
+        "<nav>" + "".join(f'<a href="#{a}">{e(t)}</a>' for a, t in nav) + "</nav></header><main>",
+    ]
+    # 1. lifecycles
+    out.append('<section id="lifecycles"><h2>Lifecycles</h2>')
+    out.append(
+        '<p class="lead">Drawn from the compiled transition tables, so the picture cannot '
+        "drift from the code. Rejection, cancel receipt, scheduling stop, transfer quiescence "
+        "and release are separate transitions; each needs its own evidence. Red dashed: "
+        "<code>force_released</code>, explicit, unsafe, logged and counted, never the normal "
+        "path.</p>"
+    )
+    out += [_figure(lifecycle_figure(lc)) for lc in lifecycles]
+    out.append("</section>")
+    # 2. evidence
+    out.append('<section id="evidence"><h2>Evidence and what it proves</h2>')
+    out.append(
+        '<p class="lead">Each acknowledgement proves exactly the claims ticked and nothing '
+        "more. A grant is closed only by <code>access_revoked</code>, or by "
+        "<code>scheduling_stopped</code> at <code>last_seq = N</code> together with "
+        "<code>transfers_ended</code> through <code>N</code>.</p>"
+    )
+    out.append(evidence)
+    out.append("<h3>Who may prove what (provenance)</h3>")
+    out.append(
+        '<p class="lead">Evidence from the wire is stamped with the identity of the connection '
+        "it came in on. A claim from a source that may not make it is refused, logged, counted, "
+        "and changes nothing.</p>"
+    )
+    out.append(provenance + "</section>")
+    # 3. engines
+    out.append('<section id="engines"><h2>Evidence profile of each engine</h2>')
+    out.append(
+        '<p class="lead">What every raw status and operation of a transfer engine proves, '
+        "established from its source and by experiment here, and its fence (the only way out "
+        "of quarantine).</p>"
+    )
+    for i, (name, title, body) in enumerate(engines):
+        opened = " open" if i == 0 else ""
+        out.append(
+            f'<details id="engine-{e(name)}"{opened}><summary>{e(title)} '
+            f"(<code>{e(name)}</code>)</summary>{body}</details>"
+        )
+    out.append("</section>")
+    # 4. harness
+    out.append('<section id="harness"><h2>Harness: prefill/decode disaggregation with faults</h2>')
+    if harness is None:
+        out.append(
+            '<p class="note">No harness results: run <code>make demo</code> (or '
+            "<code>kvlifetime demo --out out</code>), then <code>kvlifetime report</code>.</p>"
+        )
+    else:
+        out.append(
+            '<p class="lead">Each run drives real workers over a transfer engine with injected '
+            "aborts, rejections, failures and crashes. The oracle at the transport counts every "
+            "write that lands after the generation it was meant for.</p>"
+        )
+        if harness.note:
+            out.append(f'<p class="note">{e(harness.note)}</p>')
+        out.append(f'<div class="scroll">{harness.table}</div>')
+        if harness.summary:
+            out.append(f'<pre class="summary">{e(harness.summary)}</pre>')
+        out += [_figure(f) for f in harness.figures]
+    out.append("</section>")
+    # 5. counterexamples
+    out.append('<section id="counterexamples"><h2>Counterexamples</h2>')
+    out.append(
+        '<p class="lead">The bounded verifier drives the real ledger through every '
+        "interleaving of a tiny configuration. Each policy that frees on something weaker "
+        "than proof is refuted with a shortest trace, drawn here as lanes.</p>"
+    )
+    refuted = [v for v in verdicts if v.refuted]
+    for v in refuted:
+        viol = v.result["violation"]
+        out.append(
+            f'<h3 id="cx-{e(v.policy)}">Policy <code>{e(v.policy)}</code>: '
+            f'<span class="verdict-refuted">refuted</span></h3>'
+            f"<p>It {e(WHY.get(v.policy, ''))}. Broken: <strong>{e(viol['invariant'])}"
+            f"</strong> ({e(viol['statement'])}).</p>"
+        )
+        out.append(_figure(counterexample_figure(v)))
+    passing = [v for v in verdicts if not v.refuted]
+    if passing:
+        out.append("<h3>Policies that hold</h3><ul>")
+        for v in passing:
+            mark = (
+                '<span class="verdict-pass">PASS</span>'
+                if v.result.get("verdict") == "pass"
+                else f"<span>{e(str(v.result.get('verdict')))}</span>"
+            )
+            states = f"{v.result.get('states')} states"
+            if v.result.get("verdict") == "pass":
+                states += ", every reachable one explored"
+            out.append(f"<li><code>{e(v.policy)}</code> ({e(v.title)}): {mark}, {states}.</li>")
+        out.append("</ul>")
+    out.append("</section></main>")
+    out.append('<pre id="verdict" hidden></pre>')
+    out.append(f"<script>{_CHECK}</script></body></html>\n")
+    return "\n".join(out)

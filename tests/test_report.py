@@ -1,0 +1,247 @@
+"""``kvlifetime report``: the design-review page, built from real harness runs and the real
+verifier, and opened in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from report_helpers import SKIP_NO_DOT, chromium_or_skip, needs_dot, write_results
+from structlog.testing import capture_logs
+
+from kvlifetime.cli import main
+from kvlifetime.report import INDEX, ReportInputError, load_results, write_report
+from kvlifetime.report.counterexamples import ENGINE, OWNER, arrows, explore_policies, lanes
+from kvlifetime.report.tables import inline
+from kvlifetime.table import table_for
+
+
+@pytest.fixture(scope="module")
+def report_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_results(tmp_path_factory.mktemp("out") / "report.json")
+
+
+@pytest.fixture(scope="module")
+def report_page(report_results: Path) -> Path:
+    if SKIP_NO_DOT:
+        pytest.skip("Graphviz `dot` not installed")
+    return write_report(report_results.parent).path
+
+
+# --------------------------------------------------------------------------- counterexamples
+
+
+def test_refuted_policies_are_drawn_as_lanes() -> None:
+    verdicts = {v.policy: v for v in explore_policies()}
+    assert {p for p, v in verdicts.items() if v.refuted} == {"naive", "timeout", "trusting"}
+    assert verdicts["proof"].result["verdict"] == "pass"
+    for policy in ("naive", "timeout", "trusting"):
+        trace = verdicts[policy].result["trace"]
+        steps = arrows(trace)
+        assert [s.number for s in steps] == [t["step"] for t in trace]
+        assert lanes(steps) == [OWNER, "p1", ENGINE]
+        # the grant goes from decode to the peer; the peer posts to the engine; the write
+        # that breaks isolation lands from the engine in decode's memory, last
+        kinds = [t["event"][0] for t in trace]
+        g = steps[kinds.index("grant")]
+        assert (g.source, g.target) == (OWNER, "p1")
+        post = steps[kinds.index("post")]
+        assert (post.source, post.target) == ("p1", ENGINE)
+        assert (steps[-1].source, steps[-1].target, steps[-1].style) == (ENGINE, OWNER, "write")
+        assert steps[-1].violation and not any(s.violation for s in steps[:-1])
+
+
+def test_message_arrows_follow_their_direction() -> None:
+    trace = [
+        {"step": 1, "event": ["grant", 0, 1], "label": "grant r1 -> p2", "notes": []},
+        {"step": 2, "event": ["deliver", 0, -1], "label": "deliver Cancel(grant #1) to p2"},
+        {"step": 3, "event": ["lose", 1, -1], "label": "lose CancelReceived(grant #1) from p2"},
+        {"step": 4, "event": ["stop", 0, -1], "label": "stop grant #1", "notes": []},
+        {"step": 5, "event": ["lie", 0, -1], "label": "lie: p2 sends AccessRevoked(p2)"},
+        {"step": 6, "event": ["fence", 1, -1], "label": "fence p2"},
+        {"step": 7, "event": ["mystery", 0, 0], "label": "something new"},
+    ]
+    got = [(s.source, s.target, s.style) for s in arrows(trace)]
+    assert got == [
+        (OWNER, "p2", "call"),
+        (OWNER, "p2", "message"),
+        ("p2", OWNER, "lost"),
+        ("p2", "p2", "action"),  # grant #1's peer, from the grant step
+        ("p2", OWNER, "lie"),
+        (OWNER, "p2", "call"),
+        (OWNER, OWNER, "action"),  # an event this drawing does not know: the owner's lane
+    ]
+
+
+def test_inline_keeps_code_and_escapes() -> None:
+    assert inline("``a<b>`` and `c` **d** & e") == (
+        "<code>a&lt;b&gt;</code> and <code>c</code> <strong>d</strong> &amp; e"
+    )
+
+
+# --------------------------------------------------------------------------- the page
+
+
+@needs_dot
+def test_page_is_self_contained_and_complete(report_page: Path) -> None:
+    text = report_page.read_text(encoding="utf-8")
+    # nothing fetched: no external script, stylesheet, image, font or frame
+    assert not re.search(r"<(script|img|iframe|link)[^>]+(src|href)=", text)
+    urls = set(re.findall(r"https?://[^\s\"'<>)]+", text))
+    assert urls <= {"http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"}, urls
+    assert "url(http" not in text and "@import" not in text
+    for m in ("request", "block"):
+        assert f'id="fig-{m}" data-kind="graphviz"' in text
+        for s in table_for(m).states:
+            assert f"<title>{s}</title>" in text  # every state is a Graphviz node
+    for fid in ("fig-naive-vs-proof", "fig-quarantine", "fig-every-run"):
+        assert f'id="{fid}" data-kind="plot"' in text
+    for policy in ("naive", "timeout", "trusting"):
+        assert f'id="fig-cx-{policy}" data-kind="sequence"' in text
+    assert text.count('class="lane"') == 9  # three lanes in each of the three
+    for engine in ("inproc", "mooncake-tcp", "nixl-ucx"):
+        assert f'id="engine-{engine}"' in text
+    assert "CancelReceived" in text and "access_revoked" in text
+    ids = re.findall(r'\bid="([^"]+)"', text)
+    graph_ids = [i for i in ids if i.startswith(("request-", "block-", "fig-"))]
+    assert len(graph_ids) == len(set(graph_ids))  # two inline graphs never share an id
+
+
+@needs_dot
+def test_lifecycle_pictures_fit_a_slide(report_page: Path) -> None:
+    text = report_page.read_text(encoding="utf-8")
+    for m in ("request", "block"):
+        fig = text.split(f'id="fig-{m}"', 1)[1]
+        w, h = map(float, re.search(r'<svg width="([\d.]+)pt" height="([\d.]+)pt"', fig).groups())  # type: ignore[union-attr]
+        assert 1 / 3 <= w / h <= 3, (m, w, h)
+        assert w <= 1400  # a slide, not a scroll
+
+
+def test_results_file_errors_are_typed(tmp_path: Path) -> None:
+    bad = tmp_path / "report.json"
+    for content, match in [
+        ("{not json", "not JSON"),
+        ('{"foo": 1}', "not a list of harness runs"),
+        ("[]", "not a list of harness runs"),
+        ('[{"backend": "inproc"}]', "run 1: a harness result has no 'policy'"),
+    ]:
+        bad.write_text(content)
+        with pytest.raises(ReportInputError, match=match):
+            load_results(bad)
+    bad.write_bytes(b"\xff\xfe[")
+    with pytest.raises(ReportInputError, match="not JSON"):
+        load_results(bad)
+
+
+def test_a_refused_results_file_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "report.json").write_text('[{"backend": "inproc", "policy": 3}]')
+    with capture_logs() as logs:
+        status = main(["report", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "a harness result" in err and "Traceback" not in err
+    assert not (tmp_path / INDEX).exists()
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["report_refused"]
+
+
+def test_mistyped_fields_are_refused(report_results: Path, tmp_path: Path) -> None:
+    runs = json.loads(report_results.read_text())
+    for field, value in [("seed", "7"), ("requests", True), ("series", [1]), ("wall_s", None)]:
+        bad = tmp_path / f"{field}.json"
+        bad.write_text(json.dumps([{**runs[0], field: value}]))
+        with pytest.raises(ReportInputError, match=field):
+            load_results(bad)
+
+
+def test_missing_extra_names_the_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+
+    def no_matplotlib(name: str, *a: object, **k: object) -> object:
+        return None if name.partition(".")[0] == "matplotlib" else real(name, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_matplotlib)
+    from kvlifetime.extras import MissingExtra
+
+    with pytest.raises(MissingExtra, match=r"pip install 'kvlifetime\[report\]'"):
+        write_report(tmp_path)
+    assert not (tmp_path / INDEX).exists()
+
+
+@needs_dot
+def test_page_without_results_says_how_to_make_them(tmp_path: Path) -> None:
+    done = write_report(tmp_path)  # no report.json there
+    text = done.path.read_text(encoding="utf-8")
+    assert done.runs == 0
+    assert "No harness results: run <code>make demo</code>" in text
+    assert 'data-kind="plot"' not in text
+    assert 'id="fig-cx-naive"' in text  # the rest of the page is all there
+
+
+# --------------------------------------------------------------------------- in a browser
+
+
+def test_page_renders_in_headless_chromium(report_page: Path) -> None:
+    """Every figure drawn by the browser, with its nodes; no script error; a screenshot."""
+    chromium_or_skip()
+    from kvlifetime.report.browser import check_page
+
+    shot = report_page.with_suffix(".png")
+    check = check_page(report_page, screenshot=shot)
+    v = check.verdict
+    assert v["errors"] == []
+    figs = {f["id"]: f for f in v["figures"]}
+    assert set(figs) == {
+        "fig-request",
+        "fig-block",
+        "fig-naive-vs-proof",
+        "fig-quarantine",
+        "fig-every-run",
+        "fig-cx-naive",
+        "fig-cx-timeout",
+        "fig-cx-trusting",
+    }
+    for f in figs.values():
+        assert f["width"] > 100 and f["height"] > 100, f
+    for m in ("request", "block"):
+        f = figs[f"fig-{m}"]
+        assert sorted(f["names"]) == sorted([*table_for(m).states, "__start__"])
+        assert f["edges"] > 0
+    verdicts = {x.policy: x for x in explore_policies()}
+    for policy in ("naive", "timeout", "trusting"):
+        f = figs[f"fig-cx-{policy}"]
+        assert f["parts"] == len(verdicts[policy].result["trace"])
+        assert f["lanes"] == 3 and f["arrows"] >= 3
+    assert figs["fig-naive-vs-proof"]["parts"] >= 3  # naive, timeout, proof panels
+    assert figs["fig-every-run"]["parts"] >= 3
+    assert v["ok"] is True and check.ok
+    # a real PNG, the page's full width
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width = int.from_bytes(data[16:20], "big")
+    assert width == 1400 and len(data) > 50_000
+
+
+def test_page_check_fails_on_a_broken_figure(report_page: Path, tmp_path: Path) -> None:
+    """The browser check can fail: a script error and a figure with no nodes are caught."""
+    chromium_or_skip()
+    from kvlifetime.report.browser import check_page
+
+    text = report_page.read_text(encoding="utf-8")
+    broken = text.replace('class="node"', 'class="gone"').replace(
+        "</main>", "</main><script>undefinedFunction();</script>"
+    )
+    page = tmp_path / "broken.html"
+    page.write_text(broken, encoding="utf-8")
+    check = check_page(page)
+    assert not check.ok
+    figs = {f["id"]: f for f in check.verdict["figures"]}
+    assert figs["fig-request"]["ok"] is False and figs["fig-request"]["parts"] == 0
+    assert figs["fig-cx-naive"]["ok"] is True
+    assert any("undefinedFunction" in e for e in check.verdict["errors"])
+    assert "fig-request" in check.problems() and "script error" in check.problems()
