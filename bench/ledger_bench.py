@@ -113,6 +113,25 @@ def guarded_allocate() -> float:
     return dt
 
 
+def guarded_few_calls() -> float:
+    """The few-calls API on the same allocator: ``acquire_and_grant`` per request (the pool
+    hands out the blocks, the ledger records them and the grant in one call), the early end
+    and its proof, one ``collect_releasable`` per step."""
+    ledger = BlockLedger(REQUESTS * BLOCKS)
+    pool = BlockPool(REQUESTS * BLOCKS)
+    t0 = time.perf_counter()
+    grants = []
+    for r in range(REQUESTS):
+        _, ids = pool.get_new_blocks(r, BLOCKS)
+        grants.append(ledger.acquire_and_grant(r, ids, "prefill-0", Access.WRITE))
+    _reject_and_prove(ledger, grants)
+    for ids in ledger.collect_releasable().values():
+        pool.free_blocks(ids)
+    dt = time.perf_counter() - t0
+    assert pool.free_queue.num_free == REQUESTS * BLOCKS
+    return dt
+
+
 def per_request_release() -> float:
     """Like guarded_acquire, but release() per request instead of one batch per step."""
     return _layered(per_request_release=True)
@@ -204,8 +223,17 @@ def batch_ops(batch: int = 1024, rounds: int = 200) -> dict[str, float]:
         if i == 0:
             ledger.collect_releasable()
 
+    def acquire_many_keys(led: BlockLedger, i: int) -> None:
+        # 1024 requests taking one block each, in one call (a decode step); the dict is built
+        # inside the timed region, as a scheduler builds it.
+        led.acquire_many({i * batch + j: (int(b),) for j, b in enumerate(batches[i])})
+
     return {
         "acquire": measure(empty, lambda led, i: led.acquire(i, batches[i])),
+        "acquire_and_grant": measure(
+            empty, lambda led, i: led.acquire_and_grant(i, batches[i], "p", Access.WRITE)
+        ),
+        "acquire_many (1024 requests x 1 block)": measure(empty, acquire_many_keys),
         "allocate": measure(owning_free_list, lambda led, i: led.allocate(i, batch)),
         "grant": measure(acquired, lambda led, i: led.grant(i, "p", batches[i])),
         "release (one call per batch)": measure(ended, lambda led, i: led.release(i)),
@@ -315,6 +343,41 @@ def shared_acquire_scaling(rounds: int = 5) -> dict[int, tuple[float, float]]:
     }
 
 
+def one_block(samples: int = 5000, requests: int = 1000, steps: int = 8) -> dict[str, float]:
+    """Median us of ``acquire`` of one block (a decode step growing one request), in each
+    counts mode; and us per request of a decode step done with one ``acquire_many`` for
+    ``requests`` requests (median of ``steps`` steps)."""
+    out: dict[str, float] = {}
+    for counts in ("ledger", "engine"):
+        ledger = BlockLedger(samples + 1, counts=counts)
+        ledger.acquire("r", [samples])
+        times = []
+        gc.disable()
+        try:
+            for b in range(samples):
+                t0 = time.perf_counter()
+                ledger.acquire("r", (b,))
+                times.append(time.perf_counter() - t0)
+        finally:
+            gc.enable()
+        out[f"acquire of 1 block, counts={counts!r}"] = statistics.median(times) * 1e6
+    ledger = BlockLedger(requests * (steps + 1), counts="engine")
+    ledger.acquire_many({r: (r,) for r in range(requests)})
+    per_step = []
+    gc.disable()
+    try:
+        for s in range(1, steps + 1):
+            t0 = time.perf_counter()
+            ledger.acquire_many({r: (s * requests + r,) for r in range(requests)})
+            per_step.append(time.perf_counter() - t0)
+    finally:
+        gc.enable()
+    out[f"acquire_many, {requests} requests x 1 block, per request"] = (
+        statistics.median(per_step) / requests * 1e6
+    )
+    return out
+
+
 def memory_per_block(n: int = 1_000_000) -> tuple[float, float]:
     ledger = BlockLedger(n)
     arrays = (
@@ -343,6 +406,7 @@ def main() -> None:
         "acquire": guarded_acquire,
         "per_req": per_request_release,
         "allocate": guarded_allocate,
+        "few": guarded_few_calls,
     }
     rounds: list[dict[str, float]] = []
     for _ in range(REPEATS):
@@ -364,6 +428,7 @@ def main() -> None:
         ("acquire", "guarded, acquire + collect         ", "   (target <= 1.5x)"),
         ("per_req", "guarded, acquire + release per req ", ""),
         ("allocate", "ledger owns free list (allocate)   ", "   (target <= 1.5x)"),
+        ("few", "few calls: acquire_and_grant+collect", ""),
     ):
         lo, hi = spread[key]
         print(
@@ -390,6 +455,10 @@ def main() -> None:
     for label, us in lat.items():
         print(f"   {label:44s} {us:6.2f}")
     print(f"   python-statemachine / ledger: {sm / ours:.0f}x")
+
+    print("\n3b. one block at a time (median us; target <= 1.5)")
+    for label, us in one_block().items():
+        print(f"   {label:52s} {us:6.2f}")
 
     arrays, with_stack = memory_per_block()
     print("\n4. memory, 1M blocks (target <= 16 B/block)")

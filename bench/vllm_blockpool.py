@@ -111,6 +111,26 @@ class Bench:
     def ledger_whole(self) -> float:
         return self._ledger_whole(per_request=True)
 
+    def ledger_whole_few_calls(self) -> float:
+        """The few-calls API: ``acquire_and_grant`` per request, evidence per request, one
+        ``collect_releasable`` per step."""
+        pool, n, b = self.pool(), self.requests, self.blocks
+        ledger, _ = _ledger(self.num_blocks)
+        t0 = time.perf_counter_ns()
+        held = []
+        grants = []
+        for r in range(n):
+            blocks = pool.get_new_blocks(b)
+            ids = np.fromiter([x.block_id for x in blocks], np.int64, b)
+            grants.append(ledger.acquire_and_grant(r, ids, PEER, Access.READ))
+            held.append(blocks)
+        for r in range(n):
+            ledger.finish(r)
+            ledger.apply(TransferCompleted.of(grants[r], 0))
+        for key in ledger.collect_releasable():  # once per step
+            pool.free_blocks(held[key])  # type: ignore[index]
+        return self._done(pool, t0)
+
     def ledger_whole_collect(self) -> float:
         return self._ledger_whole(per_request=False)
 
@@ -148,6 +168,33 @@ class Bench:
             ledger.finish(r)
             ledger.release(r)
             pool.free_blocks(held[r])
+        return self._done(pool, t0)
+
+    def ledger_incremental_per_step(self) -> float:
+        """The few-calls API: the prompt's blocks with ``acquire_and_grant``, then each decode
+        step's new blocks of every request in one ``acquire_many``, one
+        ``collect_releasable`` at the end."""
+        pool, n = self.pool(), self.requests
+        ledger, _ = _ledger(self.num_blocks)
+        t0 = time.perf_counter_ns()
+        held = []
+        for r in range(n):
+            blocks = pool.get_new_blocks(PROMPT)
+            ids = np.fromiter([x.block_id for x in blocks], np.int64, PROMPT)
+            g = ledger.acquire_and_grant(r, ids, PEER, Access.WRITE)
+            ledger.apply(TransferCompleted.of(g, 0))  # the prompt's KV has landed
+            held.append(blocks)
+        for _ in range(self.blocks - PROMPT):
+            step = {}
+            for r in range(n):
+                (block,) = pool.get_new_blocks(1)
+                step[r] = [block.block_id]
+                held[r].append(block)
+            ledger.acquire_many(step)  # once per scheduler step
+        for r in range(n):
+            ledger.finish(r)
+        for key in ledger.collect_releasable():
+            pool.free_blocks(held[key])  # type: ignore[index]
         return self._done(pool, t0)
 
 
@@ -234,11 +281,16 @@ def main(argv: list[str] | None = None) -> int:
                 "pool": bench.pool_whole,
                 "ledger, release per request": bench.ledger_whole,
                 "ledger, collect_releasable per step": bench.ledger_whole_collect,
+                "ledger, acquire_and_grant + collect per step": bench.ledger_whole_few_calls,
             },
         ),
         "incremental": (
             f"{PROMPT} blocks, then {args.blocks - PROMPT} x get_new_blocks(1)",
-            {"pool": bench.pool_incremental, "ledger": bench.ledger_incremental},
+            {
+                "pool": bench.pool_incremental,
+                "ledger, acquire per block": bench.ledger_incremental,
+                "ledger, acquire_many per step": bench.ledger_incremental_per_step,
+            },
         ),
     }
     report: dict[str, Any] = {

@@ -20,6 +20,11 @@ from kvlifetime.grant import BlockIds
 Counts = npt.NDArray[np.uint8 | np.uint16 | np.uint32]
 """A per-block count array in one of the counter dtypes (uint8, uint16 or uint32)."""
 
+# The limit of each counter dtype, looked up once (np.iinfo costs more than the rest of a count).
+_TOP: dict[np.dtype[Any], int] = {
+    np.dtype(t): int(np.iinfo(t).max) for t in (np.uint8, np.uint16, np.uint32)
+}
+
 _WIDER: dict[np.dtype[Any], type[np.unsignedinteger[Any]]] = {
     np.dtype(np.uint8): np.uint16,
     np.dtype(np.uint16): np.uint32,
@@ -39,7 +44,7 @@ def counted(counts: Counts, arr: BlockIds, so_far: int) -> Counts:
     """``counts`` + 1 on ``arr`` (distinct ids), widened first if a block of ``arr`` is at the
     dtype's limit. ``so_far`` (the grants counted so far) bounds every block's count, so below
     the limit no block needs looking at: one int compare on the hot path."""
-    top = int(np.iinfo(counts.dtype).max)
+    top = _TOP[counts.dtype]
     if so_far >= top and len(arr) and int(counts.take(arr).max()) >= top:
         wider = _WIDER.get(counts.dtype)
         if wider is None:

@@ -385,9 +385,7 @@ class BlockLedger:
                 self._owner[arr] = req.slot
                 req.excl.append(arr)
 
-    def acquire_many(
-        self, holds: Mapping[_Key, npt.ArrayLike], *, shared: bool = False
-    ) -> None:
+    def acquire_many(self, holds: Mapping[_Key, npt.ArrayLike], *, shared: bool = False) -> None:
         """Many requests' ``acquire`` in one call: a scheduler step's new blocks (decode growing
         each running request by a block, a batch of prefills admitted together).
 
@@ -523,9 +521,9 @@ class BlockLedger:
                 # What grant() refuses on blocks the request holds once the hold is recorded
                 # (the hold checks above already refused an open write grant on any of them).
                 if engine:
-                    if self._sharers.take(arr).any():
+                    if np.count_nonzero(self._sharers.take(arr)):
                         raise BlockUnavailable("a write grant on blocks another request holds")
-                    if self._readers.take(arr).any():
+                    if np.count_nonzero(self._readers.take(arr)):
                         raise BlockUnavailable("a write grant on blocks an open grant covers")
                 elif shared:
                     raise BlockUnavailable("a write grant on a block this request shares")
@@ -577,10 +575,10 @@ class BlockLedger:
         held = self._sharers.take(allids) > 0
         if not self._engine:
             held |= self._owner.take(allids) >= 0
-        if not held.any():
+        if not np.count_nonzero(held):
             return
         for key, req, a, n in zip(keys, reqs, starts, lens, strict=True):
-            if req is None or not n or not held[a : a + n].any():
+            if req is None or not n or not np.count_nonzero(held[a : a + n]):
                 continue
             mine = allids[a : a + n]
             if (not self._engine and (self._owner.take(mine) == req.slot).any()) or any(
@@ -632,7 +630,7 @@ class BlockLedger:
                     np.isin(arr, s, assume_unique=True).any() for s in req.shared
                 ):
                     raise BlockUnavailable("a write grant on a block this request shares")
-                if self._sharers.take(arr).any():
+                if np.count_nonzero(self._sharers.take(arr)):
                     raise BlockUnavailable("a write grant on a block with more than one holder")
             return self._open_grant(req, peer, arr, access, deadline)
 
@@ -935,7 +933,7 @@ class BlockLedger:
                 back = _empty()
             if self._shared_holds and len(excl):
                 still = self._sharers.take(excl) > 0
-                if still.any():
+                if np.count_nonzero(still):
                     owner[excl[still]] = ORPHANED
                     excl = excl[~still]
             if len(back):
@@ -1477,7 +1475,7 @@ class BlockLedger:
         owner = self._owner.take(arr)
         sharers = self._sharers.take(arr)
         held = (owner >= 0) | (sharers > 0)
-        if not held.all():
+        if np.count_nonzero(held) != len(held):
             raise BlockUnavailable(
                 f"shared acquire of blocks nobody holds: {arr[~held][:16].tolist()}"
             )
@@ -1490,12 +1488,17 @@ class BlockLedger:
         # whether their request runs or has ended (draining, quarantined): a reader does not
         # change the content.
         unsettled = self._unsettled.take(arr)
-        if unsettled.any():
+        if np.count_nonzero(unsettled):
             raise BlockUnavailable(
                 f"blocks {arr[unsettled > 0][:16].tolist()} are not settled: an open write "
                 "grant may still change them: not shareable"
             )
-        if len(arr) and int(sharers.max()) >= self.MAX_SHARERS:
+        # A block has at most as many holders as there are live holds: below the limit, no
+        # block needs looking at.
+        if (
+            self._shared_holds >= self.MAX_SHARERS
+            and int(sharers.max(initial=0)) >= self.MAX_SHARERS
+        ):
             raise HolderLimit(
                 f"blocks {arr[sharers >= self.MAX_SHARERS][:16].tolist()} already have "
                 f"{self.MAX_SHARERS} shared holders (the counter's limit): not shared again"
@@ -1506,7 +1509,7 @@ class BlockLedger:
         content is unsettled), where ``req`` already holds one, or at the holder limit. Open
         read grants do not matter, whoever holds the block and whatever its state."""
         writes = self._unsettled.take(arr)
-        if writes.any():
+        if np.count_nonzero(writes):
             raise BlockUnavailable(
                 f"blocks {arr[writes > 0][:16].tolist()} are not settled: an open write grant "
                 "may still change them: not held by another request"
@@ -1516,11 +1519,16 @@ class BlockLedger:
         if (
             req is not None
             and req.shared
-            and holders.any()
+            and np.count_nonzero(holders)
             and np.isin(arr, req.all_blocks(), assume_unique=True).any()
         ):
             raise BlockUnavailable(f"request {req.key!r} already holds some of these blocks")
-        if len(arr) and int(holders.max()) >= self.MAX_SHARERS:
+        # A block has at most as many holders as there are live holds: below the limit, no
+        # block needs looking at.
+        if (
+            self._shared_holds >= self.MAX_SHARERS
+            and int(holders.max(initial=0)) >= self.MAX_SHARERS
+        ):
             raise HolderLimit(
                 f"blocks {arr[holders >= self.MAX_SHARERS][:16].tolist()} already have "
                 f"{self.MAX_SHARERS} holders (the counter's limit): not held by one more"
@@ -1532,16 +1540,16 @@ class BlockLedger:
         writes = self._unsettled.take(arr)
         if access is Access.WRITE:
             others = self._sharers.take(arr) > 1  # req holds each block of arr
-            if others.any():
+            if np.count_nonzero(others):
                 raise BlockUnavailable(
                     f"a write grant on blocks another request holds: {arr[others][:16].tolist()}"
                 )
             covered = (writes != 0) | (self._readers.take(arr) != 0)
-            if covered.any():
+            if np.count_nonzero(covered):
                 raise BlockUnavailable(
                     f"a write grant on blocks an open grant covers: {arr[covered][:16].tolist()}"
                 )
-        elif writes.any():
+        elif np.count_nonzero(writes):
             # Rare: tell req's own open write grants from another request's.
             own = np.zeros(len(arr), dtype=np.int64)
             for rec in req.open.values():
