@@ -51,6 +51,7 @@ import collections
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
+from itertools import chain
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -115,6 +116,7 @@ Counts = Literal["ledger", "engine"]
 COUNTS: tuple[Counts, ...] = ("ledger", "engine")
 
 _Key = TypeVar("_Key", bound=RequestKey)  # a mapping keyed by str, by int, or by both
+_PLAIN = (list, tuple)  # batches acquire_many flattens without a conversion per request
 
 _log = structlog.get_logger("kvlifetime")
 
@@ -401,16 +403,28 @@ class BlockLedger:
                 f"holds must be a mapping of request -> block ids, got {type(holds).__name__}"
             )
         shared = inputs.flag(shared, "shared")
-        keys = [inputs.request_key(k) for k in holds]
-        if len(set(keys)) != len(keys):  # e.g. an IntEnum member and its int value
-            raise errors.InvalidField(f"holds names a request twice: {keys!r}")
-        engine = self._engine
-        shared = shared or engine
-        parts = [self._batch_part(v) for v in holds.values()]
-        lens = [len(p) for p in parts]
+        keys: list[RequestKey] = list(holds)
+        values: list[Any] = list(holds.values())
         if not keys:
             return
-        allids = _concat_ids(parts, self.num_blocks)
+        # Plain int and str keys are valid as they are (a dict keeps them distinct); anything
+        # else is normalized, and two keys that become one (an IntEnum member and its value)
+        # are refused.
+        if not all(type(k) is int or (type(k) is str and k) for k in keys):
+            keys = [inputs.request_key(k) for k in keys]
+            if len(set(keys)) != len(keys):
+                raise errors.InvalidField(f"holds names a request twice: {keys!r}")
+        engine = self._engine
+        shared = shared or engine
+        lens = [len(v) if type(v) in _PLAIN else -1 for v in values]
+        flat = list(chain.from_iterable(values)) if -1 not in lens else None
+        if flat is not None and set(map(type, flat)) <= {int}:
+            # The common case, a list or tuple of ints per request: one conversion for all.
+            allids = _concat_ids([flat], self.num_blocks)
+        else:
+            parts = [self._batch_part(v) for v in values]
+            lens = [len(p) for p in parts]
+            allids = _concat_ids(parts, self.num_blocks)
         starts = [0] * len(keys)
         total = 0
         for i, n in enumerate(lens):
