@@ -226,15 +226,20 @@ def _html(text: str) -> str:
 
 
 def _node_label(state: str, loops: tuple[Row, ...]) -> str:
-    """The state's name, then one line per self-loop (an HTML-like Graphviz label)."""
+    """The state's name, then one line per self-loop (an HTML-like Graphviz label: a table,
+    so that each line gets its own row and the lines never touch)."""
     if not loops:
         return _q(state)
-    lines = [f"<b>{_html(state)}</b>"]
+    cells = [f'<tr><td align="left"><b>{_html(state)}</b></td></tr>']
     for r in loops:
         text = _html(f"{LOOP_MARK} {edge_label(r)}")
         colour = ' color="red"' if r.unsafe else ""
-        lines.append(f'<font point-size="9"{colour}>{text}</font>')
-    return "<" + '<br align="left"/>'.join(lines) + '<br align="left"/>>'
+        cells.append(f'<tr><td align="left"><font point-size="10"{colour}>{text}</font></td></tr>')
+    return (
+        '<<table border="0" cellborder="0" cellspacing="0" cellpadding="1">'
+        + "".join(cells)
+        + "</table>>"
+    )
 
 
 def dot(table: TransitionTable) -> str:

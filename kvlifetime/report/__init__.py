@@ -120,9 +120,9 @@ def _harness_section(runs: Sequence[Report], source: str) -> HarnessSection:
                     "fig-naive-vs-proof",
                     "plot",
                     svg,
-                    "Naive vs proof, side by side (push, no topology knob): blocks by state over "
-                    "the run, and in red the writes the oracle saw land late, so far (one scale "
-                    "for every panel).",
+                    "Naive vs proof, side by side (push, no topology knob): blocks out of the "
+                    "pool by state over the run, and in red the writes the oracle saw land late, "
+                    "so far (one scale for every panel).",
                     n,
                 )
             )
@@ -144,7 +144,9 @@ def _harness_section(runs: Sequence[Report], source: str) -> HarnessSection:
                 "fig-every-run",
                 "plot",
                 svg,
-                "Every run: blocks by state over time (held, draining, quarantined, free).",
+                "Every run: blocks out of the pool by state over time (held, draining, "
+                "quarantined; free is the rest of the pool, its low mark in each panel). Each "
+                "panel has its own scale.",
                 n,
             )
         )

@@ -18,14 +18,15 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-# Blocks by state, drawn bottom to top. "held" is every block a request still holds with no
-# doubt about it (owned, exposed to a peer, quiesced awaiting release); draining waits for a
-# peer's proof; quarantined waits past a deadline; free is in the pool.
+# Blocks out of the pool by state, drawn bottom to top. "held" is every block a request still
+# holds with no doubt about it (owned, exposed to a peer, quiesced awaiting release); draining
+# waits for a peer's proof; quarantined waits past a deadline. Free blocks are the rest of the
+# pool: stacked too they would flatten everything else to a sliver (the pool is 2,048 blocks,
+# a run has a few hundred out), so each panel says how few were ever free instead.
 BANDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("held (owned, exposed, quiesced)", ("owned", "exposed", "quiesced"), "#4a7ebb"),
     ("draining", ("draining",), "#e6a23c"),
     ("quarantined", ("quarantined",), "#8e44ad"),
-    ("free", ("free",), "#dfe6ec"),
 )
 LATE = "#c0392b"
 _METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.S)
@@ -77,7 +78,8 @@ def _svg(fig: Figure, figure_id: str) -> str:
     return _METADATA.sub("", text, count=1)
 
 
-def _stack(ax: Axes, d: Mapping[str, Any], legend: bool) -> None:
+def _stack(ax: Axes, d: Mapping[str, Any]) -> float:
+    """Blocks out of the pool by state, stacked; returns the top of its scale."""
     ticks = _col(d, "tick")
     ys = [[sum(v) for v in zip(*(_col(d, c) for c in cols), strict=True)] for _, cols, _ in BANDS]
     ax.stackplot(
@@ -87,13 +89,33 @@ def _stack(ax: Axes, d: Mapping[str, Any], legend: bool) -> None:
         colors=[b[2] for b in BANDS],
         linewidth=0,
     )
+    out = [sum(v) for v in zip(*ys, strict=True)]
     ax.set_xlim(ticks[0], max(ticks[-1], ticks[0] + 1))
-    ax.set_ylim(0, int(d.get("num_blocks") or max(sum(y) for y in zip(*ys, strict=True))))
+    top = max(10, max(out, default=0)) * 1.15
+    ax.set_ylim(0, top)
     ax.set_xlabel("tick")
     ax.set_title(run_title(d), fontsize=10)
-    ax.margins(0)
-    if legend:
-        ax.legend(loc="lower left", fontsize=7, framealpha=0.9)
+    free = _col(d, "free")
+    ax.text(
+        0.02,
+        0.95,
+        f"free: at least {min(free, default=0):,} of {d.get('num_blocks', 0):,}",
+        transform=ax.transAxes,
+        ha="left",
+        va="top",
+        fontsize=7,
+        color="#555",
+    )
+    return top
+
+
+def _legend(fig: Figure, ax: Axes, *more: Axes) -> None:
+    """One legend for the figure, above the panels (never over a curve)."""
+    handles, labels = ax.get_legend_handles_labels()
+    for extra in more:
+        h, lab = extra.get_legend_handles_labels()
+        handles, labels = handles + h, labels + lab
+    fig.legend(handles, labels, loc="outside upper center", ncols=len(labels), fontsize=8)
 
 
 def naive_vs_proof(runs: Sequence[Mapping[str, Any]], figure_id: str) -> tuple[str, int]:
@@ -112,12 +134,17 @@ def naive_vs_proof(runs: Sequence[Mapping[str, Any]], figure_id: str) -> tuple[s
     fig = _figure(4.0 * max(1, len(plain)), 3.2)
     axes = fig.subplots(1, max(1, len(plain)), sharey=True, squeeze=False)[0]
     late_max = max([max(_col(d, "late_writes"), default=0) for d in plain] + [1])
+    tops = []
+    twins: list[Axes] = []
     for i, (ax, d) in enumerate(zip(axes, plain, strict=False)):
-        _stack(ax, d, legend=i == 0)
+        tops.append(_stack(ax, d))
         if i == 0:
-            ax.set_ylabel("blocks")
+            ax.set_ylabel("blocks out of the pool")
         twin = ax.twinx()
-        twin.plot(_col(d, "tick"), _col(d, "late_writes"), color=LATE, linewidth=2)
+        twin.plot(
+            _col(d, "tick"), _col(d, "late_writes"), color=LATE, linewidth=2, label="late writes"
+        )
+        twins.append(twin)
         twin.set_ylim(0, late_max * 1.05)
         twin.tick_params(axis="y", colors=LATE, labelsize=8)
         if i == len(plain) - 1:
@@ -134,6 +161,9 @@ def naive_vs_proof(runs: Sequence[Mapping[str, Any]], figure_id: str) -> tuple[s
             color=LATE,
             bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none"},
         )
+    axes[0].set_ylim(0, max(tops, default=10))  # shared: one scale for every panel
+    if twins:
+        _legend(fig, axes[0], twins[0])
     return _svg(fig, figure_id), len(plain)
 
 
@@ -158,23 +188,15 @@ def quarantine_and_reclaim(runs: Sequence[Mapping[str, Any]], figure_id: str) ->
         ax.fill_between(ticks, _col(d, "quarantined"), color="#8e44ad", alpha=0.35, linewidth=0)
         ax.plot(ticks, _col(d, "quarantined"), color="#8e44ad", label="quarantined now")
         ax.plot(ticks, _col(d, "reclaimed"), color=RECLAIM, linewidth=2, label="reclaimed so far")
-        ax.set_title(run_title(d), fontsize=10)
         ax.set_xlabel("tick")
         ax.set_ylim(bottom=0)
         if i % cols == 0:
             ax.set_ylabel("blocks")
-        if i == 0:
-            ax.legend(loc="upper left", fontsize=7)
         fences = sum((d.get("fences") or {}).values())
-        ax.text(
-            0.98,
-            0.95,
-            f"{fences} fences, peak {d.get('peak_quarantined_blocks', 0)}",
-            transform=ax.transAxes,
-            ha="right",
-            va="top",
-            fontsize=8,
-        )
+        peak = d.get("peak_quarantined_blocks", 0)
+        ax.set_title(f"{run_title(d)}\n{fences} fences, peak {peak} quarantined", fontsize=9)
+    if picked:
+        _legend(fig, axes[0])
     return _svg(fig, figure_id), len(picked)
 
 
@@ -185,11 +207,13 @@ def every_run(runs: Sequence[Mapping[str, Any]], figure_id: str) -> tuple[str, i
     cols = min(n, 3)
     rows = (n + cols - 1) // cols
     fig = _figure(4.0 * cols, 2.6 * rows)
-    axes = fig.subplots(rows, cols, squeeze=False, sharey=True).ravel()
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax in axes[len(picked) :]:
         ax.set_visible(False)
     for i, (ax, d) in enumerate(zip(axes, picked, strict=False)):
-        _stack(ax, d, legend=i == 0)
+        _stack(ax, d)
         if i % cols == 0:
-            ax.set_ylabel("blocks")
+            ax.set_ylabel("blocks out of the pool")
+    if picked:
+        _legend(fig, axes[0])
     return _svg(fig, figure_id), len(picked)
