@@ -3,16 +3,21 @@ verifier, and opened in headless Chromium."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
+from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
 from report_helpers import SKIP_NO_DOT, chromium_or_skip, needs_dot, write_results
 from structlog.testing import capture_logs
 
 from kvlifetime.cli import main
-from kvlifetime.report import INDEX, ReportInputError, load_results, write_report
+from kvlifetime.report import INDEX, STEPS, ReportInputError, load_results, write_report
 from kvlifetime.report.counterexamples import ENGINE, OWNER, arrows, explore_policies, lanes
 from kvlifetime.report.tables import inline
 from kvlifetime.table import table_for
@@ -23,11 +28,37 @@ def report_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_results(tmp_path_factory.mktemp("out") / "report.json")
 
 
+@attrs.frozen
+class Built:
+    page: Path
+    status: int
+    stdout: str
+    logs: list[MutableMapping[str, Any]]
+
+
 @pytest.fixture(scope="module")
-def report_page(report_results: Path) -> Path:
+def built(report_results: Path) -> Built:
+    """The page, made once by the command line as a user runs it: ``kvlifetime -v report``."""
     if SKIP_NO_DOT:
         pytest.skip("Graphviz `dot` not installed")
-    return write_report(report_results.parent).path
+    out = io.StringIO()
+    with capture_logs() as logs, contextlib.redirect_stdout(out):
+        status = main(["-v", "report", "--out", str(report_results.parent)])
+    return Built(report_results.parent / INDEX, status, out.getvalue(), logs)
+
+
+@pytest.fixture(scope="module")
+def report_page(built: Built) -> Path:
+    return built.page
+
+
+def test_report_command_writes_the_page_and_says_each_step(built: Built) -> None:
+    assert built.status == 0
+    assert built.stdout == f"{built.page}\n"  # stdout: the path written, nothing else
+    steps = [e["step"] for e in built.logs if e["event"] == "report_step"]
+    assert tuple(steps) == STEPS
+    (written,) = [e for e in built.logs if e["event"] == "report_written"]
+    assert written["runs"] == 3 and written["bytes"] == built.page.stat().st_size
 
 
 # --------------------------------------------------------------------------- counterexamples

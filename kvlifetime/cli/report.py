@@ -34,7 +34,10 @@ def run(args: argparse.Namespace) -> int:
     from kvlifetime.report import require_report_extra, write_report
 
     require_report_extra()  # before anything runs: the missing extra, named
-    done = write_report(args.out, args.results, log=args.log)
+    log = args.log
+    done = write_report(
+        args.out, args.results, log=log, on_step=lambda step: log.info("report_step", step=step)
+    )
     print(done.path)
     if not args.screenshot:
         return 0

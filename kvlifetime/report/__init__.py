@@ -18,7 +18,7 @@ written and the error names what to install.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INDEX",
+    "STEPS",
     "ReportInputError",
     "ReportWritten",
     "build_page",
@@ -159,8 +160,18 @@ def _harness_section(runs: Sequence[Report], source: str) -> HarnessSection:
     )
 
 
-def build_page(runs: Sequence[Report] | None, *, source: str = RESULTS) -> str:
-    """The page for ``runs`` (``None``: no harness results, the page says how to make them)."""
+STEPS: tuple[str, ...] = ("lifecycles", "tables", "harness plots", "counterexamples")
+"""What ``build_page`` does, in order (``on_step`` is called with each before it starts)."""
+
+
+def build_page(
+    runs: Sequence[Report] | None,
+    *,
+    source: str = RESULTS,
+    on_step: Callable[[str], None] | None = None,
+) -> str:
+    """The page for ``runs`` (``None``: no harness results, the page says how to make them).
+    ``on_step``: told each of ``STEPS`` as it starts (a progress bar, a log line)."""
     require_report_extra()
     from kvlifetime import __version__
     from kvlifetime.diagrams import MACHINES
@@ -169,14 +180,26 @@ def build_page(runs: Sequence[Report] | None, *, source: str = RESULTS) -> str:
     from kvlifetime.report.page import render_page
     from kvlifetime.report.tables import engine_profiles, evidence_table, provenance_table
 
+    def step(name: str) -> None:
+        if on_step is not None:
+            on_step(name)
+
+    step("lifecycles")
+    lifecycles = [lifecycle(m) for m in MACHINES]
+    step("tables")
+    evidence, provenance, engines = evidence_table(), provenance_table(), engine_profiles()
+    step("harness plots")
+    harness = None if runs is None else _harness_section(runs, source)
+    step("counterexamples")
+    verdicts = explore_policies()
     return render_page(
         version=__version__,
-        lifecycles=[lifecycle(m) for m in MACHINES],
-        evidence=evidence_table(),
-        provenance=provenance_table(),
-        engines=engine_profiles(),
-        harness=None if runs is None else _harness_section(runs, source),
-        verdicts=explore_policies(),
+        lifecycles=lifecycles,
+        evidence=evidence,
+        provenance=provenance,
+        engines=engines,
+        harness=harness,
+        verdicts=verdicts,
     )
 
 
@@ -187,15 +210,21 @@ class ReportWritten:
     bytes: int
 
 
-def write_report(out: Path, results: Path | None = None, log: Any = None) -> ReportWritten:
+def write_report(
+    out: Path,
+    results: Path | None = None,
+    log: Any = None,
+    on_step: Callable[[str], None] | None = None,
+) -> ReportWritten:
     """Write ``out/index.html`` from ``results`` (default ``out/report.json``; if that file
     does not exist the page is written without the harness section, and says so). Nothing is
-    written when anything is refused. ``log``: a structlog logger (default ``kvlifetime``)."""
+    written when anything is refused. ``log``: a structlog logger (default ``kvlifetime``);
+    ``on_step``: see ``build_page``."""
     log = _log if log is None else log
     results = out / RESULTS if results is None else results
     try:
         runs = load_results(results) if results.exists() else None
-        text = build_page(runs, source=str(results))
+        text = build_page(runs, source=str(results), on_step=on_step)
     except KVLifetimeError as e:
         log.warning("report_refused", error=e.kind, message=str(e), results=str(results))
         raise
