@@ -95,7 +95,9 @@ from kvlifetime.grant import (
     make_grant_id,
 )
 from kvlifetime.ledger_records import GrantRecord, RequestRecord
-from kvlifetime.ledger_values import LedgerStats, QuarantineInfo, Transition
+from kvlifetime.ledger_values import LedgerStats as LedgerStats
+from kvlifetime.ledger_values import QuarantineInfo as QuarantineInfo
+from kvlifetime.ledger_values import Transition as Transition
 from kvlifetime.machines import (
     ENDED_STATES,
     PROOF_CHAIN,
