@@ -112,8 +112,10 @@ class ConnectorGuard:
         if len(ids) == 0:
             return
         try:
-            self.ledger.acquire(request, ids)
-            self._writes[request] = self.ledger.grant(request, self.peer, ids, Access.WRITE)
+            # One call, all or nothing: a refused grant leaves no hold behind in the ledger.
+            self._writes[request] = self.ledger.acquire_and_grant(
+                request, ids, self.peer, Access.WRITE
+            )
         except KVLifetimeError as e:
             # vLLM handed out a block that another request's transfer may still touch: the
             # guard cannot stop vLLM here, so it says so (and the ledger changed nothing).
@@ -253,8 +255,13 @@ class ConnectorGuard:
 
     def _expose_read(self, request: str, ids: np.ndarray) -> None:
         try:
-            held = self.ledger.blocks_of(request) if request in self._writes else None
-            new = ids if held is None else np.setdiff1d(ids, held, assume_unique=True)
+            if request not in self._writes:  # the common case: nothing held yet
+                self._reads[request] = self.ledger.acquire_and_grant(
+                    request, ids, self.peer, Access.READ
+                )
+                return
+            held = self.ledger.blocks_of(request)
+            new = np.setdiff1d(ids, held, assume_unique=True)
             if len(new):
                 self.ledger.acquire(request, new)
             self._reads[request] = self.ledger.grant(request, self.peer, ids, Access.READ)
