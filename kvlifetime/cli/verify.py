@@ -1,16 +1,48 @@
-"""``verify``: the bounded exhaustive explorer over the real ledger."""
+"""``verify``: the bounded exhaustive explorer over the real ledger.
+
+The search runs in ``kvlifetime.verify.explore``, which writes nothing: this module turns its
+progress callback into a bar on stderr (``--progress``; by default when stderr is a terminal)
+and a ``verify_progress`` log event (``-v``), and its result into the text or JSON on stdout and
+the exit status. Ctrl-C ends the search, not the command: the partial result is printed and the
+status is 130.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING, Any
+
+from kvlifetime.cli.output import bounded_int
+
+if TYPE_CHECKING:
+    from kvlifetime.verify.explore import Progress, Result
+
+EXIT_VIOLATION = 1
+EXIT_INCOMPLETE = 3
+EXIT_INTERRUPTED = 130  # as every kvlifetime command (128 + SIGINT)
+
+EXIT_STATUS: tuple[tuple[int, str], ...] = (
+    (0, "pass: every reachable state keeps every invariant"),
+    (EXIT_VIOLATION, "a violation: the policy is refuted (the shortest counterexample is printed)"),
+    (2, "a usage error, or a shape the explorer cannot take (one line on stderr)"),
+    (
+        EXIT_INCOMPLETE,
+        "incomplete: no violation found, but not every state was explored (--max-states, "
+        "or --hash-compaction, which may miss states)",
+    ),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C): the partial result is printed"),
+)
+"""verify's exit statuses, shown at the end of ``kvlifetime verify --help``."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--requests", type=int, default=2, metavar="R", help="requests ever admitted")
-    p.add_argument("--peers", type=int, default=2, metavar="P")
-    p.add_argument("--blocks", type=int, default=2, metavar="B")
+    p.add_argument(
+        "--requests", type=bounded_int(1), default=2, metavar="R", help="requests ever admitted"
+    )
+    p.add_argument("--peers", type=bounded_int(1), default=2, metavar="P")
+    p.add_argument("--blocks", type=bounded_int(1), default=2, metavar="B")
     p.add_argument(
         "--faults",
         default="all",
@@ -27,20 +59,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(only what the evidence proves), trusting (proof, with a receiver that stamps wire "
         "evidence as local: no provenance; refuted with --faults lie) (default: proof)",
     )
-    p.add_argument("--transfers", type=int, default=1, help="transfers a peer posts per grant")
-    p.add_argument("--blocks-per-request", type=int, default=1)
-    p.add_argument("--max-states", type=int, default=None, help="stop after this many states")
+    p.add_argument(
+        "--transfers", type=bounded_int(0), default=1, help="transfers a peer posts per grant"
+    )
+    p.add_argument("--blocks-per-request", type=bounded_int(1), default=1)
+    p.add_argument(
+        "--max-states",
+        type=bounded_int(1),
+        default=None,
+        help="stop after storing this many states (the verdict is then INCOMPLETE, exit 3)",
+    )
     p.add_argument(
         "--max-faults",
-        type=int,
+        type=bounded_int(0),
         default=None,
         metavar="K",
-        help="at most K fault events per run, over every kind (default: no total cap; with "
-        "every fault kind and no cap even 2x2x2 runs for more than 10 minutes, --max-faults 1 "
-        "finishes 3x2x3 in about 20 s)",
+        help="at most K fault events per run, over every kind (default: no total cap, only "
+        "the per-kind bounds)",
     )
     p.add_argument(
         "--no-reduction", action="store_true", help="key states concretely (measures the factor)"
+    )
+    p.add_argument(
+        "--hash-compaction",
+        action="store_true",
+        help="approximate: store a 64-bit hash of each state instead of the state (far less "
+        "memory); a collision may hide a state, so it never passes: no violation found is "
+        "INCOMPLETE (exit 3), with the bound on the chance of a miss",
     )
     p.add_argument("--checked", action="store_true", help="mirror into the specification too")
     p.add_argument("--format", choices=("text", "json"), default="text")
@@ -60,17 +105,72 @@ def run(args: argparse.Namespace) -> int:
             max_faults=args.max_faults,
         )
     except ValueError as e:
+        args.log.info("verify_refused", error=str(e))
         print(f"kvlifetime verify: error: {e}", file=sys.stderr)
         return 2
-    result = explore(
-        config,
-        Policy(args.policy),
-        reduce=not args.no_reduction,
-        max_states=args.max_states,
-        checked=args.checked,
-    )
+    with _ProgressBar(args) as bar:
+        result = explore(
+            config,
+            Policy(args.policy),
+            reduce=not args.no_reduction,
+            max_states=args.max_states,
+            checked=args.checked,
+            progress=bar.update,
+            compact=args.hash_compaction,
+        )
     if args.format == "json":
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
     else:
         sys.stdout.write(result.to_text())
-    return 1 if result.violation is not None else 0
+    return exit_status(result)
+
+
+def exit_status(result: Result) -> int:
+    """The command's exit status for ``result`` (``EXIT_STATUS``)."""
+    if result.violation is not None:
+        return EXIT_VIOLATION
+    if result.interrupted:
+        return EXIT_INTERRUPTED
+    return 0 if result.complete else EXIT_INCOMPLETE
+
+
+class _ProgressBar:
+    """The search's progress on stderr: a tqdm bar (states, depth, states/s, queue) when shown,
+    and a ``verify_progress`` log event either way."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self._show: bool | None = getattr(args, "progress", None)
+        self._log: Any = args.log
+        self._bar: Any = None
+
+    def __enter__(self) -> _ProgressBar:
+        from tqdm import tqdm
+
+        self._bar = tqdm(
+            total=None,
+            desc="verify",
+            unit=" states",
+            file=sys.stderr,
+            disable=None if self._show is None else not self._show,
+            leave=False,
+            dynamic_ncols=True,
+        )
+        return self
+
+    def update(self, p: Progress) -> None:
+        self._log.info(
+            "verify_progress",
+            states=p.states,
+            depth=p.depth,
+            queue=p.queue,
+            states_per_second=round(p.states_per_second),
+            seconds=round(p.seconds, 1),
+        )
+        bar = self._bar
+        if bar is not None and not bar.disable:
+            bar.update(p.states - bar.n)
+            bar.set_postfix(depth=p.depth, queue=p.queue, refresh=True)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.close()

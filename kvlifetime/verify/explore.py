@@ -199,7 +199,7 @@ from __future__ import annotations
 import collections
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -251,15 +251,32 @@ class Result:
     transitions: int  # successor states computed
     seconds: float
     max_depth: int
-    complete: bool  # False: stopped at a violation or at max_states
+    complete: bool  # every reachable state explored: False at a violation, at max_states,
+    # at an interrupt, and always for a hash-compacted search (it may have merged two states)
     violation: Violation | None
     trace: tuple[Step, ...]
+    interrupted: bool = False  # ended by Ctrl-C (KeyboardInterrupt): a partial result
+    compact: bool = False  # hash compaction: 64-bit hashes of the keys were stored
+    queue: int = 0  # states stored and not expanded when the search ended
 
     @property
     def verdict(self) -> str:
+        """``violation``, ``pass``, ``interrupted`` or ``incomplete`` (a hash-compacted search
+        that found nothing is incomplete: it may have missed states)."""
         if self.violation is not None:
             return "violation"
+        if self.interrupted:
+            return "interrupted"
         return "pass" if self.complete else "incomplete"
+
+    @property
+    def omission_bound(self) -> float:
+        """For a hash-compacted search, a bound on the probability that a hash collision made
+        it skip a state: ``n(n-1)/2`` pairs of stored states, each colliding with probability
+        ``2**-64`` (if the hash were uniform; Python's tuple hash is not proven to be). 0 for an
+        exact search."""
+        n = self.states
+        return n * (n - 1) / 2 / 2.0**64 if self.compact else 0.0
 
     @property
     def states_per_second(self) -> float:
@@ -277,6 +294,10 @@ class Result:
             "states_per_second": round(self.states_per_second, 1),
             "max_depth": self.max_depth,
             "complete": self.complete,
+            "interrupted": self.interrupted,
+            "queue": self.queue,
+            "hash_compaction": self.compact,
+            "omission_bound": self.omission_bound,
             "violation": None
             if self.violation is None
             else {
@@ -311,8 +332,25 @@ class Result:
                 if Fault.LIE not in c.faults:
                     kept.remove("provenance")  # no lie was sent
                 lines.append("verdict: PASS: every reachable state keeps " + ", ".join(kept))
+            elif self.interrupted:
+                lines.append(
+                    f"verdict: INTERRUPTED: no violation among the {self.states} states stored "
+                    f"({self.queue} of them not yet expanded); a partial result, not a pass"
+                )
+            elif self.compact:
+                lines.append(
+                    "verdict: INCOMPLETE (approximate): no violation in the states a "
+                    "hash-compacted search reached; a collision may have hidden a state "
+                    f"(probability at most {self.omission_bound:.1e} for a uniform 64-bit "
+                    "hash)"
+                    + (" and it stopped at --max-states" if self.queue else "")
+                    + "; not a pass"
+                )
             else:
-                lines.append("verdict: INCOMPLETE: stopped at --max-states before the end")
+                lines.append(
+                    f"verdict: INCOMPLETE: stopped at --max-states before the end "
+                    f"({self.queue} states not yet expanded); not a pass"
+                )
             return "\n".join(lines) + "\n"
         v = self.violation
         lines.append(f"verdict: VIOLATION of {v.invariant} ({INVARIANTS[v.invariant]})")
@@ -328,14 +366,55 @@ class Result:
 # ------------------------------------------------------------------ state keys
 
 
-def _perms(n: int) -> list[tuple[int, ...]]:
-    return list(itertools.permutations(range(n)))
+# The most peer renamings one key tries (see "renamings" in the module docstring).
+RENAMING_CAP = 720
+
+
+def renamings(
+    sig: Sequence[Any], used: Sequence[bool], cap: int = RENAMING_CAP
+) -> Iterator[list[int]]:
+    """The peer renamings (old index -> new name) that can give the least key, lazily.
+
+    Peers are named in the order of ``sig`` (a name-free signature of what the key keeps of
+    each): only peers with equal signatures are permuted among themselves, and only when the
+    key mentions them (``used``: a grant or a message names them); peers the key names only
+    through their flags are alike and keep one order. At most ``cap`` renamings are yielded.
+    """
+    order = sorted(range(len(sig)), key=lambda p: sig[p])
+    groups: list[list[int]] = []
+    for p in order:
+        if groups and sig[groups[-1][0]] == sig[p]:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    for pick in itertools.islice(_orders(groups, used, 0), cap):
+        perm = [0] * len(sig)
+        for new, old in enumerate(p for grp in pick for p in grp):
+            perm[old] = new
+        yield perm
+
+
+def _orders(
+    groups: list[list[int]], used: Sequence[bool], i: int
+) -> Iterator[tuple[tuple[int, ...], ...]]:
+    """Every order of the peers of ``groups[i:]``, one group after the other, generated lazily
+    (``itertools.product`` would first build every permutation of every group)."""
+    if i == len(groups):
+        yield ()
+        return
+    g = groups[i]
+    firsts: Iterable[tuple[int, ...]] = (
+        itertools.permutations(g) if len(g) > 1 and used[g[0]] else (tuple(g),)
+    )
+    for first in firsts:
+        for rest in _orders(groups, used, i + 1):
+            yield (first, *rest)
 
 
 _CLOSED: tuple[Any, ...] = (False, -1, 0, False, "", True)
 
 
-def canonical_key(state: State, config: Config, perms: list[tuple[int, ...]]) -> Any:
+def canonical_key(state: State, config: Config) -> Any:
     """The state up to renaming requests, blocks and peers (see the module docstring)."""
     env = state.env
     snap = state.snap
@@ -382,9 +461,8 @@ def canonical_key(state: State, config: Config, perms: list[tuple[int, ...]]) ->
         (may_crash(env, p) and not ps.crashed, ps.crashed, ps.fenced, ps.lost_reported)
         for p, ps in enumerate(env.peers)
     ]
-    if len(perms) > 1:
-        # Only the renamings that list the peers in the order of a name-free signature can
-        # give the least key; when the signatures differ, that is one renaming.
+    perms: Iterable[list[int]] = [list(range(len(env.peers)))]
+    if len(env.peers) > 1:
         gsig: list[list[Any]] = [[] for _ in env.peers]
         msig: list[list[Any]] = [[] for _ in env.peers]
         for gi, g in enumerate(env.grants):
@@ -393,9 +471,8 @@ def canonical_key(state: State, config: Config, perms: list[tuple[int, ...]]) ->
         for m in env.msgs:
             msig[m.peer].append((m.dest, m.kind, m.value, m.dupable, m.delayed))
         sig = [(*fl, sorted(gs), sorted(ms)) for fl, gs, ms in zip(pflags, gsig, msig, strict=True)]
-        n = len(sig)
-        less = [(a, b) for a in range(n) for b in range(n) if sig[a] < sig[b]]
-        perms = [perm for perm in perms if all(perm[a] < perm[b] for a, b in less)]
+        used = [bool(gs or ms) for gs, ms in zip(gsig, msig, strict=True)]
+        perms = renamings(sig, used)
     for perm in perms:
         gdesc = [
             (perm[g.peer], *b) if b is not None else (perm[g.peer],)
@@ -457,7 +534,7 @@ def _dead(env: Env, snap: Snap, g: GrantSide, talking: bool) -> bool:
     return g.quiesced_sent or not g.transfers or not all(t == LANDED for t in g.transfers)
 
 
-def concrete_key(state: State, config: Config, perms: list[tuple[int, ...]]) -> Any:
+def concrete_key(state: State, config: Config) -> Any:
     """Without reduction: the ledger's own fingerprint and the environment as it is."""
     env = state.env
     grants = tuple(
@@ -493,6 +570,21 @@ def concrete_key(state: State, config: Config, perms: list[tuple[int, ...]]) -> 
 # ------------------------------------------------------------------ the search
 
 
+@attrs.frozen(slots=True)
+class Progress:
+    """Where a running search is, as ``explore`` reports it to its ``progress`` callback."""
+
+    states: int  # distinct states stored so far
+    transitions: int
+    depth: int  # the BFS level being expanded
+    queue: int  # states stored and not yet expanded
+    seconds: float
+
+    @property
+    def states_per_second(self) -> float:
+        return self.states / self.seconds if self.seconds > 0 else float(self.states)
+
+
 def explore(
     config: Config,
     policy: Policy,
@@ -501,79 +593,112 @@ def explore(
     por: bool = True,
     max_states: int | None = None,
     checked: bool = False,
-    progress: Callable[[int, int, float], None] | None = None,
+    progress: Callable[[Progress], None] | None = None,
+    progress_every: float = 1.0,
     quiet: set[Any] | None = None,
+    compact: bool = False,
 ) -> Result:
     """Explore every state reachable under ``config``; stop at the shortest violation.
 
-    ``quiet``, when given, receives the key of every quiet state (no event enabled) reached:
-    the partial-order reduction must reach the same ones as the full search (the tests check).
+    ``progress``, when given, is called with a ``Progress`` about every ``progress_every``
+    seconds (and once at the end); the search itself writes nothing anywhere. A
+    ``KeyboardInterrupt`` (Ctrl-C) during the search ends it: the result is the partial one,
+    with ``interrupted`` set. ``quiet``, when given, receives the key of every quiet state (no
+    event enabled) reached: the partial-order reduction must reach the same ones as the full
+    search (the tests check). ``compact``: hash compaction, an approximate search that stores
+    a 64-bit hash of each key instead of the key (see "hash compaction" in the module
+    docstring); its result is never a pass.
     """
     t0 = time.perf_counter()
-    perms = _perms(config.peers) if reduce else [tuple(range(config.peers))]
-    keyf = canonical_key if reduce else concrete_key
+    base_key = canonical_key if reduce else concrete_key
+    keyf: Callable[[State, Config], Any] = (
+        (lambda s, c: hash(base_key(s, c))) if compact else base_key
+    )
     root = initial(config, checked=checked, crash_first=por)
-    rkey = keyf(root, config, perms)
+    rkey = keyf(root, config)
     # key -> (parent key, event taken from the parent's stored state); the root maps to None.
     parents: dict[Any, tuple[Any, Event] | None] = {rkey: None}
     queue: collections.deque[tuple[State, Any, int]] = collections.deque([(root, rkey, 0)])
     transitions = 0
     max_depth = 0
+    depth = 0
     answers: dict[Any, tuple[int, ...]] = {}  # the ledger's answers to lies (model.lie_events)
     found: tuple[Violation, Any, Event | None, list[str], int] | None = None
-    while queue:
-        state, key, depth = queue.popleft()
-        if found is not None and depth >= found[4]:
-            break  # every shorter counterexample has been looked for
-        max_depth = max(max_depth, depth)
-        # Lies that the ledger refuses are self-loops, left out ("lies" above).
-        events = enabled(state, config) + lie_events(state, config, policy, answers)
-        if not events:
-            if quiet is not None:
-                quiet.add(key)
-            v = check_quiet(state)
-            if v is not None:
-                found = (v, key, None, [], depth)
-                break
-            continue
-        if found is not None:
-            continue  # only quiet states of this depth can still give a shorter one
-        succ: dict[Event, State | Broken] = {}
+    interrupted = False
+    capped = False  # stopped at max_states
+    expanded = 0
+    last_report = t0
 
-        def after(
-            ev: Event, state: State = state, succ: dict[Event, State | Broken] = succ
-        ) -> State | None:
-            got = succ.get(ev)
-            if got is None:
-                try:
-                    got = step(state, ev, config, policy)[0]
-                except Broken as exc:
-                    got = exc
-                succ[ev] = got
-            return None if isinstance(got, Broken) else got
+    def report() -> None:
+        if progress is not None:
+            now = time.perf_counter()
+            progress(Progress(len(parents), transitions, depth, len(queue), now - t0))
 
-        if por:
-            events = stubborn(state, config, events, after, policy)
-        for ev in events:
-            transitions += 1
-            nxt = after(ev)
-            if nxt is None:
-                b = succ[ev]
-                assert isinstance(b, Broken)
-                found = (b.violation, key, ev, b.notes, depth + 1)
-                break
-            nkey = keyf(nxt, config, perms)
-            if nkey in parents:
+    try:
+        while queue:
+            state, key, depth = queue.popleft()
+            if found is not None and depth >= found[4]:
+                break  # every shorter counterexample has been looked for
+            max_depth = max(max_depth, depth)
+            expanded += 1
+            if progress is not None and expanded % 64 == 0:
+                now = time.perf_counter()
+                if now - last_report >= progress_every:
+                    last_report = now
+                    report()
+            # Lies that the ledger refuses are self-loops, left out ("lies" above).
+            events = enabled(state, config) + lie_events(state, config, policy, answers)
+            if not events:
+                if quiet is not None:
+                    quiet.add(key)
+                v = check_quiet(state)
+                if v is not None:
+                    found = (v, key, None, [], depth)
+                    break
                 continue
-            parents[nkey] = (key, ev)
-            queue.append((nxt, nkey, depth + 1))
-            if max_states is not None and len(parents) >= max_states:
-                queue.clear()
+            if found is not None:
+                continue  # only quiet states of this depth can still give a shorter one
+            succ: dict[Event, State | Broken] = {}
+
+            def after(
+                ev: Event, state: State = state, succ: dict[Event, State | Broken] = succ
+            ) -> State | None:
+                got = succ.get(ev)
+                if got is None:
+                    try:
+                        got = step(state, ev, config, policy)[0]
+                    except Broken as exc:
+                        got = exc
+                    succ[ev] = got
+                return None if isinstance(got, Broken) else got
+
+            if por:
+                events = stubborn(state, config, events, after, policy)
+            for ev in events:
+                transitions += 1
+                nxt = after(ev)
+                if nxt is None:
+                    b = succ[ev]
+                    assert isinstance(b, Broken)
+                    found = (b.violation, key, ev, b.notes, depth + 1)
+                    break
+                nkey = keyf(nxt, config)
+                if nkey in parents:
+                    continue
+                parents[nkey] = (key, ev)
+                queue.append((nxt, nkey, depth + 1))
+                if max_states is not None and len(parents) >= max_states:
+                    capped = True
+                    break
+            if capped:
                 break
-        if progress is not None and len(parents) % 4096 < len(events):
-            progress(len(parents), depth, time.perf_counter() - t0)
+    except KeyboardInterrupt:
+        # Every stored state and link was complete when the interrupt came (a step works on
+        # copies, and a link is stored before its state is queued): the partial result holds.
+        interrupted = True
+    report()
     seconds = time.perf_counter() - t0
-    complete = found is None and (max_states is None or len(parents) < max_states)
+    complete = found is None and not interrupted and not compact and not capped
     trace: tuple[Step, ...] = ()
     violation = None
     if found is not None:
@@ -590,6 +715,9 @@ def explore(
         complete,
         violation,
         trace,
+        interrupted=interrupted,
+        compact=compact,
+        queue=len(queue),
     )
 
 
