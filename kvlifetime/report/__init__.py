@@ -113,44 +113,32 @@ def _harness_section(runs: Sequence[Report], source: str) -> HarnessSection:
             f"{len(dicts) - len(with_series)} of {len(dicts)} runs carry no time series (a "
             "results file from before kvlifetime 0.2): rerun make demo for their plots."
         )
-    if with_series:
-        svg, n = hp.naive_vs_proof(dicts, "fig-naive-vs-proof")
-        if n:
-            figures.append(
-                Figure(
-                    "fig-naive-vs-proof",
-                    "plot",
-                    svg,
-                    "Naive vs proof, side by side (push, no topology knob): blocks out of the "
-                    "pool by state over the run, and in red the writes the oracle saw land late, "
-                    "so far (one scale for every panel).",
-                    n,
-                )
-            )
-        svg, n = hp.quarantine_and_reclaim(dicts, "fig-quarantine")
-        if n:
-            figures.append(
-                Figure(
-                    "fig-quarantine",
-                    "plot",
-                    svg,
-                    "Quarantine and reclaim: blocks waiting for proof that may never come, and "
-                    "the blocks fences gave back to the pool so far.",
-                    n,
-                )
-            )
-        svg, n = hp.every_run(dicts, "fig-every-run")
-        figures.append(
-            Figure(
-                "fig-every-run",
-                "plot",
-                svg,
-                "Every run: blocks out of the pool by state over time (held, draining, "
-                "quarantined; free is the rest of the pool, its low mark in each panel). Each "
-                "panel has its own scale.",
-                n,
-            )
-        )
+    plots = (
+        (
+            "fig-naive-vs-proof",
+            hp.naive_vs_proof,
+            "Naive vs proof, side by side (push, no topology knob): blocks out of the pool by "
+            "state over the run, and in red the writes the oracle saw land late, so far (one "
+            "scale for every panel).",
+        ),
+        (
+            "fig-quarantine",
+            hp.quarantine_and_reclaim,
+            "Quarantine and reclaim: blocks waiting for proof that may never come, and the "
+            "blocks fences gave back to the pool so far.",
+        ),
+        (
+            "fig-every-run",
+            hp.every_run,
+            "Every run: blocks out of the pool by state over time (held, draining, quarantined; "
+            "free is the rest of the pool, its low mark in each panel). Each panel has its own "
+            "scale.",
+        ),
+    )
+    for fid, draw, caption in plots if with_series else ():
+        svg, n = draw(dicts, fid)
+        if n:  # a figure with no run to show is left out, not drawn empty
+            figures.append(Figure(fid, "plot", svg, caption, n))
     return HarnessSection(
         harness_table(runs),
         tuple(figures),

@@ -118,6 +118,19 @@ def _legend(fig: Figure, ax: Axes, *more: Axes) -> None:
     fig.legend(handles, labels, loc="outside upper center", ncols=len(labels), fontsize=8)
 
 
+def _grid(panels: int, height: float) -> tuple[Figure, list[Axes], int]:
+    """A figure of ``panels`` panels, three to a row (the unused ones hidden), and its width
+    in panels."""
+    n = max(1, panels)
+    cols = min(n, 3)
+    rows = (n + cols - 1) // cols
+    fig = _figure(4.0 * cols, height * rows)
+    axes = list(fig.subplots(rows, cols, squeeze=False).ravel())
+    for ax in axes[panels:]:
+        ax.set_visible(False)
+    return fig, axes, cols
+
+
 def naive_vs_proof(runs: Sequence[Mapping[str, Any]], figure_id: str) -> tuple[str, int]:
     """The plain push runs side by side (naive, timeout, proof): blocks by state, and the late
     writes the oracle counted so far on one scale for all. Returns (svg, panels)."""
@@ -176,13 +189,7 @@ def quarantine_and_reclaim(runs: Sequence[Mapping[str, Any]], figure_id: str) ->
         if has_series(d)
         and (max(_col(d, "quarantined"), default=0) > 0 or max(_col(d, "reclaimed"), default=0))
     ]
-    n = max(1, len(picked))
-    cols = min(n, 3)
-    rows = (n + cols - 1) // cols
-    fig = _figure(4.0 * cols, 2.8 * rows)
-    axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    for ax in axes[len(picked) :]:
-        ax.set_visible(False)
+    fig, axes, cols = _grid(len(picked), 2.8)
     for i, (ax, d) in enumerate(zip(axes, picked, strict=False)):
         ticks = _col(d, "tick")
         ax.fill_between(ticks, _col(d, "quarantined"), color="#8e44ad", alpha=0.35, linewidth=0)
@@ -203,13 +210,7 @@ def quarantine_and_reclaim(runs: Sequence[Mapping[str, Any]], figure_id: str) ->
 def every_run(runs: Sequence[Mapping[str, Any]], figure_id: str) -> tuple[str, int]:
     """Blocks by state over time, one small panel per run. Returns (svg, panels)."""
     picked = [d for d in runs if has_series(d)]
-    n = max(1, len(picked))
-    cols = min(n, 3)
-    rows = (n + cols - 1) // cols
-    fig = _figure(4.0 * cols, 2.6 * rows)
-    axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    for ax in axes[len(picked) :]:
-        ax.set_visible(False)
+    fig, axes, cols = _grid(len(picked), 2.6)
     for i, (ax, d) in enumerate(zip(axes, picked, strict=False)):
         _stack(ax, d)
         if i % cols == 0:
