@@ -2,68 +2,186 @@
 
 Rejection, cancel receipt, scheduling stop, transfer quiescence and release are separate
 transitions, and each needs its own evidence. Start with ``BlockLedger``.
+
+Every name below is importable from ``kvlifetime`` itself, but loaded only when first used:
+``import kvlifetime`` costs a millisecond and loads neither numpy, structlog nor
+python-statemachine; ``kvlifetime.BlockLedger`` loads the ledger and what it needs, and
+``kvlifetime.RequestLifecycle`` the specification. A program pays only for what it asks for.
 """
 
-from kvlifetime.errors import (
-    ContradictoryEvidence,
-    EvidenceError,
-    IllegalTransition,
-    InsufficientEvidence,
-    KVLifetimeError,
-    MismatchedEvidence,
-    StaleEvidence,
-    UnauthorizedEvidence,
-    UsageError,
-)
-from kvlifetime.evidence import (
-    AccessRevoked,
-    CancelReceived,
-    Claim,
-    Evidence,
-    LeaseExpired,
-    PeerLost,
-    SchedulingStopped,
-    TransferCompleted,
-    TransferQuiesced,
-)
-from kvlifetime.grant import Access, Grant, GrantId
-from kvlifetime.ledger import BlockLedger, LedgerStats, Transition
-from kvlifetime.machines import BlockLifecycle, BlockState, RequestLifecycle, RequestState
-from kvlifetime.source import LOCAL, Source, SourceKind
+from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+
+# Not ``typing.TYPE_CHECKING``: importing typing alone costs more than the rest of this module.
+TYPE_CHECKING = False
+
+__version__ = "0.2.0"
+
+# Each exported name -> the module that defines it. One table: ``__all__``, ``__getattr__``,
+# ``__dir__`` and the type checker's imports below all follow it (a test checks they agree).
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "BlockError",
+            "BlockOutOfRange",
+            "BlockUnavailable",
+            "ContradictoryEvidence",
+            "DoubleRelease",
+            "DuplicateBlockIds",
+            "DuplicateRequest",
+            "EvidenceError",
+            "FenceUnavailable",
+            "HolderLimit",
+            "IllegalTransition",
+            "InsufficientEvidence",
+            "InvalidBlockIds",
+            "InvalidField",
+            "KVLifetimeError",
+            "MalformedEvidence",
+            "MismatchedEvidence",
+            "OutOfBlocks",
+            "SpecDisagreement",
+            "StaleEvidence",
+            "UnauthorizedEvidence",
+            "UnknownGrant",
+            "UnknownRequest",
+            "UsageError",
+        ),
+        "kvlifetime.errors",
+    ),
+    "MissingExtra": "kvlifetime.extras",
+    **dict.fromkeys(
+        (
+            "AccessRevoked",
+            "CancelReceived",
+            "Claim",
+            "Evidence",
+            "LeaseExpired",
+            "PeerLost",
+            "SchedulingStopped",
+            "TransferCompleted",
+            "TransferQuiesced",
+        ),
+        "kvlifetime.evidence",
+    ),
+    **dict.fromkeys(("Access", "Grant", "GrantId"), "kvlifetime.grant"),
+    **dict.fromkeys(
+        ("BlockLedger", "LedgerStats", "QuarantineInfo", "Transition"), "kvlifetime.ledger"
+    ),
+    **dict.fromkeys(
+        ("BlockLifecycle", "BlockState", "RequestLifecycle", "RequestState"),
+        "kvlifetime.machines",
+    ),
+    **dict.fromkeys(("LOCAL", "Source", "SourceKind"), "kvlifetime.source"),
+}
+
+if TYPE_CHECKING:  # what the names are, for mypy and editors; at run time __getattr__ loads them
+    from kvlifetime.errors import (
+        BlockError,
+        BlockOutOfRange,
+        BlockUnavailable,
+        ContradictoryEvidence,
+        DoubleRelease,
+        DuplicateBlockIds,
+        DuplicateRequest,
+        EvidenceError,
+        FenceUnavailable,
+        HolderLimit,
+        IllegalTransition,
+        InsufficientEvidence,
+        InvalidBlockIds,
+        InvalidField,
+        KVLifetimeError,
+        MalformedEvidence,
+        MismatchedEvidence,
+        OutOfBlocks,
+        SpecDisagreement,
+        StaleEvidence,
+        UnauthorizedEvidence,
+        UnknownGrant,
+        UnknownRequest,
+        UsageError,
+    )
+    from kvlifetime.evidence import (
+        AccessRevoked,
+        CancelReceived,
+        Claim,
+        Evidence,
+        LeaseExpired,
+        PeerLost,
+        SchedulingStopped,
+        TransferCompleted,
+        TransferQuiesced,
+    )
+    from kvlifetime.extras import MissingExtra
+    from kvlifetime.grant import Access, Grant, GrantId
+    from kvlifetime.ledger import BlockLedger, LedgerStats, QuarantineInfo, Transition
+    from kvlifetime.machines import BlockLifecycle, BlockState, RequestLifecycle, RequestState
+    from kvlifetime.source import LOCAL, Source, SourceKind
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvlifetime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next access is a plain attribute lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __all__ = [
     "LOCAL",
     "Access",
     "AccessRevoked",
+    "BlockError",
     "BlockLedger",
     "BlockLifecycle",
+    "BlockOutOfRange",
     "BlockState",
+    "BlockUnavailable",
     "CancelReceived",
     "Claim",
     "ContradictoryEvidence",
+    "DoubleRelease",
+    "DuplicateBlockIds",
+    "DuplicateRequest",
     "Evidence",
     "EvidenceError",
+    "FenceUnavailable",
     "Grant",
     "GrantId",
+    "HolderLimit",
     "IllegalTransition",
     "InsufficientEvidence",
+    "InvalidBlockIds",
+    "InvalidField",
     "KVLifetimeError",
     "LeaseExpired",
     "LedgerStats",
+    "MalformedEvidence",
     "MismatchedEvidence",
+    "MissingExtra",
+    "OutOfBlocks",
     "PeerLost",
+    "QuarantineInfo",
     "RequestLifecycle",
     "RequestState",
     "SchedulingStopped",
     "Source",
     "SourceKind",
+    "SpecDisagreement",
     "StaleEvidence",
     "TransferCompleted",
     "TransferQuiesced",
     "Transition",
     "UnauthorizedEvidence",
+    "UnknownGrant",
+    "UnknownRequest",
     "UsageError",
     "__version__",
 ]

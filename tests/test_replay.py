@@ -135,3 +135,203 @@ def test_cli_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     junk = tmp_path / "junk.jsonl"
     junk.write_text("not json\n")
     assert main(["replay", str(junk)]) == 2
+
+
+# --------------------------------------------------------------------------- every field checked
+
+
+def _rich_session() -> list[dict[str, Any]]:
+    """A log with every event and field a full log carries: shared blocks, a peer lost, a
+    fence, a refusal, a force release, a normal release."""
+    from kvlifetime.evidence import AccessRevoked, PeerLost, TransferCompleted
+    from kvlifetime.source import LOCAL
+
+    led = BlockLedger(8, incarnation="rich")
+    with capture_logs() as logs:
+        a = led.allocate("a", 2)
+        ga = led.grant("a", "p1", a)
+        led.reject("a")
+        led.apply(CancelReceived.of(ga))
+        led.apply(CancelReceived.of(ga))  # a duplicate: changed=False
+        led.apply(SchedulingStopped.of(ga, 2))
+        led.apply(TransferQuiesced.of(ga, 2))
+        led.collect_releasable()
+        with contextlib.suppress(Exception):
+            led.apply(TransferQuiesced.of(ga, 2))  # stale now
+        b = led.allocate("b", 2)
+        gb = led.grant("b", "p2", b)
+        led.finish("b")
+        led.apply(PeerLost("p2", source=LOCAL))
+        led.apply(AccessRevoked(peer="p2", grant_id=gb.id, request="b", source=LOCAL))
+        led.collect_releasable()
+        c = led.allocate("c", 1)
+        led.grant("c", "p1", c)
+        led.reject("c")
+        led.force_release("c", "test")
+        d = led.allocate("d", 1)
+        gd = led.grant("d", "p3", d)
+        led.finish("d")
+        led.apply(TransferCompleted.of(gd, 1))
+        led.release("d")
+    return [dict(e) for e in logs]
+
+
+_CAUSE_SWAP = {
+    "CancelReceived": "LeaseExpired",
+    "SchedulingStopped": "TransferQuiesced",
+    "TransferQuiesced": "TransferCompleted",
+    "TransferCompleted": "AccessRevoked",
+    "AccessRevoked": "PeerLost",
+    "PeerLost": "LeaseExpired",
+    "reject": "finish",
+    "finish": "reject",
+    "collect_releasable": "release",
+    "release": "force_release",
+    "force_release": "release",
+}
+
+
+def _mutated(field: str, v: Any) -> Any:
+    if field == "cause":
+        return _CAUSE_SWAP.get(v, f"{v}-x")
+    if field in ("from_state", "to_state", "transition"):
+        return "finished" if v != "finished" else "rejected"
+    if isinstance(v, bool):
+        return not v
+    if isinstance(v, int):
+        return v + 1
+    if v is None:
+        return "x"
+    if isinstance(v, str):
+        return f"{v}-x"
+    if isinstance(v, list):
+        if not v:
+            return [0]
+        return [v[0] + 5 if isinstance(v[0], int) else f"{v[0]}-x", *v[1:]]
+    if isinstance(v, dict):  # evidence: about another grant, or from another peer
+        if v.get("grant_id"):
+            return {**v, "grant_id": [v["grant_id"][0], v["grant_id"][1] + 100]}
+        return {**v, "peer": f"{v.get('peer')}-x"}
+    raise AssertionError(f"no mutation for {field}={v!r}")
+
+
+def test_the_rich_log_carries_exactly_the_checked_fields() -> None:
+    from kvlifetime.verify.replay import CHECKED_FIELDS, NOT_CHECKED
+
+    logs = _rich_session()
+    seen: dict[str, set[str]] = {}
+    for e in logs:
+        seen.setdefault(e["event"], set()).update(set(e) - NOT_CHECKED)
+    assert seen == {k: set(v) for k, v in CHECKED_FIELDS.items()}
+    assert replay(_records(logs)).ok
+
+
+def test_every_field_of_a_full_log_is_checked() -> None:
+    """For each (event, field), some record of the rich log, with that field changed, no
+    longer replays: no field is carried and ignored."""
+    from kvlifetime.verify.replay import CHECKED_FIELDS
+
+    logs = _rich_session()
+    unchecked = []
+    for event, fields in CHECKED_FIELDS.items():
+        for field in sorted(fields):
+            caught = False
+            for i, e in enumerate(logs):
+                if e["event"] != event or field not in e:
+                    continue
+                tampered = [*logs[:i], {**e, field: _mutated(field, e[field])}, *logs[i + 1 :]]
+                if not replay(_records(tampered)).ok:
+                    caught = True
+                    break
+            if not caught:
+                unchecked.append(f"{event}.{field}")
+    assert unchecked == []
+
+
+def test_a_cause_swapped_from_cancel_received_to_lease_expired_is_caught() -> None:
+    logs = _session()
+    hits = [
+        i
+        for i, e in enumerate(logs)
+        if e["event"] == "request_transition" and e["cause"] == "CancelReceived"
+    ]
+    assert hits
+    for i in hits:
+        tampered = [*logs[:i], {**logs[i], "cause": "LeaseExpired"}, *logs[i + 1 :]]
+        rep = replay(_records(tampered))
+        assert not rep.ok and rep.illegal is not None
+        assert rep.illegal.line == i + 1 and "cause='LeaseExpired'" in rep.illegal.reason
+
+
+# --------------------------------------------------------------------------- refused input
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", '{"foo": 1}\n', '{"event": "hello"}\n'])
+def test_a_log_with_no_kvlifetime_event_is_refused(
+    text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvlifetime.errors import UsageError
+    from kvlifetime.verify.replay import NothingToCheck
+
+    path = tmp_path / "log.jsonl"
+    path.write_text(text)
+    assert main(["replay", str(path)]) == 3
+    out, err = capsys.readouterr()
+    assert out == "" and "no kvlifetime event" in err and "legal" not in err
+    with pytest.raises(NothingToCheck) as info:
+        replay(read_log(text.splitlines()))
+    assert isinstance(info.value, UsageError)
+
+
+def test_a_huge_block_id_costs_one_slot() -> None:
+    import tracemalloc
+
+    logs = _session()
+    big = 2_000_000_000
+    for e in logs:
+        if "blocks" in e:
+            e["blocks"] = [big + b for b in e["blocks"]]
+    tracemalloc.start()
+    try:
+        rep = replay(_records(logs))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert rep.ok, rep.to_text()
+    assert peak < 64 << 20  # the dense map; a block array of 2e9 entries would be GiBs
+
+
+def test_block_ids_that_are_not_non_negative_integers_are_illegal() -> None:
+    for bad in ([-1], [1.5], [True], "0"):
+        logs = _session()
+        i = next(i for i, e in enumerate(logs) if e["event"] == "grant_opened")
+        logs[i] = {**logs[i], "blocks": bad}
+        rep = replay(_records(logs))
+        assert not rep.ok and "non-negative integers" in rep.illegal.reason  # type: ignore[union-attr]
+
+
+def test_a_line_over_the_limit_is_refused_without_reading_it_whole(tmp_path: Path) -> None:
+    import io
+
+    from kvlifetime.verify.replay import MAX_LINE_CHARS, read_log_file
+
+    long = '{"event": "request_admitted", "request": "' + "x" * MAX_LINE_CHARS + '"}\n'
+    with pytest.raises(ValueError, match="line 1: longer than"):
+        read_log_file(io.StringIO(long))
+    path = tmp_path / "long.jsonl"
+    path.write_text(long)
+    assert main(["replay", str(path)]) == 2
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(ValueError, match="line 1"):
+        read_log([deep])
+
+
+def test_replay_verbose_logs_each_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "good.jsonl"
+    good.write_text(to_jsonl(_session()))
+    capsys.readouterr()
+    assert main(["replay", str(good)]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["-v", "replay", str(good)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("replay_step") == len(_session()) and "replay_checked" in err

@@ -164,7 +164,10 @@ class GrantTransfers:
 def _engine_module() -> Any:
     # Mooncake logs every completed batch at INFO; keep its log to errors unless asked.
     os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
-    import mooncake.engine
+    from kvlifetime.extras import needs
+
+    with needs("mooncake", "the Mooncake adapter (kvlifetime.adapters.mooncake)"):
+        import mooncake.engine
 
     return mooncake.engine
 

@@ -169,7 +169,10 @@ def require_tcp(env: Mapping[str, str] | None = None) -> None:
 
 def _api() -> Any:
     os.environ.setdefault("NIXL_LOG_LEVEL", "FATAL")
-    import nixl._api
+    from kvlifetime.extras import needs
+
+    with needs("nixl", "the NIXL adapter (kvlifetime.adapters.nixl)"):
+        import nixl._api
 
     return nixl._api
 

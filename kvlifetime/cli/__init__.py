@@ -12,8 +12,10 @@ use.
 (stdout carries the tables), quiet below warning unless ``-v``. The command line never calls
 ``structlog.configure``: the processors stay whatever the host set (``capture_logs`` works).
 
-Exit status: 0 success; 2 a typed kvlifetime error (one line on stderr) or a usage error from
-argparse; 1 an operating-system error (e.g. an output file that cannot be written).
+Options every command takes, before or after its name: ``-v`` (log every step to stderr),
+``--progress`` / ``--no-progress`` (the bar of a long command on stderr; default: when stderr is
+a terminal). A command's help ends with its exit statuses (``EXIT_STATUS``, plus the command's
+own, e.g. replay's 3). Ctrl-C is handled here, once: exit 130 and one line saying what was done.
 """
 
 from __future__ import annotations
@@ -22,16 +24,35 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 import structlog
 
 from kvlifetime.cli import contract, demo, replay, report, simulate, verify
 from kvlifetime.cli.demo import run_demo
-from kvlifetime.cli.output import Logger, write_text
+from kvlifetime.cli.output import Interrupted, Logger, write_text
 from kvlifetime.errors import KVLifetimeError
 
-__all__ = ["COMMANDS", "Command", "build_parser", "main", "run_demo", "write_text"]
+__all__ = [
+    "COMMANDS",
+    "EXIT_INTERRUPTED",
+    "EXIT_STATUS",
+    "Command",
+    "build_parser",
+    "main",
+    "run_demo",
+    "write_text",
+]
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C
+EXIT_STATUS: tuple[tuple[int, str], ...] = (
+    (0, "success"),
+    (1, "an operating-system error (a file that cannot be read or written)"),
+    (2, "a usage error, or a typed kvlifetime error (one line on stderr)"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C); what was done is said on stderr"),
+)
+"""The exit statuses every command shares; a command adds its own in its ``exit_status``."""
 
 
 @attrs.frozen(slots=True)
@@ -42,6 +63,8 @@ class Command:
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]  # returns the exit status
+    # Statuses of this command beyond EXIT_STATUS (e.g. replay's "no kvlifetime events").
+    exit_status: tuple[tuple[int, str], ...] = ()
 
 
 COMMANDS: list[Command] = [
@@ -70,12 +93,14 @@ COMMANDS: list[Command] = [
         "explore every interleaving of a small configuration over the real ledger",
         verify.add_arguments,
         verify.run,
+        verify.EXIT_STATUS,
     ),
     Command(
         "replay",
         "check a recorded event log against the transition tables and evidence rules",
         replay.add_arguments,
         replay.run,
+        replay.EXIT_STATUS,
     ),
     Command(
         "simulate",
@@ -94,15 +119,65 @@ COMMANDS: list[Command] = [
 """Every subcommand, in help order. Append new ones here (see the module docstring)."""
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default, unless the text already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default is None
+            or default is argparse.SUPPRESS
+            or isinstance(default, bool)
+            or not action.option_strings
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _common(p: argparse.ArgumentParser, *, top: bool) -> None:
+    # On the top parser with real defaults; on each subcommand SUPPRESSed, so that
+    # `kvlifetime -v simulate` is not undone by the subcommand's own default.
+    verbose: Any = False if top else argparse.SUPPRESS
+    shown: Any = None if top else argparse.SUPPRESS
+    p.add_argument(
+        "-v", "--verbose", action="store_true", default=verbose, help="log every step to stderr"
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=shown,
+        help="show a progress bar on stderr for long commands (default: when stderr is a terminal)",
+    )
+
+
+def _epilog(statuses: Sequence[tuple[int, str]]) -> str:
+    rows = sorted({**dict(EXIT_STATUS), **dict(statuses)}.items())
+    return "exit status:\n" + "".join(f"  {code:>3}  {what}\n" for code, what in rows)
+
+
 def build_parser(commands: Sequence[Command] | None = None) -> argparse.ArgumentParser:
+    from kvlifetime import __version__
+
     parser = argparse.ArgumentParser(
         prog="kvlifetime",
         description="Evidence-guarded lifetimes for KV-cache blocks.",
+        formatter_class=HelpFormatter,
+        epilog=_epilog(()),
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log every step to stderr")
+    parser.add_argument("--version", action="version", version=f"kvlifetime {__version__}")
+    _common(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for cmd in COMMANDS if commands is None else commands:
-        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        p = sub.add_parser(
+            cmd.name,
+            help=cmd.help,
+            description=cmd.help,
+            formatter_class=HelpFormatter,
+            epilog=_epilog(cmd.exit_status),
+        )
+        _common(p, top=False)
         cmd.add_arguments(p)
         p.set_defaults(run=cmd.run)
     return parser
@@ -137,6 +212,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status: int = args.run(args)
         return status
+    except KeyboardInterrupt as e:
+        done = e.done if isinstance(e, Interrupted) else "nothing had finished"
+        log.info("command_interrupted", command=args.command, done=done)
+        print(f"kvlifetime {args.command}: interrupted: {done}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except KVLifetimeError as e:
         log.info("command_failed", command=args.command, error=e.kind, message=_one_line(e))
         print(f"kvlifetime: error: {_one_line(e)}", file=sys.stderr)

@@ -24,10 +24,18 @@ TABLE_FORMATS: tuple[str, ...] = ("md", "csv", "json")
 EVIDENCE_FORMATS: tuple[str, ...] = ("md", "json")
 
 
+_OUTPUT_HELP = "write here instead of stdout ('-': stdout)"
+
+
 def add_table(p: argparse.ArgumentParser) -> None:
-    p.add_argument("machine", choices=MACHINES)
-    p.add_argument("--format", choices=TABLE_FORMATS, default="md")
-    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    p.add_argument("machine", choices=MACHINES, help="which lifecycle: request or block")
+    p.add_argument(
+        "--format",
+        choices=TABLE_FORMATS,
+        default="md",
+        help="md (a markdown table), csv or json (one document)",
+    )
+    p.add_argument("-o", "--output", metavar="FILE", help=_OUTPUT_HELP)
 
 
 def run_table(args: argparse.Namespace) -> int:
@@ -39,9 +47,14 @@ def run_table(args: argparse.Namespace) -> int:
 
 
 def add_diagram(p: argparse.ArgumentParser) -> None:
-    p.add_argument("machine", choices=MACHINES)
-    p.add_argument("--format", choices=DIAGRAM_FORMATS, default="mermaid")
-    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    p.add_argument("machine", choices=MACHINES, help="which lifecycle: request or block")
+    p.add_argument(
+        "--format",
+        choices=DIAGRAM_FORMATS,
+        default="mermaid",
+        help="mermaid, dot (Graphviz source), svg (needs Graphviz's dot), md (mermaid in a page)",
+    )
+    p.add_argument("-o", "--output", metavar="FILE", help=_OUTPUT_HELP)
 
 
 def run_diagram(args: argparse.Namespace) -> int:
@@ -62,8 +75,8 @@ def add_evidence(p: argparse.ArgumentParser) -> None:
         help="print what every status and operation of this transfer engine proves (its "
         "evidence profile) instead of the claims matrix",
     )
-    p.add_argument("--format", choices=EVIDENCE_FORMATS, default="md")
-    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    p.add_argument("--format", choices=EVIDENCE_FORMATS, default="md", help="md (tables) or json")
+    p.add_argument("-o", "--output", metavar="FILE", help=_OUTPUT_HELP)
 
 
 def evidence_json() -> str:
@@ -98,7 +111,13 @@ def run_evidence(args: argparse.Namespace) -> int:
 
 
 def add_docs(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, type=Path, metavar="DIR")
+    p.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        help="the folder to write into (only the generated files are replaced)",
+    )
 
 
 def write_docs(out: Path, log: Logger) -> list[Path]:

@@ -15,14 +15,24 @@ DEMO_BACKENDS: tuple[str, ...] = ("inproc", "mooncake", "nixl")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", type=Path, default=Path("out"), metavar="DIR")
-    p.add_argument("--backend", choices=DEMO_BACKENDS, default="inproc")
+    from kvlifetime.cli.output import bounded_int
+    from kvlifetime.harness.simulate import DEMO_REQUESTS
+
+    p.add_argument(
+        "--out", type=Path, default=Path("out"), metavar="DIR", help="where the files go"
+    )
+    p.add_argument(
+        "--backend",
+        choices=DEMO_BACKENDS,
+        default="inproc",
+        help="the transfer engine of the harness runs",
+    )
     p.add_argument(
         "--requests",
-        type=int,
+        type=bounded_int(1),
         default=None,
         metavar="N",
-        help="requests per harness run (default: the acceptance size)",
+        help=f"requests per harness run (default: {DEMO_REQUESTS:,}, the acceptance size)",
     )
 
 
@@ -36,6 +46,7 @@ def run_demo(
     stream: TextIO | None = None,
     log: Logger | None = None,
     harness_requests: int | None = None,
+    show_progress: bool | None = False,
 ) -> int:
     """The demo: the contract as tables and pictures, then the harness, policy by policy.
 
@@ -47,6 +58,11 @@ def run_demo(
     log = library_logger() if log is None else log
     if backend not in DEMO_BACKENDS:
         raise ValueError(f"unknown backend {backend!r} ({', '.join(DEMO_BACKENDS)})")
+    from kvlifetime.harness.simulate import require_backend
+
+    # Before anything is printed: a missing extra is one line naming the install, not a
+    # traceback after the contract's hundred lines.
+    require_backend(backend, "kvlifetime demo")
     stream.write(f"kvlifetime demo (backend: {backend}), writing to {out}\n")
     _section("request lifecycle", table_for("request").to_markdown(), stream)
     _section("block lifecycle", table_for("block").to_markdown(), stream)
@@ -57,10 +73,11 @@ def run_demo(
             path = out / f"{m}.{suffix}"
             write_text(path, render(m, fmt), log)
             written.append(path)
-    from kvlifetime.harness.simulate import DEMO_REQUESTS, demo_harness
+    from kvlifetime.harness.simulate import DEMO_REQUESTS, Narration, demo_harness
 
     n = DEMO_REQUESTS if harness_requests is None else harness_requests
-    written += demo_harness(out, backend, stream, requests=n)
+    narration = Narration(log=log, show_progress=show_progress, what="kvlifetime demo")
+    written += demo_harness(out, backend, stream, requests=n, narration=narration)
     from kvlifetime.report import write_demo_page
 
     # Last: the design-review page of everything above (out/index.html).
@@ -70,4 +87,10 @@ def run_demo(
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_demo(args.out, args.backend, log=args.log, harness_requests=args.requests)
+    return run_demo(
+        args.out,
+        args.backend,
+        log=args.log,
+        harness_requests=args.requests,
+        show_progress=args.progress,
+    )

@@ -6,28 +6,65 @@ import argparse
 import json
 import sys
 
+from kvlifetime.cli.output import bounded_int
+
+EXIT_ILLEGAL = 1
+EXIT_NOTHING_TO_CHECK = 3
+EXIT_STATUS: tuple[tuple[int, str], ...] = (
+    (0, "every step of the log is legal"),
+    (EXIT_ILLEGAL, "an illegal step (printed with the steps before it)"),
+    (2, "the log cannot be read: not JSON lines, a line over 1 MiB, or a usage error"),
+    (EXIT_NOTHING_TO_CHECK, "the log holds no kvlifetime event: nothing was checked"),
+)
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("log_path", metavar="LOG.jsonl", help="structlog JSON lines (or '-' for stdin)")
-    p.add_argument("--format", choices=("text", "json"), default="text")
-    p.add_argument("--context", type=int, default=10, help="steps shown before an illegal one")
+    p.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text: a verdict and the illegal step in context; json: one JSON document",
+    )
+    p.add_argument(
+        "--context",
+        type=bounded_int(0),
+        default=10,
+        metavar="N",
+        help="steps shown before an illegal one",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvlifetime.verify.replay import read_log, replay
+    from kvlifetime.verify.replay import NothingToCheck, read_log_file, replay
 
+    log = args.log
     try:
         if args.log_path == "-":
-            records = read_log(sys.stdin)
+            records = read_log_file(sys.stdin)
         else:
             with open(args.log_path, encoding="utf-8") as f:
-                records = read_log(f)
-    except ValueError as e:
+                records = read_log_file(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        log.warning("replay_unreadable", path=args.log_path, error=str(e))
         print(f"kvlifetime replay: error: {e}", file=sys.stderr)
         return 2
-    report = replay(records, context=args.context)
+    log.info("replay_read", path=args.log_path, records=len(records))
+    try:
+        report = replay(records, context=args.context, log=log)
+    except NothingToCheck as e:
+        log.warning("replay_nothing_to_check", path=args.log_path, records=len(records))
+        print(f"kvlifetime replay: refused: {e}", file=sys.stderr)
+        return EXIT_NOTHING_TO_CHECK
+    log.info(
+        "replay_checked",
+        mode=report.mode,
+        steps=report.steps,
+        ok=report.ok,
+        illegal_line=None if report.illegal is None else report.illegal.line,
+    )
     if args.format == "json":
         sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
     else:
         sys.stdout.write(report.to_text())
-    return 0 if report.ok else 1
+    return 0 if report.ok else EXIT_ILLEGAL

@@ -686,7 +686,12 @@ def _leaked(ledger: BlockLedger) -> int:
     return int(np.count_nonzero(~ok))
 
 
-def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report:
+def run(
+    cfg: SimConfig,
+    progress: Callable[[str], None] | None = None,
+    *,
+    on_tick: Callable[[int], None] | None = None,
+) -> Report:
     """One simulation; every process and socket it started is gone when it returns."""
     import zmq
 
@@ -730,6 +735,8 @@ def run(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> Report
         last_admit = 0
         while True:
             admitting = worker.next_request < cfg.requests
+            if on_tick is not None:  # requests admitted so far: a progress bar's count
+                on_tick(worker.next_request)
             if admitting:
                 last_admit = n
             quiet = not admitting and worker.idle()

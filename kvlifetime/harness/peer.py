@@ -199,8 +199,13 @@ def serve(cfg: dict[str, Any], start: Callable[[], tuple[Worker, Closable]]) -> 
     to close on the way out), then answer ticks until stopped. A malformed frame is refused
     and counted by the worker; a crash is ``os._exit`` at the planned tick, no goodbye; an
     orphan (owner gone or silent for ``idle_exit_s``) exits instead of lingering."""
+    import signal
+
     import zmq
 
+    # Ctrl-C reaches the whole process group; the owner process handles it and stops its peers,
+    # so a peer ignores it (no traceback per process, no peer dying before its owner knows).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)

@@ -747,7 +747,12 @@ class SourceOwner(FencingOwner):
         )
 
 
-def run_pull(cfg: PullConfig, progress: Callable[[str], None] | None = None) -> Report:
+def run_pull(
+    cfg: PullConfig,
+    progress: Callable[[str], None] | None = None,
+    *,
+    on_tick: Callable[[int], None] | None = None,
+) -> Report:
     """One pull-direction simulation; every process and socket it started is gone when it
     returns."""
     import zmq
@@ -798,6 +803,8 @@ def run_pull(cfg: PullConfig, progress: Callable[[str], None] | None = None) -> 
         last_admit = 0
         while True:
             admitting = owner.next_request < cfg.requests
+            if on_tick is not None:  # requests admitted so far: a progress bar's count
+                on_tick(owner.next_request)
             if admitting:
                 last_admit = n
             quiet = not admitting and owner.idle()

@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+import attrs
 
 if TYPE_CHECKING:
     from kvlifetime.harness.report import Report
@@ -26,7 +28,15 @@ DEMO_SEED = 2026
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=BACKENDS, default="inproc")
+    from kvlifetime.cli.output import bounded_int, probability
+
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="inproc",
+        help="the transfer engine: inproc (in-process threads, no extra engine), mooncake "
+        "(Mooncake TCP), nixl (NIXL over UCX/TCP)",
+    )
     p.add_argument(
         "--direction",
         choices=DIRECTIONS,
@@ -34,9 +44,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="push: prefill writes into decode's blocks (SGLang, Mooncake); pull: decode reads "
         "prefill's source blocks (vLLM's NIXL path; policies naive, lease, proof)",
     )
-    p.add_argument("--policy", choices=(*POLICIES, "lease"), default="proof")
-    p.add_argument("--requests", type=int, default=1000, metavar="N")
-    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument(
+        "--policy",
+        choices=(*POLICIES, "lease"),
+        default="proof",
+        help="when decode frees blocks: naive (on reject), timeout / lease (at a deadline), "
+        "proof (only what the evidence proves)",
+    )
+    p.add_argument(
+        "--requests", type=bounded_int(1), default=1000, metavar="N", help="requests admitted"
+    )
+    p.add_argument(
+        "--seed", type=bounded_int(0), default=0, metavar="S", help="the faults' random seed"
+    )
     p.add_argument(
         "--restart",
         choices=RESTARTS,
@@ -52,7 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--tp-ranks",
-        type=int,
+        type=bounded_int(1, 16),
         default=1,
         metavar="K",
         help="push: each request is written by K prefill ranks (tensor parallel), each its own "
@@ -66,7 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--p-redeliver",
-        type=float,
+        type=probability,
         default=0.0,
         metavar="P",
         help="push: per batch, the transport applies one of its slices again, 1..12 ticks later",
@@ -77,7 +97,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --p-redeliver: the transport reports DONE before the re-delivery lands (a "
         "transport that lies about DONE; nothing the ledger is told can protect against it)",
     )
-    p.add_argument("--json", action="store_true", help="end with the report as one JSON line")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="stdout is the report as exactly one JSON document (the text report and the "
+        "progress go to stderr)",
+    )
 
 
 def topology_faults(
@@ -95,27 +120,58 @@ def topology_faults(
     }
 
 
-def _require_backend(backend: str) -> None:
+def require_backend(backend: str, what: str) -> None:
+    """Refuse before anything runs when the harness or the backend's engine is not installed."""
+    from kvlifetime.extras import require
+
+    require("harness", what)
     if backend == "nixl":
         from kvlifetime.adapters.nixl import nixl_available, require_tcp
-        from kvlifetime.errors import UsageError
 
+        require("nixl", f"{what} --backend nixl")
         if not nixl_available():
+            from kvlifetime.errors import UsageError
+
             raise UsageError(
-                "backend nixl needs NIXL's Python package: pip install --no-deps nixl==1.5.1 "
-                "nixl-cu13==1.5.1 (the lean install: no torch, no CUDA libraries; `make` does "
-                "it)"
+                "backend nixl: NIXL is installed but its engine does not import (reinstall "
+                "it lean: pip install --no-deps nixl==1.5.1 nixl-cu13==1.5.1)"
             )
         require_tcp()  # UCX_TLS other than tcp: the initiator would write decode's memory itself
     if backend == "mooncake":
         from kvlifetime.adapters.mooncake import mooncake_available
-        from kvlifetime.errors import UsageError
 
+        require("mooncake", f"{what} --backend mooncake")
         if not mooncake_available():
+            from kvlifetime.errors import UsageError
+
             raise UsageError(
-                "backend mooncake needs mooncake-transfer-engine-non-cuda (pip install "
-                "'kvlifetime[mooncake]') and Debian's libibverbs1"
+                "backend mooncake: mooncake-transfer-engine-non-cuda is installed but its "
+                "engine does not import (it needs Debian's libibverbs1: apt-get install "
+                "libibverbs1)"
             )
+
+
+@attrs.frozen(slots=True)
+class Narration:
+    """Where one harness run says what it does: its event lines and its progress bar.
+
+    ``log`` set: each event line is an ``harness_event`` at info level (the command line shows
+    them with ``-v``); unset: the lines are printed to ``stream`` (stderr by default), as a
+    library caller who passed neither expects. ``show_progress``: the requests-admitted bar on
+    stderr (True, False, or None: when stderr is a terminal).
+    """
+
+    stream: TextIO | None = None
+    log: Any = None  # a structlog bound logger, or None
+    show_progress: bool | None = False
+    what: str = "the harness"  # named in a MissingExtra: what needed the extra
+
+    def line(self, run: str) -> Callable[[str], None]:
+        if self.log is not None:
+            log = self.log
+            return lambda line: log.info("harness_event", run=run, message=line)
+        err = sys.stderr if self.stream is None else self.stream
+        return lambda line: print(line, file=err, flush=True)
 
 
 def simulate(
@@ -129,24 +185,27 @@ def simulate(
     fence: bool = True,
     direction: str = "push",
     topology: dict[str, object] | None = None,
+    narration: Narration | None = None,
 ) -> Report:
+    """One harness run; ``KeyboardInterrupt`` inside it is raised as ``Interrupted`` with the
+    requests admitted so far (every process and socket it started is gone by then)."""
     from kvlifetime.errors import UsageError
 
+    narration = Narration(stream) if narration is None else narration
     if direction == "pull":
         if topology and topology != topology_faults():
             raise UsageError("the topology knobs are push-only")
-        return _simulate_pull(backend, policy, requests, seed, stream, restart, fence)
+        return _simulate_pull(backend, policy, requests, seed, restart, fence, narration)
     if direction != "push":
         raise UsageError(f"unknown direction {direction!r} ({', '.join(DIRECTIONS)})")
     if policy not in POLICIES:
         raise UsageError(f"policy {policy!r} is for --direction pull; push: {', '.join(POLICIES)}")
+    require_backend(backend, narration.what)
     from kvlifetime.harness.decode import SimConfig, run
     from kvlifetime.harness.faults import FaultConfig
 
-    _require_backend(backend)
     if topology and topology.get("land_after_crash") and backend != "inproc":
         raise UsageError("--land-after-crash models a transport on the in-process engine only")
-    err = sys.stderr if stream is None else stream
     cfg = SimConfig(
         backend=backend,
         policy=policy,
@@ -156,7 +215,15 @@ def simulate(
         fence=fence,
         faults=FaultConfig(**topology) if topology else FaultConfig(),  # type: ignore[arg-type]
     )
-    return run(cfg, progress=lambda line: print(line, file=err, flush=True))
+    name = f"push {policy}" + (f", restart {restart}" if restart != "none" else "")
+    with _progress(requests, name, narration) as bar:
+        return run(cfg, progress=narration.line(name), on_tick=bar.set)
+
+
+def _progress(requests: int, name: str, narration: Narration) -> Any:
+    from kvlifetime.cli.output import progress
+
+    return progress(requests, name, "requests", show=narration.show_progress)
 
 
 def _simulate_pull(
@@ -164,24 +231,29 @@ def _simulate_pull(
     policy: str,
     requests: int,
     seed: int,
-    stream: TextIO | None,
     restart: str,
     fence: bool,
+    narration: Narration,
 ) -> Report:
     from kvlifetime.errors import UsageError
-    from kvlifetime.harness.pull import PullConfig, run_pull
 
     if policy not in PULL_POLICIES:
         raise UsageError(f"policy {policy!r} is push-only; pull: {', '.join(PULL_POLICIES)}")
     if restart != "none":
         raise UsageError("--restart is push-only (the pull harness restarts no owner)")
-    _require_backend(backend)
-    err = sys.stderr if stream is None else stream
+    require_backend(backend, narration.what)
+    from kvlifetime.harness.pull import PullConfig, run_pull
+
     cfg = PullConfig(backend=backend, policy=policy, requests=requests, seed=seed, fence=fence)
-    return run_pull(cfg, progress=lambda line: print(line, file=err, flush=True))
+    name = f"pull {policy}"
+    with _progress(requests, name, narration) as bar:
+        return run_pull(cfg, progress=narration.line(name), on_tick=bar.set)
 
 
 def run_command(args: argparse.Namespace) -> int:
+    """``kvlifetime simulate``: the text report on stdout, or with ``--json`` on stderr and the
+    report as the one JSON document on stdout."""
+    narration = Narration(log=args.log, show_progress=args.progress, what="kvlifetime simulate")
     report = simulate(
         args.backend,
         args.policy,
@@ -189,14 +261,17 @@ def run_command(args: argparse.Namespace) -> int:
         args.seed,
         restart=args.restart,
         fence=args.fence,
-        direction=getattr(args, "direction", "push"),
+        direction=args.direction,
         topology=topology_faults(
             args.tp_ranks, args.land_after_crash, args.p_redeliver, args.redeliver_after_done
         ),
+        narration=narration,
     )
-    sys.stdout.write(report.to_text())
     if args.json:
-        sys.stdout.write(report.to_json() + "\n")  # the last line of output
+        sys.stderr.write(report.to_text())
+        sys.stdout.write(report.to_json() + "\n")
+    else:
+        sys.stdout.write(report.to_text())
     return 0
 
 
@@ -211,11 +286,18 @@ def demo_harness(
     restarts: Sequence[str] = ("naive", "guarded"),
     pulls: Sequence[str] = PULL_POLICIES,
     topology_policies: Sequence[str] = ("naive", "proof"),
+    narration: Narration | None = None,
 ) -> list[Path]:
     """Run the harness once per policy under one seed, then naive and proof with every
     topology knob on, then the proof policy with each decode restart, then the pull direction
-    once per pull policy; write out/report.txt, report.json and harness-table.md."""
+    once per pull policy; write out/report.txt, report.json and harness-table.md.
+
+    Ctrl-C ends it with ``Interrupted`` saying how many runs finished (their reports are
+    already on ``stream``); nothing is written to ``out`` then."""
+    from kvlifetime.cli.output import interrupted
     from kvlifetime.harness.report import compare_markdown
+
+    narration = Narration(stream) if narration is None else narration
 
     reports = []
     plain = topology_faults()
@@ -228,24 +310,32 @@ def demo_harness(
     runs += [("proof", restart, "push", plain) for restart in restarts]
     # vLLM's direction: decode reads prefill's blocks.
     runs += [(policy, "none", "pull", plain) for policy in pulls]
-    for policy, restart, direction, topology in runs:
-        what = f"{direction}, policy {policy}"
-        what += f", decode restart {restart}" if restart != "none" else ""
-        what += ", every topology knob on" if topology is every else ""
-        stream.write(f"\nsimulating {requests} requests, backend {backend}, {what} ...\n")
-        stream.flush()
-        r = simulate(
-            backend,
-            policy,
-            requests,
-            seed,
-            stream,
-            restart=restart,
-            direction=direction,
-            topology=topology,
+    try:
+        for policy, restart, direction, topology in runs:
+            what = f"{direction}, policy {policy}"
+            what += f", decode restart {restart}" if restart != "none" else ""
+            what += ", every topology knob on" if topology is every else ""
+            stream.write(f"\nsimulating {requests} requests, backend {backend}, {what} ...\n")
+            stream.flush()
+            r = simulate(
+                backend,
+                policy,
+                requests,
+                seed,
+                stream,
+                restart=restart,
+                direction=direction,
+                topology=topology,
+                narration=narration,
+            )
+            stream.write(r.to_text())
+            reports.append(r)
+    except KeyboardInterrupt as e:
+        done = (
+            f"{len(reports)} of {len(runs)} harness runs finished (their reports are above); "
+            f"{out / 'report.*'} not written"
         )
-        stream.write(r.to_text())
-        reports.append(r)
+        raise interrupted(done, e) from e
     table = compare_markdown(reports)
     stream.write("\n" + table)
     out.mkdir(parents=True, exist_ok=True)

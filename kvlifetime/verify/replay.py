@@ -13,17 +13,24 @@ Two kinds of log are accepted (docs/ledger-api.md names the fields):
   ended; only a release call releases).
 
 The first illegal step is reported with the steps before it.
+
+Every field of a full log's events is checked (``CHECKED_FIELDS``; only the host's own fields
+such as ``timestamp`` and ``level``, and the prose ``message`` that renders the checked
+``error`` and ``evidence``, are not). A log with no kvlifetime event at all is refused
+(``NothingToCheck``), never reported as "0 steps, every one legal". What one line can make the
+replay allocate is bounded: a line is at most ``MAX_LINE_CHARS`` characters, and recorded block
+ids are mapped to a dense range, so a block id of 2,000,000,000 costs one slot, not 2e9.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import IO, Any
 
 import attrs
 
-from kvlifetime.errors import EvidenceError, KVLifetimeError
+from kvlifetime.errors import EvidenceError, KVLifetimeError, UsageError
 from kvlifetime.evidence import AccessRevoked, Evidence, GrantEvidence, from_record, to_dict
 from kvlifetime.grant import Access, Grant, GrantId
 from kvlifetime.ledger import BlockLedger, Transition
@@ -98,34 +105,89 @@ def _short(rec: Mapping[str, Any]) -> str:
     return f"{ev} {json.dumps(rest, sort_keys=True, default=str)}"
 
 
+MAX_LINE_CHARS = 1 << 20
+"""The longest line read (1 MiB): one line can make the replay allocate only so much."""
+
+
+class NothingToCheck(UsageError):
+    """The log holds no kvlifetime event: there is nothing to replay.
+
+    Whose fault: the input (an empty file, another program's log, a log recorded with
+    kvlifetime's events filtered out). A vacuous "every step legal" would be a false pass.
+    """
+
+    kind = "nothing_to_check"
+
+    def __init__(self, lines: int) -> None:
+        self.lines = lines
+        super().__init__(
+            f"no kvlifetime event in the log ({lines} JSON lines read; expected events such "
+            f"as {', '.join(sorted(KNOWN_EVENTS))}): nothing to check"
+        )
+
+
+def _parse(n: int, raw: str) -> dict[str, Any] | None:
+    if len(raw) > MAX_LINE_CHARS:
+        raise ValueError(f"line {n}: longer than {MAX_LINE_CHARS} characters")
+    raw = raw.strip()
+    if not raw:
+        return None
+    try:
+        rec = json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"line {n}: JSON nested too deep") from None
+    except ValueError as e:  # JSONDecodeError, or an integer too long to convert
+        raise ValueError(f"line {n}: not JSON: {e}") from e
+    if not isinstance(rec, dict):
+        raise ValueError(f"line {n}: not a JSON object")
+    return rec
+
+
 def read_log(lines: Iterable[str]) -> list[tuple[int, dict[str, Any]]]:
-    """Parse JSON lines; blank lines are skipped; anything else that is not an object is an
-    error (``ValueError`` naming the line)."""
+    """Parse JSON lines; blank lines are skipped; anything else that is not an object, or a
+    line longer than ``MAX_LINE_CHARS``, is an error (``ValueError`` naming the line)."""
     out: list[tuple[int, dict[str, Any]]] = []
     for n, raw in enumerate(lines, 1):
-        raw = raw.strip()
-        if not raw:
-            continue
-        try:
-            rec = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"line {n}: not JSON: {e}") from e
-        if not isinstance(rec, dict):
-            raise ValueError(f"line {n}: not a JSON object")
-        out.append((n, rec))
+        rec = _parse(n, raw)
+        if rec is not None:
+            out.append((n, rec))
     return out
+
+
+def read_log_file(f: IO[str]) -> list[tuple[int, dict[str, Any]]]:
+    """``read_log`` of an open file, never holding more than ``MAX_LINE_CHARS`` + 1 characters
+    of one line in memory (a file of one 10 GB line is refused at the limit)."""
+    out: list[tuple[int, dict[str, Any]]] = []
+    n = 0
+    while True:
+        raw = f.readline(MAX_LINE_CHARS + 1)
+        if not raw:
+            return out
+        n += 1
+        rec = _parse(n, raw)
+        if rec is not None:
+            out.append((n, rec))
 
 
 _FULL_EVENTS = frozenset({"grant_opened", "evidence_applied", "evidence_refused"})
 
 
-def replay(records: list[tuple[int, dict[str, Any]]], *, context: int = 10) -> ReplayReport:
-    """Check ``records`` (from ``read_log``); see the module docstring."""
+def replay(
+    records: list[tuple[int, dict[str, Any]]], *, context: int = 10, log: Any = None
+) -> ReplayReport:
+    """Check ``records`` (from ``read_log``); see the module docstring.
+
+    ``log``: a structlog logger that gets one ``replay_step`` (debug) per step checked.
+    Raises ``NothingToCheck`` when no record is a kvlifetime event."""
+    if not any(r.get("event") in KNOWN_EVENTS for _, r in records):
+        raise NothingToCheck(len(records))
     full = any(r.get("event") in _FULL_EVENTS for _, r in records)
     checker: _Full | _TableOnly = _Full(records) if full else _TableOnly()
     relevant = [(n, r) for n, r in records if r.get("event") in checker.EVENTS]
     for i, (n, rec) in enumerate(relevant):
         reason = checker.check(i, rec, relevant)
+        if log is not None:
+            log.debug("replay_step", line=n, step=rec.get("event"), legal=reason is None)
         if reason is not None:
             before = tuple(relevant[max(0, i - context) : i])
             return ReplayReport(checker.MODE, i + 1, Illegal(n, rec, reason, before))
@@ -139,7 +201,7 @@ def replay(records: list[tuple[int, dict[str, Any]]], *, context: int = 10) -> R
 
 def replay_file(path: str, *, context: int = 10) -> ReplayReport:
     with open(path, encoding="utf-8") as f:
-        return replay(read_log(f), context=context)
+        return replay(read_log_file(f), context=context)
 
 
 # ------------------------------------------------------------------ transition-only logs
@@ -193,31 +255,71 @@ class _TableOnly:
 # ------------------------------------------------------------------ full logs
 
 
+CHECKED_FIELDS: Mapping[str, frozenset[str]] = {
+    "request_admitted": frozenset({"request"}),
+    "grant_opened": frozenset({"grant", "request", "peer", "access", "blocks", "generations"}),
+    "evidence_applied": frozenset({"evidence", "changed"}),
+    "evidence_refused": frozenset({"error", "evidence"}),
+    "request_transition": frozenset(
+        {"request", "transition", "from_state", "to_state", "cause", "grant", "peer", "unsafe"}
+    ),
+    "request_released": frozenset({"request", "blocks"}),
+    "force_released": frozenset({"request", "open_grants"}),
+}
+"""Per event of a full log, the fields the replay checks against the fresh ledger."""
+
+NOT_CHECKED: frozenset[str] = frozenset(
+    {"event", "timestamp", "level", "log_level", "logger", "logger_name", "message", "reason"}
+)
+"""Fields no replay checks: the event name (dispatched on), what a host's processors add,
+``message`` (an ``evidence_refused``'s prose rendering of its checked ``error`` and
+``evidence``) and ``reason`` (a ``force_released``'s words of the caller, replayed as given)."""
+
+KNOWN_EVENTS: frozenset[str] = frozenset(CHECKED_FIELDS)
+_MAX_BLOCK_ID = (1 << 63) - 1
+
+
+def _block_ids(rec: Mapping[str, Any], line: int) -> list[int]:
+    blocks = rec.get("blocks")
+    if blocks is None:
+        return []
+    if not isinstance(blocks, list) or not all(
+        type(b) is int and 0 <= b <= _MAX_BLOCK_ID for b in blocks
+    ):
+        raise _Malformed(line, "blocks must be a list of non-negative integers")
+    return blocks
+
+
+class _Malformed(Exception):
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(reason)
+        self.line = line
+        self.reason = reason
+
+
 class _Full:
     MODE = "full"
-    EVENTS = frozenset(
-        {
-            "request_admitted",
-            "grant_opened",
-            "evidence_applied",
-            "evidence_refused",
-            "request_transition",
-            "request_released",
-        }
-    )
+    EVENTS = KNOWN_EVENTS
 
     def __init__(self, records: list[tuple[int, dict[str, Any]]]) -> None:
-        nblocks = 1
-        for _, r in records:
+        # Recorded block ids -> a dense range, in order of first appearance: the fresh ledger
+        # has as many blocks as the log names (bounded by its size), whatever their values.
+        self.to_new: dict[int, int] = {}
+        for n, r in records:
             if r.get("event") in ("grant_opened", "request_released"):
-                for b in r.get("blocks") or ():
-                    if isinstance(b, int):
-                        nblocks = max(nblocks, b + 1)
-        self.ledger = BlockLedger(nblocks, checked=True, incarnation="replay")
+                try:
+                    ids = _block_ids(r, n)
+                except _Malformed:
+                    continue  # reported when the replay reaches that line
+                for b in ids:
+                    self.to_new.setdefault(b, len(self.to_new))
+        self.to_old = {v: k for k, v in self.to_new.items()}
+        self.ledger = BlockLedger(max(1, len(self.to_new)), checked=True, incarnation="replay")
         self.grants: dict[str, Grant] = {}  # recorded "incarnation#serial" -> new grant
+        self.recorded_gid: dict[str, str] = {}  # new grant id (as text) -> the recorded one
         self.expected: list[Transition] = []  # fired by the fresh ledger, not yet seen logged
         self.consumed: set[int] = set()  # evidence lines already applied (ahead of time)
-        self.released: dict[str, list[int]] = {}
+        self.released: dict[str, list[int]] = {}  # recorded block ids
 
     def _map(self, data: Mapping[str, Any]) -> Evidence:
         ev = from_record(dict(data))
@@ -227,9 +329,7 @@ class _Full:
         new = self.grants.get(str(gid))
         if new is None:
             return ev  # a grant never opened in this log: the fresh ledger must refuse it
-        if isinstance(ev, GrantEvidence):
-            return attrs.evolve(ev, grant_id=new.id)
-        if isinstance(ev, AccessRevoked):
+        if isinstance(ev, GrantEvidence | AccessRevoked):
             return attrs.evolve(ev, grant_id=new.id)
         return ev
 
@@ -244,9 +344,17 @@ class _Full:
     def _apply(self, rec: Mapping[str, Any]) -> str | None:
         try:
             ev = self._map(rec.get("evidence") or {})
-            self.expected.extend(self.ledger.apply(ev))
+            before = self.ledger.fingerprint()
+            fired = self.ledger.apply(ev)
+            changed = bool(fired) or self.ledger.fingerprint() != before
         except KVLifetimeError as e:
             return f"the evidence rules refuse it: {type(e).__name__}: {e}"
+        self.expected.extend(fired)
+        if "changed" in rec and rec["changed"] is not changed:
+            return (
+                f"the log says changed={rec['changed']!r}; for the fresh ledger this evidence "
+                f"changed {'something' if changed else 'nothing'}"
+            )
         return None
 
     def check(self, i: int, rec: dict[str, Any], everything: Any) -> str | None:
@@ -264,29 +372,61 @@ class _Full:
             if kind == "evidence_refused":
                 return self._refused(rec)
             if kind == "request_released":
-                got = self.released.pop(repr(rec.get("request")), None)
-                want = sorted(rec.get("blocks") or [])
-                if got is not None and sorted(got) != want:
-                    return f"the fresh ledger returned blocks {sorted(got)}, the log says {want}"
-                return None
+                return self._released(rec, everything[i][0])
             if kind == "request_transition":
                 return self._transition(i, rec, everything)
+            if kind == "force_released":
+                return self._forced(rec)
+        except _Malformed as e:
+            return f"malformed record: {e.reason}"
         except KVLifetimeError as e:
             return f"{type(e).__name__}: {' '.join(str(e).split())}"
         except (KeyError, TypeError, ValueError) as e:
             return f"malformed record: {e!r}"
         return None
 
+    def _released(self, rec: Mapping[str, Any], line: int) -> str | None:
+        want = sorted(_block_ids(rec, line))
+        got = self.released.pop(repr(rec.get("request")), None)
+        if got is None:
+            return f"request {rec.get('request')!r} released, but the fresh ledger released nothing"
+        if sorted(got) != want:
+            return f"the fresh ledger released blocks {sorted(got)}, the log says {want}"
+        return None
+
+    def _forced(self, rec: Mapping[str, Any]) -> str | None:
+        req = rec["request"]
+        open_now = sorted(
+            self.recorded_gid.get(str(g.id), "?") for g in self.ledger.open_grants(req)
+        )
+        if sorted(rec["open_grants"]) != open_now:
+            return (
+                f"force_released {req!r}: the log says open grants {sorted(rec['open_grants'])}, "
+                f"the fresh ledger has {open_now}"
+            )
+        self._call(req, "force_release", {**rec, "reason": str(rec.get("reason", "replay"))})
+        return None
+
     def _grant(self, rec: Mapping[str, Any]) -> str | None:
         req = rec["request"]
-        blocks = list(rec["blocks"])
+        recorded = rec["grant"]
+        if not isinstance(recorded, str) or recorded in self.grants:
+            return f"grant {recorded!r} opened twice (or not a grant id)"
+        blocks = [self.to_new[b] for b in _block_ids(rec, 0)]
         held = set(self.ledger.blocks_of(req).tolist())
         missing = [b for b in blocks if b not in held]
         if missing:
             holders = self.ledger.holders(missing)
             self.ledger.acquire(req, missing, shared=bool(holders.any()))
-        g = self.ledger.grant(req, rec["peer"], blocks, Access(rec.get("access", "write")))
-        self.grants[str(rec["grant"])] = g
+        g = self.ledger.grant(req, rec["peer"], blocks, Access(rec["access"]))
+        self.grants[recorded] = g
+        self.recorded_gid[str(g.id)] = recorded
+        generations = g.generations.tolist()
+        if "generations" in rec and rec["generations"] != generations:
+            return (
+                f"grant {recorded}: the log says generations {rec['generations']}, the fresh "
+                f"ledger's blocks are at {generations}"
+            )
         return None
 
     def _refused(self, rec: Mapping[str, Any]) -> str | None:
@@ -324,13 +464,27 @@ class _Full:
                 f"--{rec.get('transition')}--> {rec.get('to_state')}"
             )
         t = self.expected.pop(0)
-        got = (t.request, t.event, t.source, t.target)
-        want = (req, rec.get("transition"), rec.get("from_state"), rec.get("to_state"))
-        if got != want:
+        grant = None if t.grant is None else self.recorded_gid.get(t.grant, t.grant)
+        got = {
+            "request": t.request,
+            "transition": t.event,
+            "from_state": t.source,
+            "to_state": t.target,
+            "cause": t.cause,
+            "grant": grant,
+            "peer": t.peer,
+            "unsafe": t.unsafe,
+        }
+        differ = [
+            k for k, v in got.items() if k in rec and (rec[k] != v or type(rec[k]) is not type(v))
+        ]
+        differ += [k for k in ("request", "transition", "from_state", "to_state") if k not in rec]
+        if differ:
             self.expected.clear()
             return (
-                f"the tables fire {t.event} {t.source}->{t.target} for {t.request!r}; "
-                f"the log says {want[1]} {want[2]}->{want[3]} for {req!r}"
+                f"the tables fire {t.event} {t.source}->{t.target} for {t.request!r} (cause "
+                f"{t.cause}, grant {grant}, peer {t.peer}, unsafe {t.unsafe}); the log differs "
+                "in " + ", ".join(f"{k}={rec.get(k)!r}" for k in sorted(set(differ)))
             )
         return None
 
@@ -342,18 +496,17 @@ class _Full:
             self.expected.extend(led.finish(req))
         elif cause in ("release", "collect_releasable"):
             ids = led.release(req)
-            self.released[repr(req)] = ids.tolist()
+            self.released[repr(req)] = [self.to_old[b] for b in ids.tolist()]
             self.expected.append(
                 Transition(req, "released", str(rec.get("from_state")), "released", cause)
             )
         else:
             source = led.state(req).value
-            ids = led.force_release(req, "replay")
-            self.released[repr(req)] = ids.tolist()
-            event = (
-                "released" if source == RequestState.TRANSFER_QUIESCED.value else "force_released"
-            )
-            self.expected.append(Transition(req, event, source, "released", cause))
+            ids = led.force_release(req, str(rec.get("reason", "replay")))
+            self.released[repr(req)] = [self.to_old[b] for b in ids.tolist()]
+            unsafe = source != RequestState.TRANSFER_QUIESCED.value
+            event = "force_released" if unsafe else "released"
+            self.expected.append(Transition(req, event, source, "released", cause, unsafe=unsafe))
 
     def finish(self) -> str | None:
         if self.expected:
@@ -362,4 +515,17 @@ class _Full:
         return None
 
 
-__all__ = ["GrantId", "Illegal", "ReplayReport", "read_log", "replay", "replay_file"]
+__all__ = [
+    "CHECKED_FIELDS",
+    "KNOWN_EVENTS",
+    "MAX_LINE_CHARS",
+    "NOT_CHECKED",
+    "GrantId",
+    "Illegal",
+    "NothingToCheck",
+    "ReplayReport",
+    "read_log",
+    "read_log_file",
+    "replay",
+    "replay_file",
+]

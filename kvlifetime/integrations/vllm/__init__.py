@@ -23,17 +23,21 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     # The connector imports vLLM; the guard and the signal table do not.
+    from kvlifetime.extras import needs
+
     if name in ("GuardedConnector", "GuardWorkerMeta", "guarded_class"):
-        from kvlifetime.integrations.vllm import connector
+        with needs("vllm", f"kvlifetime.integrations.vllm.{name}"):
+            from kvlifetime.integrations.vllm import connector
 
         return getattr(connector, name)
     if name.startswith("Guarded") and len(name) > len("Guarded"):
         # "kv_connector": "GuardedNixlConnector" with this module as kv_connector_module_path:
         # the guarded class of a connector vLLM has registered under that name (it keeps the
         # inner class's HMA support, which vLLM's factory checks on the class it is named).
-        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+        with needs("vllm", f"kvlifetime.integrations.vllm.{name}"):
+            from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
-        from kvlifetime.integrations.vllm.connector import guarded_class
+            from kvlifetime.integrations.vllm.connector import guarded_class
 
         try:
             inner = KVConnectorFactory.get_connector_class_by_name(name[len("Guarded") :])
