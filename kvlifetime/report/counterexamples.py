@@ -167,12 +167,13 @@ def sequence_svg(figure_id: str, trace: Sequence[Mapping[str, Any]]) -> str:
     x = {n: left + lane_w * i + lane_w // 2 for i, n in enumerate(names)}
     notes_x = left + lane_w * len(names) + 16
     width = notes_x + notes_w
-    rows: list[tuple[Arrow, list[str], int]] = []
+    rows: list[tuple[Arrow, list[tuple[str, str]], int, int]] = []  # step, lines, y, height
     y = top + 20
     for s in steps:
-        lines = [ln for n in s.notes for ln in _wrap(n, 66)] or [""]
+        # each wrapped line keeps the colour of its note (a violation is red to its end)
+        lines = [(ln, n) for n in s.notes for ln in _wrap(n, 66)] or [("", "")]
         h = max(40, 15 * len(lines) + 12)
-        rows.append((s, lines, y))
+        rows.append((s, lines, y, h))
         y += h
     height = y + 12
     mk = f"{figure_id}-arrow"
@@ -189,6 +190,13 @@ def sequence_svg(figure_id: str, trace: Sequence[Mapping[str, Any]]) -> str:
             f'<path d="M0,0 L10,5 L0,10 z" fill="{colour}"/></marker>'
         )
     parts.append("</defs>")
+    # the bands first: the lanes' lines run over them, the arrows over both
+    for s, _, y0, h in rows:
+        band = "#fdecea" if s.violation else ("#f7f9fb" if s.number % 2 else "#ffffff")
+        parts.append(
+            f'<rect class="band" x="4" y="{y0 - 4}" width="{width - 8}" height="{h - 2}" '
+            f'fill="{band}"/>'
+        )
     for n in names:
         title, sub = _lane_title(n)
         parts.append(
@@ -206,16 +214,11 @@ def sequence_svg(figure_id: str, trace: Sequence[Mapping[str, Any]]) -> str:
         f'<text x="{notes_x}" y="{top - 4}" font-size="12" font-weight="bold" '
         f'fill="#333">what the step did</text>'
     )
-    for s, lines, y0 in rows:
+    for s, lines, y0, _ in rows:
         mid = y0 + 16
-        band = "#fdecea" if s.violation else ("#f7f9fb" if s.number % 2 else "#ffffff")
         parts.append(
             f'<g class="step" data-step="{s.number}" data-from="{escape(s.source)}" '
             f'data-to="{escape(s.target)}" data-style="{s.style}">'
-        )
-        parts.append(
-            f'<rect x="4" y="{y0 - 4}" width="{width - 8}" '
-            f'height="{max(40, 15 * len(lines) + 12) - 2}" fill="{band}"/>'
         )
         parts.append(
             f'<text x="20" y="{mid + 4}" font-size="12" font-weight="bold" '
@@ -255,9 +258,9 @@ def sequence_svg(figure_id: str, trace: Sequence[Mapping[str, Any]]) -> str:
                 f'<text x="{tx}" y="{mid}" text-anchor="middle" font-size="11" '
                 f'fill="{fill}">{label}</text>'
             )
-        for i, ln in enumerate(lines):
-            bad = ln.startswith("VIOLATION")
-            pooled = "to the pool" in ln
+        for i, (ln, note) in enumerate(lines):
+            bad = note.startswith("VIOLATION")
+            pooled = "to the pool" in note
             fill = "#b03a2e" if bad else ("#a04000" if pooled else "#333")
             weight = ' font-weight="bold"' if bad or pooled else ""
             parts.append(
@@ -285,10 +288,8 @@ class Verdict:
 
     @property
     def title(self) -> str:
-        return (
-            f"{self.policy}: {self.requests} request x {self.peers} peer(s) x 1 block, "
-            f"faults: {self.faults}"
-        )
+        """The configuration, in words."""
+        return f"{self.requests} request x {self.peers} peer(s) x 1 block, faults: {self.faults}"
 
 
 def explore_policies(
