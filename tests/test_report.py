@@ -205,10 +205,14 @@ def test_missing_extra_names_the_install(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 @needs_dot
-def test_page_without_results_says_how_to_make_them(tmp_path: Path) -> None:
-    done = write_report(tmp_path)  # no report.json there
-    text = done.path.read_text(encoding="utf-8")
-    assert done.runs == 0
+def test_page_without_results_says_how_to_make_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", "--out", str(tmp_path)]) == 0  # no report.json there
+    out, err = capsys.readouterr()
+    assert out == f"{tmp_path / INDEX}\n"
+    assert "no harness results at" in err and "make demo" in err
+    text = (tmp_path / INDEX).read_text(encoding="utf-8")
     assert "No harness results: run <code>make demo</code>" in text
     assert 'data-kind="plot"' not in text
     assert 'id="fig-cx-naive"' in text  # the rest of the page is all there

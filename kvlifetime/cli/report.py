@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -39,6 +40,13 @@ def run(args: argparse.Namespace) -> int:
         args.out, args.results, log=log, on_step=lambda step: log.info("report_step", step=step)
     )
     print(done.path)
+    if done.runs == 0:
+        results = args.results or args.out / "report.json"
+        print(
+            f"kvlifetime: note: no harness results at {results}: the page has no harness "
+            "section (make demo writes them)",
+            file=sys.stderr,
+        )
     if not args.screenshot:
         return 0
     from kvlifetime.report.browser import BrowserError, check_page
