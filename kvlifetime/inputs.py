@@ -87,10 +87,15 @@ def block_ids(
     elif t is np.ndarray:
         given: npt.NDArray[Any] = value  # type: ignore[assignment]
         if given.ndim == 1 and given.dtype == _INT64 and len(given) > 1:
-            # One sort proves both ends and (adjacent equal) every repeat.
-            s = np.sort(given)
-            if s[0] >= 0 and s[-1] < hi and (not unique or not np.count_nonzero(s[1:] == s[:-1])):
-                arr = given.copy()  # the caller may change its array afterwards
+            arr = given.copy()  # the caller may change its array afterwards
+            if unique:
+                # One sort proves both ends and (adjacent equal) every repeat.
+                s = np.sort(arr)
+                ok = s[0] >= 0 and s[-1] < hi and not np.count_nonzero(s[1:] == s[:-1])
+            else:
+                # Seen as unsigned, a negative id is huge: one reduction checks both ends.
+                ok = int(np.maximum.reduce(arr.view(np.uint64))) < hi
+            if ok:
                 arr.flags.writeable = False
                 return arr
     return _checked_block_ids(value, num_blocks, unique)

@@ -118,6 +118,7 @@ Counts = Literal["ledger", "engine"]
 COUNTS: tuple[Counts, ...] = ("ledger", "engine")
 
 _Key = TypeVar("_Key", bound=RequestKey)  # a mapping keyed by str, by int, or by both
+_new_tuple = tuple.__new__
 _PLAIN = (list, tuple)  # batches acquire_many flattens without a conversion per request
 
 _log = structlog.get_logger("kvlifetime")
@@ -1070,11 +1071,19 @@ class BlockLedger:
                 req.quarantined_at = self._clock
             else:
                 self._releasable.pop(req.key, None)
+        # tuple.__new__ with every field: a NamedTuple's own constructor (a Python function that
+        # fills in defaults) costs more than half again as much, once per transition.
         if rec is None:
             unsafe = event == "force_released"  # never the normal path: flagged in the log
-            out.append(Transition(req.key, event, source, target, cause, None, None, unsafe))
+            out.append(
+                _new_tuple(Transition, (req.key, event, source, target, cause, None, None, unsafe))
+            )
         else:
-            out.append(Transition(req.key, event, source, target, cause, rec.label, rec.peer))
+            out.append(
+                _new_tuple(
+                    Transition, (req.key, event, source, target, cause, rec.label, rec.peer, False)
+                )
+            )
 
     def _mirror(self, req: RequestRecord, event: str, target: str) -> None:
         m = req.machine
