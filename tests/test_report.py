@@ -280,3 +280,17 @@ def test_page_check_fails_on_a_broken_figure(report_page: Path, tmp_path: Path) 
     assert figs["fig-cx-naive"]["ok"] is True
     assert any("undefinedFunction" in e for e in check.verdict["errors"])
     assert "fig-request" in check.problems() and "script error" in check.problems()
+
+
+def test_demo_page_without_graphviz_is_a_note_not_a_failure(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """make demo's last step must not undo the harness runs before it."""
+    from kvlifetime.report import write_demo_page
+
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    stream = io.StringIO()
+    assert write_demo_page(tmp_path, stream) == []
+    note = stream.getvalue()
+    assert f"{tmp_path / INDEX} not written" in note and "apt-get install graphviz" in note
+    assert not (tmp_path / INDEX).exists()
