@@ -49,6 +49,7 @@ def built(report_results: Path) -> Built:
 
 @pytest.fixture(scope="module")
 def report_page(built: Built) -> Path:
+    assert built.status == 0, "kvlifetime report failed: see its test"
     return built.page
 
 
@@ -181,7 +182,17 @@ def test_a_refused_results_file_writes_nothing(
 
 def test_mistyped_fields_are_refused(report_results: Path, tmp_path: Path) -> None:
     runs = json.loads(report_results.read_text())
-    for field, value in [("seed", "7"), ("requests", True), ("series", [1]), ("wall_s", None)]:
+    series = runs[0]["series"]
+    for field, value in [
+        ("seed", "7"),
+        ("requests", True),
+        ("series", [1]),
+        ("wall_s", None),
+        ("series", {**series, "free": [*series["free"][:-1], "x"]}),
+        ("series", {**series, "free": series["free"][:-1]}),
+        ("series", {"tick": [0]}),
+        ("series", {**series, "tick": list(reversed(series["tick"]))}),
+    ]:
         bad = tmp_path / f"{field}.json"
         bad.write_text(json.dumps([{**runs[0], field: value}]))
         with pytest.raises(ReportInputError, match=field):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -17,6 +18,33 @@ def _kind_of(default: object) -> type:
     if isinstance(default, bool | str):
         return type(default)
     return int
+
+
+MAX_SERIES_SAMPLES = 10_000  # StateSeries keeps a few hundred; refuse what no run writes
+
+
+def _check_series(series: Mapping[str, Any]) -> None:
+    """A time series read back must be what ``StateSeries.columns`` writes: the same columns,
+    each a list of counts, all of one length (bounded), ticks in order."""
+    from kvlifetime.errors import UsageError
+    from kvlifetime.harness.series import COLUMNS
+
+    if not series:
+        return
+    if set(series) != set(COLUMNS):  # in any order: report.json sorts its keys
+        raise UsageError(
+            f"a harness result's 'series' has columns {sorted(series)}, not {sorted(COLUMNS)}"
+        )
+    lengths = set()
+    for name, values in series.items():
+        if not isinstance(values, list) or len(values) > MAX_SERIES_SAMPLES:
+            raise UsageError(f"a harness result's 'series' column {name!r} is not a short list")
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in values):
+            raise UsageError(f"a harness result's 'series' column {name!r} holds a non-count")
+        lengths.add(len(values))
+    ticks = series["tick"]
+    if len(lengths) != 1 or any(b < a for a, b in itertools.pairwise(ticks)):
+        raise UsageError("a harness result's 'series' columns differ in length or go back in time")
 
 
 # The JSON kind of each required field (the defaulted ones follow their default).
@@ -149,6 +177,7 @@ class Report:
             if wrong:  # a bool is an int to Python, never a count here
                 raise UsageError(f"a harness result's {f.name!r} is {v!r}")
             kwargs[f.name] = v
+        _check_series(kwargs.get("series", {}))
         return cls(**kwargs)
 
     def to_json(self) -> str:
