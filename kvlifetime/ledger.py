@@ -485,14 +485,14 @@ class BlockLedger:
                 else:
                     np.add.at(self._sharers, allids, 1)
                 self._shared_holds += len(recs)
-                for req, a, n in zip(recs, starts, lens, strict=True):
-                    req.shared.append(allids[a : a + n])
+                for req, view in zip(recs, _views(allids, starts, lens), strict=True):
+                    req.shared.append(view)
             else:
                 self._owner[allids] = np.repeat(
                     np.fromiter((r.slot for r in recs), np.int32, len(recs)), lens
                 )
-                for req, a, n in zip(recs, starts, lens, strict=True):
-                    req.excl.append(allids[a : a + n])
+                for req, view in zip(recs, _views(allids, starts, lens), strict=True):
+                    req.excl.append(view)
 
     def acquire_and_grant(
         self,
@@ -1606,6 +1606,17 @@ def _concat_ids(parts: Sequence[BlockIds | list[int]], num_blocks: int) -> Block
         )
     arr.flags.writeable = False
     return arr
+
+
+def _views(allids: BlockIds, starts: Sequence[int], lens: Sequence[int]) -> list[BlockIds]:
+    """Each request's part of ``allids`` as a read-only view. When every request takes as many
+    blocks (a decode step: one each), the rows of a reshape: numpy makes those views in one
+    call, at half the cost of slicing each in Python."""
+    k = len(lens)
+    width = lens[0]
+    if width and k * width == len(allids) and lens.count(width) == k:
+        return list(allids.reshape(k, width))
+    return [allids[a : a + n] for a, n in zip(starts, lens, strict=True)]
 
 
 def _repeats(
