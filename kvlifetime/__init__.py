@@ -9,11 +9,10 @@ python-statemachine; ``kvlifetime.BlockLedger`` loads the ledger and what it nee
 ``kvlifetime.RequestLifecycle`` the specification. A program pays only for what it asks for.
 """
 
-from __future__ import annotations
+import sys as _sys
 
-import importlib
-
-# Not ``typing.TYPE_CHECKING``: importing typing alone costs more than the rest of this module.
+# Not ``typing.TYPE_CHECKING``, nor importlib or ``from __future__``: importing any of them
+# costs more than the rest of this module (``import kvlifetime`` loads only kvlifetime).
 TYPE_CHECKING = False
 
 __version__ = "0.2.0"
@@ -125,7 +124,8 @@ def __getattr__(name: str) -> object:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'kvlifetime' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    __import__(module)
+    value = getattr(_sys.modules[module], name)
     globals()[name] = value  # the next access is a plain attribute lookup
     return value
 

@@ -41,8 +41,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--requests", type=bounded_int(1), default=2, metavar="R", help="requests ever admitted"
     )
-    p.add_argument("--peers", type=bounded_int(1), default=2, metavar="P")
-    p.add_argument("--blocks", type=bounded_int(1), default=2, metavar="B")
+    p.add_argument(
+        "--peers", type=bounded_int(1), default=2, metavar="P", help="peers (transfer engines)"
+    )
+    p.add_argument(
+        "--blocks", type=bounded_int(1), default=2, metavar="B", help="blocks in the pool"
+    )
     p.add_argument(
         "--faults",
         default="all",
@@ -62,7 +66,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--transfers", type=bounded_int(0), default=1, help="transfers a peer posts per grant"
     )
-    p.add_argument("--blocks-per-request", type=bounded_int(1), default=1)
+    p.add_argument(
+        "--blocks-per-request",
+        type=bounded_int(1),
+        default=1,
+        help="blocks each request takes",
+    )
     p.add_argument(
         "--max-states",
         type=bounded_int(1),
@@ -88,7 +97,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "INCOMPLETE (exit 3), with the bound on the chance of a miss",
     )
     p.add_argument("--checked", action="store_true", help="mirror into the specification too")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text: the verdict and any counterexample; json: one JSON document",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,235 @@
+"""The command line as a new user meets it: --version, help, bad numbers, -v, --json, progress,
+Ctrl-C and missing extras."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import kvlifetime
+from kvlifetime import cli
+from kvlifetime.cli import EXIT_INTERRUPTED, build_parser, main
+
+ROOT = Path(__file__).resolve().parent.parent
+Capsys = pytest.CaptureFixture[str]
+
+
+def run(capsys: Capsys, *argv: str) -> tuple[int, str, str]:
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+# --------------------------------------------------------------------------- version and help
+
+
+def test_version_is_the_package_version(capsys: Capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["--version"])
+    assert info.value.code == 0
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert capsys.readouterr().out == f"kvlifetime {declared}\n"
+    assert kvlifetime.__version__ == declared
+    assert main(["--version"]) == 0
+
+
+def test_every_option_of_every_command_has_help_and_shows_its_default() -> None:
+    missing = []
+    for name, p in _subparsers().items():
+        text = p.format_help()
+        for action in p._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            label = f"{name} {'/'.join(action.option_strings) or action.dest}"
+            if not action.help:
+                missing.append(f"{label}: no help")
+            elif (
+                action.option_strings
+                and action.default not in (None, argparse.SUPPRESS)
+                and not isinstance(action.default, bool)
+                and f"default: {action.default}" not in " ".join(text.split())
+                and "default" not in action.help
+            ):
+                missing.append(f"{label}: default {action.default!r} not shown")
+    assert missing == []
+
+
+def test_every_help_ends_with_the_exit_statuses() -> None:
+    helps = {name: p.format_help() for name, p in _subparsers().items()}
+    for name, text in helps.items():
+        assert "exit status:" in text, name
+        assert f"{EXIT_INTERRUPTED}  interrupted" in text, name
+    assert "  3  the log holds no kvlifetime event" in helps["replay"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["simulate", "--requests", "-5"], "argument --requests: must be >= 1, got -5"),
+        (["simulate", "--requests", "ten"], "argument --requests: not an integer: 'ten'"),
+        (["simulate", "--p-redeliver", "1.5"], "argument --p-redeliver: must be a probability"),
+        (["simulate", "--p-redeliver", "nan"], "argument --p-redeliver: must be a probability"),
+        (["simulate", "--tp-ranks", "0"], "argument --tp-ranks: must be in [1, 16], got 0"),
+        (["demo", "--requests", "0"], "argument --requests: must be >= 1, got 0"),
+        (["replay", "x.jsonl", "--context", "-1"], "argument --context: must be >= 0"),
+    ],
+)
+def test_a_bad_number_names_the_option_that_was_passed(
+    capsys: Capsys, argv: list[str], message: str
+) -> None:
+    status, out, err = run(capsys, *argv)
+    assert (status, out) == (2, "")
+    assert message in err
+
+
+# --------------------------------------------------------------------------- -v, --json, progress
+
+
+def test_verbose_works_before_or_after_the_command(capsys: Capsys) -> None:
+    for argv in (["-v", "table", "request"], ["table", "request", "-v"]):
+        status, out, err = run(capsys, *argv)
+        assert status == 0 and out.startswith("# request lifecycle")
+        assert "stdout_written" in err, argv
+    status, _, err = run(capsys, "table", "request")
+    assert (status, err) == (0, "")
+
+
+def test_simulate_verbose_logs_its_steps_and_json_is_one_document(capsys: Capsys) -> None:
+    status, out, err = run(capsys, "simulate", "--requests", "60", "--json")
+    assert status == 0
+    doc = json.loads(out)  # the whole of stdout, nothing before or after
+    assert doc["requests"] == 60 and doc["policy"] == "proof"
+    assert "kvlifetime simulate: backend=inproc" in err  # the text report, on stderr
+    assert "harness_event" not in err
+    status, out, err = run(capsys, "-v", "simulate", "--requests", "60")
+    assert status == 0 and "harness_event" in err and "fenced" in err
+    assert out.startswith("kvlifetime simulate: backend=inproc")
+
+
+def test_progress_bar_only_when_asked_or_on_a_terminal(capsys: Capsys) -> None:
+    _, _, err = run(capsys, "simulate", "--requests", "20", "--progress")
+    assert "push proof:" in err and "requests" in err and "|" in err
+    _, _, err = run(capsys, "simulate", "--requests", "20", "--no-progress")
+    assert "push proof:" not in err
+    _, _, err = run(capsys, "simulate", "--requests", "20")  # stderr is not a terminal here
+    assert "push proof:" not in err
+
+
+# --------------------------------------------------------------------------- Ctrl-C
+
+
+def test_ctrl_c_in_demo_says_which_runs_finished(
+    capsys: Capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvlifetime.harness import simulate as sim
+
+    real = sim.simulate
+    calls = []
+
+    def interrupted_on_the_second_run(*a: object, **kw: object) -> object:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sim, "simulate", interrupted_on_the_second_run)
+    status, _, err = run(capsys, "demo", "--out", str(tmp_path), "--requests", "20")
+    assert status == EXIT_INTERRUPTED
+    assert err.strip().splitlines()[-1] == (
+        "kvlifetime demo: interrupted: 1 of 10 harness runs finished (their reports are "
+        f"above); {tmp_path / 'report.*'} not written"
+    )
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_ctrl_c_to_the_process_group_ends_simulate_cleanly() -> None:
+    """What a terminal does on Ctrl-C: SIGINT to every process of the group (the harness's
+    peer processes included). Exit 130, one line saying how far it got, no traceback from any
+    process, and no process of the group left behind."""
+    exe = Path(sys.executable).parent / "kvlifetime"
+    proc = subprocess.Popen(
+        [str(exe), "simulate", "--requests", "1000000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    time.sleep(2.0)  # past start-up: the peers run
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_INTERRUPTED, err
+    assert out == ""
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvlifetime simulate: interrupted: push proof:")
+    assert lines[0].endswith(" of 1000000 requests")
+    deadline = time.monotonic() + 10
+    while True:  # the peers are reaped by the owner; give the kernel a moment
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "a process of the group outlived the command"
+        time.sleep(0.1)
+
+
+# --------------------------------------------------------------------------- missing extras
+
+
+@pytest.mark.parametrize(
+    ("argv", "module", "extra"),
+    [
+        (["simulate", "--requests", "10"], "msgpack", "harness"),
+        (["simulate", "--requests", "10"], "zmq", "harness"),
+        (["demo", "--requests", "10"], "msgpack", "harness"),
+        (["simulate", "--backend", "mooncake", "--requests", "10"], "mooncake", "mooncake"),
+    ],
+)
+def test_a_missing_extra_is_one_line_naming_the_install_before_anything_runs(
+    capsys: Capsys,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    argv: list[str],
+    module: str,
+    extra: str,
+) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # as if it were not installed
+    if argv[0] == "demo":
+        argv = [*argv, "--out", str(tmp_path)]
+    status, out, err = run(capsys, *argv)
+    assert (status, out) == (2, "")  # demo prints none of its contract first
+    assert err.count("\n") == 1
+    assert f"run pip install 'kvlifetime[{extra}]'" in err
+    assert repr(module) in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_vllm_integration_names_its_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvlifetime.integrations.vllm as integration
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    monkeypatch.delitem(sys.modules, "kvlifetime.integrations.vllm.connector", raising=False)
+    with pytest.raises(kvlifetime.MissingExtra, match=r"pip install 'kvlifetime\[vllm\]'"):
+        _ = integration.GuardedConnector
+    # the sans-IO guard needs no vLLM
+    assert integration.ConnectorGuard is not None
+
+
+def test_commands_are_listed_once() -> None:
+    names = [c.name for c in cli.COMMANDS]
+    assert len(names) == len(set(names))
