@@ -66,6 +66,7 @@ EXTRAS: Mapping[str, Extra] = {
             also="the lean install: no torch, no CUDA libraries",
         ),
         Extra("prometheus", ("prometheus_client",), ("prometheus-client",)),
+        Extra("report", ("matplotlib",), ("matplotlib",)),  # the plots of kvlifetime report
         Extra(
             "vllm",
             ("vllm",),
