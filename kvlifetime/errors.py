@@ -1,4 +1,4 @@
-"""The one exception hierarchy of kvlifetime.
+"""The one exception hierarchy of kvlifetime (what bad input gets: docs/contract.md#bad-input).
 
 Every error says whose fault it is (the caller's code, the evidence a peer sent, or kvlifetime
 itself) and what state it leaves. All of them leave the ledger exactly as it was before the call:

@@ -1,4 +1,5 @@
-"""Claims and the acknowledgement classes (docs/evidence.md).
+"""Claims and the acknowledgement classes (docs/evidence.md; the rules they serve, in prose:
+docs/contract.md#evidence-and-claims).
 
 Evidence is data: an immutable object that states exactly what it proves, about which grant,
 and nothing more. It never mutates anything by itself; ``BlockLedger.apply`` (through

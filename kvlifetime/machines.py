@@ -1,5 +1,8 @@
 """The specification: the request and block lifecycles as python-statemachine classes.
 
+The contract they encode, with the reasons and the precise rules where the pictures leave a
+choice, is docs/contract.md (#request-lifecycle, #block-lifecycle, #precise-rules).
+
 These classes are the one source of truth. ``table.py`` compiles them into plain data that the
 ledger's fast path runs; ``diagrams.py`` draws them; ``BlockLedger(checked=True)`` mirrors every
 request transition into a ``RequestLifecycle`` and fails loudly when the two disagree.

@@ -1,7 +1,8 @@
-"""Who may prove what: each claim, and the sources that may make it (README and
-docs/evidence.md, "Who may prove what"). The rules are data, in ``RULES``; ``kvlifetime
-evidence`` prints them, the ledger checks every piece of evidence against them before it looks
-at anything else, and the verifier's lying peer sends every claim they forbid.
+"""Who may prove what: each claim, and the sources that may make it
+(docs/contract.md#provenance-who-may-prove-what; the table: docs/evidence.md). The rules are
+data, in ``RULES``; ``kvlifetime evidence`` prints them, the ledger checks every piece of
+evidence against them before it looks at anything else, and the verifier's lying peer sends
+every claim they forbid.
 
 Provenance cannot stop a peer from lying about its *own* transfers; it stops it from speaking
 for others and from claiming what only the memory owner can know. ``RESTS_ON_PEER`` names the

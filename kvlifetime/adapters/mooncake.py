@@ -7,7 +7,9 @@ docs/engine-mooncake-tcp.md is generated from it. Each row names the test that p
 ``tests/test_mooncake_adapter.py`` checks the status rows against ``batch_ended`` and
 ``GrantTransfers``. In short: only COMPLETED on protocol v2, for every batch of the grant,
 proves the end of access; FAILED, ``unregister_memory`` and a dead initiator prove nothing
-about memory; ``MooncakeTarget.fence()`` is the fence (docs/fencing.md).
+about memory; ``MooncakeTarget.fence()`` is the fence (docs/fencing.md). The engine's facts
+behind each row, with their measurements:
+docs/engine-facts.md#mooncake-transfer-engine-tcp-transport.
 
 ``get_batch_transfer_status`` blocks (until every batch completed, the first failure, or
 ``MC_TRANSFER_TIMEOUT``), and it frees the batch ids it reports on: call it exactly once per

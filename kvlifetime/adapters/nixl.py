@@ -7,7 +7,8 @@ TCP on loopback (``UCX_TLS=tcp``), is data: the table is ``PROFILE`` (a
 --engine nixl-ucx`` prints it and docs/engine-nixl-ucx.md is generated from it. Read in
 ai-dynamo/nixl (``src/plugins/ucx/ucx_backend.cpp``, ``ucx_utils.cpp``,
 ``src/core/nixl_agent.cpp``, ``agent_data.h``); measured between two processes by
-``tests/test_nixl_adapter.py`` and ``tests/test_nixl_fence.py`` (docs/fencing.md). In short:
+``tests/test_nixl_adapter.py`` and ``tests/test_nixl_fence.py`` (docs/fencing.md; the engine's
+facts with their measurements: docs/engine-facts.md#nixl-over-ucx-dram). In short:
 
 ========================================  =====================================================
 raw fact                                  evidence it yields

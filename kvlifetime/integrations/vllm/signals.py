@@ -5,7 +5,8 @@ vLLM's connector API reports transfers as *sets of request ids* (``finished_send
 per engine step, with no sequence numbers: a membership says one thing about one request, at
 the step it arrives in. The guard (``guard.py``) turns each into exactly the evidence below and
 nothing more. ``kvlifetime evidence --engine vllm`` prints the table; docs/engine-vllm.md is
-generated from it; each row names the test that pins it.
+generated from it; each row names the test that pins it. Where vLLM decides a block may be
+reused, and how its tests run here: docs/engine-facts.md#vllm-033-on-a-cpu-only-machine.
 
 No vLLM import: the table loads where vLLM is not installed.
 """
