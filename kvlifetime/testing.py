@@ -1,7 +1,15 @@
 """Helpers an engine's own test suite imports (as ``structlog.testing`` does for structlog).
 
-- ``checked_ledger`` — a pytest fixture factory: a ``BlockLedger(checked=True)`` that mirrors
-  every transition into the specification and fails loudly on disagreement;
+The fixtures themselves (``ledger``, ``checked_ledger``, ``captured_logs``) come from
+kvlifetime's pytest plugin, ``kvlifetime.pytest_plugin``, which pytest loads by itself once
+kvlifetime is installed: a test just names them. This module holds what they are built on and
+what a test calls:
+
+- ``new_checked_ledger`` — a ``BlockLedger(checked=True)`` that mirrors every transition into
+  the specification and fails loudly on disagreement;
+- ``checked_ledger`` — builds a pytest fixture of one size under a name of your choice (for a
+  ``conftest.py`` that wants ``ledger64 = checked_ledger(64, name="ledger64")``); it is *not* a
+  fixture itself: a test taking ``checked_ledger`` gets the plugin's factory fixture;
 - ``captured_logs`` — ``structlog.testing.capture_logs`` that leaves structlog unconfigured
   again afterwards (so kvlifetime goes back to emitting nothing);
 - ``assert_transitions`` — a captured log (``structlog.testing.capture_logs``) follows an
@@ -41,12 +49,14 @@ def new_checked_ledger(num_blocks: int = 16, *, incarnation: str | None = None) 
 
 
 def checked_ledger(num_blocks: int = 16, *, name: str = "ledger") -> Any:
-    """A pytest fixture giving a fresh checked ledger per test.
+    """Build a pytest fixture named ``name`` giving a fresh checked ledger per test.
 
-    In a ``conftest.py``: ``ledger = kvlifetime.testing.checked_ledger(64)``; a test then takes
-    ``ledger`` as an argument. Any disagreement between the compiled tables and the
-    specification raises ``SpecDisagreement`` inside the call that caused it; refused evidence
-    is counted in ``stats().refused_evidence`` for the test to read.
+    In a ``conftest.py``: ``ledger64 = kvlifetime.testing.checked_ledger(64, name="ledger64")``;
+    a test then takes ``ledger64`` as an argument. (Without a conftest, the plugin's ``ledger``
+    fixture and ``@pytest.mark.kvlifetime(num_blocks=64)`` do the same.) Any disagreement
+    between the compiled tables and the specification raises ``SpecDisagreement`` inside the
+    call that caused it; refused evidence is counted in ``stats().refused_evidence`` for the
+    test to read.
     """
     import pytest  # test-only dependency
 

@@ -40,3 +40,27 @@ def test_readme_gives_the_two_setup_commands() -> None:
     (setup,) = [b for b in _blocks("sh") if b.startswith("make demo")]
     commands = [ln.split("#")[0].strip() for ln in setup.strip().splitlines()]
     assert commands == ["make demo", "make test"]
+
+
+def test_every_kvlifetime_name_the_readme_uses_bare_is_exported() -> None:
+    """A name in backticks that one of the core modules defines must import from ``kvlifetime``
+    itself, as the README's examples use it."""
+    import importlib
+
+    import kvlifetime
+
+    core = [
+        importlib.import_module(f"kvlifetime.{m}")
+        for m in ("errors", "evidence", "extras", "grant", "ledger", "machines", "source")
+    ]
+    named = set(re.findall(r"`([A-Z][A-Za-z]+)`", README))
+    for block in _blocks("python"):
+        named |= set(re.findall(r"\b([A-Z][A-Za-z]+)\b", block))
+    public = {n for n in named if any(hasattr(m, n) for m in core)}
+    assert public, "the README names no kvlifetime class at all?"
+    assert sorted(public - set(kvlifetime.__all__)) == []
+
+
+def test_the_readme_never_calls_checked_ledger_a_plain_fixture() -> None:
+    # It is the plugin's factory fixture: `def test(checked_ledger): led = checked_ledger(64)`.
+    assert "a `checked_ledger` fixture," not in README
