@@ -512,6 +512,9 @@ def docs_files(*, include_svg: bool) -> dict[str, str]:
 
     for name, profile in PROFILES.items():  # engines whose adapter declares a profile
         files[f"engine-{name}.md"] = engine_markdown(profile)
+    from kvlifetime.apidoc import api_markdown  # the API reference, from the docstrings
+
+    files["api.md"] = api_markdown()
     if include_svg:
         for m in MACHINES:
             files[f"{m}.svg"] = render(m, "svg")
