@@ -122,12 +122,19 @@ def test_simulate_verbose_logs_its_steps_and_json_is_one_document(capsys: Capsys
 
 
 def test_progress_bar_only_when_asked_or_on_a_terminal(capsys: Capsys) -> None:
+    from kvlifetime.cli.output import progress
+
+    for show, drawn in ((True, True), (False, False), (None, False)):  # None: stderr's a pipe
+        with progress(10, "work", "items", show=show) as bar:
+            bar.set(4)
+            bar.advance()
+            assert bar.n == 5  # counted whether shown or not
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert ("work:" in err and "items" in err) is drawn, show
+    # The harness's bar counts requests admitted.
     _, _, err = run(capsys, "simulate", "--requests", "20", "--progress")
-    assert "push proof:" in err and "requests" in err and "|" in err
-    _, _, err = run(capsys, "simulate", "--requests", "20", "--no-progress")
-    assert "push proof:" not in err
-    _, _, err = run(capsys, "simulate", "--requests", "20")  # stderr is not a terminal here
-    assert "push proof:" not in err
+    assert "push proof:" in err and "/20" in err and "requests" in err
 
 
 # --------------------------------------------------------------------------- Ctrl-C
@@ -233,3 +240,59 @@ def test_the_vllm_integration_names_its_extra(monkeypatch: pytest.MonkeyPatch) -
 def test_commands_are_listed_once() -> None:
     names = [c.name for c in cli.COMMANDS]
     assert len(names) == len(set(names))
+
+
+def _verbose_argv(tmp_path: Path) -> dict[str, list[str]]:
+    from kvlifetime.testing import new_checked_ledger, to_jsonl
+
+    log = tmp_path / "log.jsonl"
+    from kvlifetime.testing import captured_logs
+
+    with captured_logs() as logs:
+        led = new_checked_ledger(4)
+        led.allocate("r", 1)
+        led.reject("r")
+        led.release("r")
+    log.write_text(to_jsonl(logs))
+    return {
+        "table": ["table", "request"],
+        "diagram": ["diagram", "block"],
+        "evidence": ["evidence"],
+        "docs": ["docs", "--out", str(tmp_path / "docs")],
+        "report": ["report", "--out", str(tmp_path / "report")],
+        "verify": [
+            "verify",
+            "--requests",
+            "1",
+            "--peers",
+            "1",
+            "--blocks",
+            "1",
+            "--faults",
+            "none",
+        ],
+        "replay": ["replay", str(log)],
+        "simulate": ["simulate", "--requests", "20"],
+    }
+
+
+def test_verbose_logs_the_steps_of_every_command(capsys: Capsys, tmp_path: Path) -> None:
+    """-v works for every command: each logs at least one event of its own to stderr."""
+    argvs = _verbose_argv(tmp_path)
+    # A new command must be listed here; demo's -v is checked in its Ctrl-C test (a full demo
+    # takes ten harness runs).
+    assert set(argvs) | {"demo"} == {c.name for c in cli.COMMANDS}
+    own_event = {
+        "table": "stdout_written",
+        "diagram": "stdout_written",
+        "evidence": "stdout_written",
+        "docs": "file_written",
+        "report": "report_step",
+        "verify": "verify_progress",
+        "replay": "replay_step",
+        "simulate": "harness_event",
+    }
+    for name, argv in argvs.items():
+        status, _, err = run(capsys, "-v", *argv)
+        assert status == 0, (name, err)
+        assert own_event[name] in err, name
