@@ -285,7 +285,7 @@ def dot(table: TransitionTable) -> str:
         )
         out = [f"{indent}subgraph cluster_{i} {{"]
         out += [f"{indent}    {a};" for a in style]
-        out.append(f"{indent}    label={_q(f'{f.row.event}: from any state in this box')};")
+        out.append(f"{indent}    label={_q(f'{f.row.event} from any state in this box')};")
         out.append(f"{indent}    fontsize=10;")
         for j in range(len(lay.folds)):
             if lay.parent[j] == i:
