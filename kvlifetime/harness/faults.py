@@ -9,8 +9,12 @@ talking, and the same seed gives the same run.
 from __future__ import annotations
 
 import attrs
-import msgpack
 import numpy as np
+
+from kvlifetime.extras import needs
+
+with needs("harness", "kvlifetime.harness"):
+    import msgpack
 
 from kvlifetime.harness.wire import SCHEMA_VERSION
 

@@ -19,7 +19,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeAlias
 
 import attrs
-import msgpack
+
+from kvlifetime.extras import needs
+
+with needs("harness", "kvlifetime.harness"):  # the wire format is msgpack: the harness extra
+    import msgpack
 
 from kvlifetime.errors import MalformedEvidence
 from kvlifetime.evidence import Evidence, from_dict, to_wire
