@@ -305,3 +305,15 @@ def test_demo_page_without_graphviz_is_a_note_not_a_failure(
     note = stream.getvalue()
     assert f"{tmp_path / INDEX} not written" in note and "apt-get install graphviz" in note
     assert not (tmp_path / INDEX).exists()
+
+
+def test_engine_profiles_show_every_status() -> None:
+    from kvlifetime.profiles import PROFILES
+    from kvlifetime.report.tables import engine_profiles
+
+    pages = {name: body for name, _, body in engine_profiles()}
+    assert list(pages) == list(PROFILES)
+    for name, profile in PROFILES.items():
+        body = pages[name]
+        assert body.count("<tr>") == 1 + len(profile.rows)  # the heading row and one per status
+        assert "<code>nothing</code>" not in body  # no evidence is said in words, not as a name

@@ -90,6 +90,12 @@ def provenance_table() -> str:
     return table(head, rows, cls="matrix", centre=(1, 2))
 
 
+def _evidence_names(text: object) -> str:
+    """``"A or B"`` as code names; a status that yields no evidence says so in words."""
+    names = [e for e in str(text or "").split(" or ") if e and e != "nothing"]
+    return " or ".join(f"`{e}`" for e in names) or "nothing"
+
+
 def engine_profiles() -> list[tuple[str, str, str]]:
     """(name, title, HTML) for every engine with an evidence profile, in registry order."""
     from kvlifetime.profiles import PROFILES, title
@@ -100,10 +106,7 @@ def engine_profiles() -> list[tuple[str, str, str]]:
         rows = [
             [
                 inline(r.get("status", "")),
-                inline(
-                    " or ".join(f"`{e}`" for e in str(r.get("evidence", "")).split(" or ") if e)
-                    or "nothing"
-                ),
+                inline(_evidence_names(r.get("evidence"))),
                 inline(", ".join(r.get("claims", []))),
                 inline(r.get("proves") or ""),
                 inline(r.get("does_not_prove") or ""),
