@@ -33,8 +33,12 @@ KVLifetimeError
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+# Annotations only: ``import typing`` would cost more than this whole module, and every module
+# of kvlifetime imports this one (``from kvlifetime import KVLifetimeError`` stays cheap).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
 
 
 class KVLifetimeError(Exception):

@@ -33,6 +33,12 @@ def test_import_kvlifetime_loads_only_kvlifetime() -> None:
     assert after - bare == {"kvlifetime"}
 
 
+def test_catching_kvlifetime_errors_costs_two_small_modules() -> None:
+    bare = _modules_after("pass")
+    after = _modules_after("from kvlifetime import KVLifetimeError, UsageError")
+    assert after - bare <= {"kvlifetime", "kvlifetime.errors", "__future__"}
+
+
 def test_a_name_loads_its_module_and_no_more() -> None:
     bare = _modules_after("pass")
     after = _modules_after("from kvlifetime import OutOfBlocks, MissingExtra")
