@@ -204,6 +204,7 @@ def test_demo(capsys: Capsys, tmp_path: Path, backend: str) -> None:
         "block.md",
         "block.mmd",
         "harness-table.md",
+        "index.html",
         "report.json",
         "report.txt",
         "request.md",
