@@ -969,9 +969,7 @@ class BlockLedger:
                     self._free_stack[top : top + len(ids)] = ids[::-1]
                     self._free_top = top + len(ids)
         if _enabled():
-            _emit(out)
-            for req, ids in zip(reqs, results, strict=True):
-                _log.info("request_released", request=req.key, blocks=ids.tolist())
+            _emit_released(reqs, results, out)
         return results
 
     def _let_go_engine(
@@ -983,6 +981,23 @@ class BlockLedger:
         sharers = self._sharers
         results: list[BlockIds] = []
         unguarded: list[BlockIds] = []
+        if len(reqs) > 1:
+            # Many at once (collect_releasable): where no block of theirs has a second holder
+            # (the common case, told by one gather), each drops to no holder: one write for all.
+            results = [req.all_blocks() for req in reqs]
+            allh = np.concatenate(results)
+            if not len(allh) or int(sharers.take(allh).max()) == 1:
+                for req, held in zip(reqs, results, strict=True):
+                    self._forget(req)
+                    self._shared_holds -= len(req.shared)
+                    if req.fenced_by is not None and len(held):
+                        self._reclaimed[req.fenced_by] += len(held)
+                sharers[allh] = 0
+                self._generation[allh] += 1
+                if _enabled():
+                    _emit_released(reqs, results, out)
+                return results
+            results = []
         for req in reqs:
             self._forget(req)
             held = req.all_blocks()
@@ -998,9 +1013,7 @@ class BlockLedger:
             ids = unguarded[0] if len(unguarded) == 1 else np.concatenate(unguarded)
             self._generation[ids] += 1
         if _enabled():
-            _emit(out)
-            for req, ids in zip(reqs, results, strict=True):
-                _log.info("request_released", request=req.key, blocks=ids.tolist())
+            _emit_released(reqs, results, out)
         return results
 
     def _forget(self, req: RequestRecord) -> None:
@@ -1659,6 +1672,15 @@ def _emit(transitions: list[Transition]) -> None:
             peer=t.peer,
             unsafe=t.unsafe,
         )
+
+
+def _emit_released(
+    reqs: Sequence[RequestRecord], freed: Sequence[BlockIds], out: list[Transition]
+) -> None:
+    """The transitions of a release call, then one event per request let go, with its blocks."""
+    _emit(out)
+    for req, ids in zip(reqs, freed, strict=True):
+        _log.info("request_released", request=req.key, blocks=ids.tolist())
 
 
 def _describe(ev: object) -> object:

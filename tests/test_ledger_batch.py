@@ -189,3 +189,28 @@ def test_acquire_many_counts_a_block_taken_by_several_requests_against_the_limit
     assert led.fingerprint() == before
     led.acquire_many({"a": [1], "b": [1]} if counts == "ledger" else {"a": [1]}, shared=True)
     assert led.holders([1]).tolist() == [3 if counts == "ledger" else 2]
+
+
+def test_engine_collect_of_many_requests_counts_every_holder() -> None:
+    """collect_releasable lets many requests go at once: blocks only they held, blocks two of
+    them held, and blocks a live request still holds all end where one release each would."""
+    led = BlockLedger(8, counts="engine")
+    led.acquire_many({"a": [0, 1], "b": [1, 2], "c": [3], "live": [2]})
+    one_by_one = led.copy()
+    for k in ("a", "b", "c"):
+        led.finish(k)
+        one_by_one.finish(k)
+    freed = led.collect_releasable()
+    for k in ("a", "b", "c"):
+        one_by_one.release(k)
+    assert {k: v.tolist() for k, v in freed.items()} == {"a": [0, 1], "b": [1, 2], "c": [3]}
+    assert led.fingerprint() == one_by_one.fingerprint()
+    assert led.holders(np.arange(4)).tolist() == [0, 0, 1, 0]
+    assert led.generation(np.arange(4)).tolist() == [1, 1, 0, 1]  # 2 is still held by live
+    # Only blocks no one else holds: the one-write path.
+    led.acquire_many({"d": [4], "e": [5, 6]})
+    for k in ("d", "e"):
+        led.finish(k)
+    assert sorted(led.collect_releasable()) == ["d", "e"]
+    assert led.holders([4, 5, 6]).tolist() == [0, 0, 0]
+    assert led.generation([4, 5, 6]).tolist() == [1, 1, 1]
