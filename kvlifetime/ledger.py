@@ -50,7 +50,7 @@ from __future__ import annotations
 import collections
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
 from typing import Any, Literal, TypeVar
 
@@ -362,33 +362,56 @@ class BlockLedger:
             req = self._requests.get(request)
             if req is not None and req.state != _ADMITTED:
                 raise IllegalTransition("request", request, req.state, "acquire")
-            if engine:
-                self._check_engine_hold(arr, req)
-            elif shared:
-                self._check_shareable(arr, req)
-            else:
-                if self._free_stack is not None:
-                    raise BlockUnavailable(
-                        "this ledger owns the free list (allocate was called): take fresh "
-                        "blocks with allocate; acquire(shared=True) shares held ones"
-                    )
-                self._mark_free_unique(arr)
-            try:
-                if req is None:
-                    req = self._admit(request, deadline)
-                elif deadline is not None:
-                    self._set_deadline(req, deadline)
-            except BaseException:
-                if not shared:
-                    self._owner[arr] = FREE
-                raise
-            if shared:
-                self._sharers[arr] += 1
-                self._shared_holds += 1
-                req.shared.append(arr)
-            else:
-                self._owner[arr] = req.slot
-                req.excl.append(arr)
+            self._check_hold(arr, req, shared)
+            self._record_hold(request, req, arr, shared, deadline)
+
+    def _check_hold(self, arr: BlockIds, req: RequestRecord | None, shared: bool) -> None:
+        """``acquire``'s refusals of ``arr`` for ``req`` (``None``: not admitted yet); ``shared``
+        is true in engine mode. An exclusive hold that passes leaves the blocks marked (not
+        free) until ``_record_hold`` writes their owner."""
+        if self._engine:
+            self._check_engine_hold(arr, req)
+        elif shared:
+            self._check_shareable(arr, req)
+        else:
+            if self._free_stack is not None:
+                raise BlockUnavailable(
+                    "this ledger owns the free list (allocate was called): take fresh "
+                    "blocks with allocate; acquire(shared=True) shares held ones"
+                )
+            self._mark_free_unique(arr)
+
+    def _record_hold(
+        self,
+        request: RequestKey,
+        req: RequestRecord | None,
+        arr: BlockIds,
+        shared: bool,
+        deadline: float | None,
+        first: Callable[[], None] | None = None,
+    ) -> RequestRecord:
+        """Record the hold ``_check_hold`` allowed: admit the request if new, set its deadline,
+        count the blocks. ``first`` runs before anything changes (a refusal there, like one
+        from admission, unmarks the blocks and changes nothing)."""
+        try:
+            if first is not None:
+                first()
+            if req is None:
+                req = self._admit(request, deadline)
+            elif deadline is not None:
+                self._set_deadline(req, deadline)
+        except BaseException:
+            if not shared:
+                self._owner[arr] = FREE
+            raise
+        if shared:
+            self._sharers[arr] += 1
+            self._shared_holds += 1
+            req.shared.append(arr)
+        else:
+            self._owner[arr] = req.slot
+            req.excl.append(arr)
+        return req
 
     def acquire_many(self, holds: Mapping[_Key, npt.ArrayLike], *, shared: bool = False) -> None:
         """Many requests' ``acquire`` in one call: a scheduler step's new blocks (decode growing
@@ -525,18 +548,9 @@ class BlockLedger:
             req = self._requests.get(request)
             if req is not None and req.state != _ADMITTED:
                 raise IllegalTransition("request", request, req.state, "acquire")
-            if engine:
-                self._check_engine_hold(arr, req)
-            elif shared:
-                self._check_shareable(arr, req)
-            elif self._free_stack is not None:
-                raise BlockUnavailable(
-                    "this ledger owns the free list (allocate was called): take fresh "
-                    "blocks with allocate; acquire(shared=True) shares held ones"
-                )
             if access is Access.WRITE and len(arr):
                 # What grant() refuses on blocks the request holds once the hold is recorded
-                # (the hold checks above already refused an open write grant on any of them).
+                # (the hold checks refuse an open write grant on any of them).
                 if engine:
                     if np.count_nonzero(self._sharers.take(arr)):
                         raise BlockUnavailable("a write grant on blocks another request holds")
@@ -544,26 +558,9 @@ class BlockLedger:
                         raise BlockUnavailable("a write grant on blocks an open grant covers")
                 elif shared:
                     raise BlockUnavailable("a write grant on a block this request shares")
-            if not shared:
-                self._mark_free_unique(arr)
-            try:
-                if self._tracking:
-                    self._count_open(arr, access)  # HolderLimit here changes nothing
-                if req is None:
-                    req = self._admit(request, None)
-                if deadline is not None:
-                    self._set_deadline(req, deadline)
-            except BaseException:
-                if not shared:
-                    self._owner[arr] = FREE
-                raise
-            if shared:
-                self._sharers[arr] += 1
-                self._shared_holds += 1
-                req.shared.append(arr)
-            else:
-                self._owner[arr] = req.slot
-                req.excl.append(arr)
+            self._check_hold(arr, req, shared)
+            count = (lambda: self._count_open(arr, access)) if self._tracking else None
+            req = self._record_hold(request, req, arr, shared, deadline, count)
             return self._open_grant(req, peer, arr, access, deadline=None, counted=True)
 
     def _batch_part(self, value: object) -> BlockIds | list[int]:
