@@ -16,6 +16,9 @@ counts decide when a block is free; the ledger guards exposure only), a fresh le
   grant (the prompt's KV loads) completed, then 16 steps in which every request gets one more
   block (``get_new_blocks(1)`` -> ``acquire`` of that one), then finish, release and
   ``free_blocks``; against the same calls on the pool alone.
+- **the few-calls API** beside each: ``acquire_and_grant`` instead of ``acquire`` + ``grant``
+  (whole); the prompt's blocks with ``acquire_and_grant`` and each decode step's new blocks of
+  every request in one ``acquire_many``, one ``collect_releasable`` (incremental).
 
 Phases run as a scheduler runs them: every request allocates, then every request ends. The
 variants run interleaved, one of each per round in alternating order, the collector off during
@@ -82,7 +85,8 @@ class Bench:
             pool.free_blocks(blocks)
         return self._done(pool, t0)
 
-    def _ledger_whole(self, per_request: bool) -> float:
+    def _ledger_whole(self, per_request: bool, one_call: bool = False) -> float:
+        """``one_call``: the blocks and their grant in one ``acquire_and_grant``."""
         pool, n, b = self.pool(), self.requests, self.blocks
         ledger, _ = _ledger(self.num_blocks)
         t0 = time.perf_counter_ns()
@@ -91,8 +95,11 @@ class Bench:
         for r in range(n):
             blocks = pool.get_new_blocks(b)
             ids = np.fromiter([x.block_id for x in blocks], np.int64, b)
-            ledger.acquire(r, ids)
-            grants.append(ledger.grant(r, PEER, ids, Access.READ))
+            if one_call:
+                grants.append(ledger.acquire_and_grant(r, ids, PEER, Access.READ))
+            else:
+                ledger.acquire(r, ids)
+                grants.append(ledger.grant(r, PEER, ids, Access.READ))
             held.append(blocks)
         if per_request:
             for r in range(n):
@@ -111,28 +118,13 @@ class Bench:
     def ledger_whole(self) -> float:
         return self._ledger_whole(per_request=True)
 
+    def ledger_whole_collect(self) -> float:
+        return self._ledger_whole(per_request=False)
+
     def ledger_whole_few_calls(self) -> float:
         """The few-calls API: ``acquire_and_grant`` per request, evidence per request, one
         ``collect_releasable`` per step."""
-        pool, n, b = self.pool(), self.requests, self.blocks
-        ledger, _ = _ledger(self.num_blocks)
-        t0 = time.perf_counter_ns()
-        held = []
-        grants = []
-        for r in range(n):
-            blocks = pool.get_new_blocks(b)
-            ids = np.fromiter([x.block_id for x in blocks], np.int64, b)
-            grants.append(ledger.acquire_and_grant(r, ids, PEER, Access.READ))
-            held.append(blocks)
-        for r in range(n):
-            ledger.finish(r)
-            ledger.apply(TransferCompleted.of(grants[r], 0))
-        for key in ledger.collect_releasable():  # once per step
-            pool.free_blocks(held[key])  # type: ignore[index]
-        return self._done(pool, t0)
-
-    def ledger_whole_collect(self) -> float:
-        return self._ledger_whole(per_request=False)
+        return self._ledger_whole(per_request=False, one_call=True)
 
     # ------------------------------------------------------------------ incremental
 
