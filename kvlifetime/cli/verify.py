@@ -57,11 +57,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--policy",
-        choices=("naive", "timeout", "proof", "trusting"),
+        choices=("naive", "timeout", "proof", "trusting", "first-rank", "fresh-restart"),
         default="proof",
         help="when the engine frees blocks: naive (on reject), timeout (lease reaper), proof "
         "(only what the evidence proves), trusting (proof, with a receiver that stamps wire "
-        "evidence as local: no provenance; refuted with --faults lie) (default: proof)",
+        "evidence as local: no provenance; refuted with --faults lie), first-rank (proof, but "
+        "one closed grant per peer frees the request; refuted with --ranks 2), fresh-restart "
+        "(proof, but a restart starts with every block free; refuted with --restarts 1) "
+        "(default: proof)",
+    )
+    p.add_argument(
+        "--access",
+        choices=("write", "read"),
+        default="write",
+        help="what a grant lets its peer do: write (push) or read (pull: the peer reads the "
+        "source blocks)",
+    )
+    p.add_argument(
+        "--ranks", type=bounded_int(1), default=1, help="grants per request and peer (TP ranks)"
+    )
+    p.add_argument(
+        "--restarts",
+        type=bounded_int(0),
+        default=0,
+        help="times the owner's process restarts over the same arena (0 or 1)",
     )
     p.add_argument(
         "--transfers", type=bounded_int(0), default=1, help="transfers a peer posts per grant"
@@ -106,6 +125,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvlifetime.grant import Access
     from kvlifetime.verify import Config, Policy, explore, parse_faults
 
     try:
@@ -117,6 +137,9 @@ def run(args: argparse.Namespace) -> int:
             transfers_per_grant=args.transfers,
             blocks_per_request=args.blocks_per_request,
             max_faults=args.max_faults,
+            access=Access(args.access),
+            ranks=args.ranks,
+            restarts=args.restarts,
         )
     except ValueError as e:
         args.log.info("verify_refused", error=str(e))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 from kvlifetime.verify.state import (
@@ -131,14 +132,21 @@ def enabled(state: State, config: Config) -> list[Event]:
         if env.delays_left and not m.delayed:
             out.append(Event("delay", i))
     snap = state.snap
-    held = sum(len(r.blocks) for r in env.reqs if r.phase != RELEASED)
-    if env.admitted < config.requests and config.blocks - held >= config.blocks_per_request:
+    if env.incarnation:
+        # After a restart the ledger alone knows what is free (it may hold the arena for the
+        # previous incarnation).
+        free = snap.ledger.free_count()
+    else:
+        free = config.blocks - sum(len(r.blocks) for r in env.reqs if r.phase != RELEASED)
+    if env.admitted < config.requests and free >= config.blocks_per_request:
         out.append(Event("admit"))
     for ri, r in enumerate(env.reqs):
         if r.phase == LIVE and ri not in blocked:
-            granted = {env.grants[gi].peer for gi in r.grants}
+            granted = collections.Counter(env.grants[gi].peer for gi in r.grants)
             for p in range(config.peers):
-                if p not in granted and not (env.peers[p].lost_reported or env.peers[p].fenced):
+                if granted[p] < config.ranks and not (
+                    env.peers[p].lost_reported or env.peers[p].fenced
+                ):
                     out.append(Event("grant", ri, p))
             out.append(Event("finish", ri))
             out.append(Event("reject", ri))
@@ -187,6 +195,11 @@ def enabled(state: State, config: Config) -> list[Event]:
             out.append(Event("peer_lost", pi))
         if not ps.fenced and Fault.FENCE in faults:
             out.append(Event("fence", pi))
+    if env.incarnation:
+        # The restarted owner's way out of the restart's quarantine: it fences each peer.
+        out.extend(Event("reclaim", pi) for pi, ps in enumerate(env.peers) if not ps.fenced)
+    if env.restarts_left and env.grants and not any(ps.fenced for ps in env.peers):
+        out.append(Event("restart"))
     peer_events = len(out) > n
     early = Fault.TIMEOUT in faults and budget != 0
     for ri, gis in leases.items():

@@ -204,6 +204,7 @@ from typing import Any
 
 import attrs
 
+from kvlifetime.grant import Access
 from kvlifetime.verify.model import (
     FAILED,
     IN_FLIGHT,
@@ -321,7 +322,10 @@ class Result:
         lines = [
             f"kvlifetime verify: policy {self.policy.value}, {c.requests} requests x {c.peers} "
             f"peers x {c.blocks} blocks, faults: "
-            + (",".join(sorted(f.value for f in c.faults)) or "none"),
+            + (",".join(sorted(f.value for f in c.faults)) or "none")
+            + (f", {c.access.value} grants" if c.access is not Access.WRITE else "")
+            + (f", {c.ranks} ranks" if c.ranks > 1 else "")
+            + (f", {c.restarts} restart" if c.restarts else ""),
             f"states explored: {self.states} ({self.transitions} transitions, depth "
             f"{self.max_depth}, reduction {'on' if self.reduced else 'off'})",
             f"time: {self.seconds:.2f} s, {self.states_per_second:,.0f} states/s",
@@ -440,7 +444,8 @@ def canonical_key(state: State, config: Config) -> Any:
         base.append(
             (
                 g.transfers,
-                snap.stale(g.grant),
+                snap.stale_old(g.grant) if g.old else snap.stale(g.grant),
+                g.old,
                 g.cancelled,
                 g.stopped,
                 g.quiesced_sent,
@@ -508,6 +513,8 @@ def canonical_key(state: State, config: Config) -> Any:
             env.losses_left,
             env.crashes_left,
             env.faults_left,
+            env.restarts_left,
+            env.incarnation,
             peers,
             tuple(d for d, _ in reqs),
             tuple(d for d, _ in orphans),
@@ -549,6 +556,7 @@ def concrete_key(state: State, config: Config) -> Any:
             g.lease_fired,
             g.retries,
             g.silent,
+            g.old,
         )
         for g in env.grants
     )
@@ -564,6 +572,8 @@ def concrete_key(state: State, config: Config) -> Any:
         env.losses_left,
         env.crashes_left,
         env.faults_left,
+        env.restarts_left,
+        env.incarnation,
     )
 
 

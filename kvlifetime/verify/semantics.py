@@ -12,6 +12,7 @@ from kvlifetime.errors import (
     ContradictoryEvidence,
     EvidenceError,
     KVLifetimeError,
+    MismatchedEvidence,
     StaleEvidence,
     UnauthorizedEvidence,
 )
@@ -42,9 +43,11 @@ from kvlifetime.verify.state import (
     FAILED,
     FINISHED,
     IN_FLIGHT,
+    INCARNATION,
     LANDED,
     LANDED_UNSEEN,
     LIVE,
+    PREVIOUS,
     REJECTED,
     RELEASED,
     TO_LEDGER,
@@ -127,9 +130,15 @@ class _Step:
         self.env = attrs.evolve(self.env, msgs=msgs[:i] + msgs[i + 1 :])
         return msgs[i]
 
-    def apply(self, ev: Evidence, what: str) -> None:
+    def apply(self, ev: Evidence, what: str, *, old: bool = False) -> None:
         try:
             self.ledger.apply(ev)
+        except MismatchedEvidence as e:
+            if not old:
+                raise Broken(
+                    "ledger_error", f"honest evidence {what} refused: {type(e).__name__}: {e}"
+                ) from e
+            self.notes.append(f"ledger refuses {what}: it is about the previous incarnation")
         except StaleEvidence:
             self.notes.append(f"ledger refuses {what}: stale (its request was released)")
         except ContradictoryEvidence as e:
@@ -173,6 +182,10 @@ class _Step:
             self.env = attrs.evolve(self.env, faults_left=self.env.faults_left - 1)
         self.notes.append("the ledger believes it")
         return True
+
+    def snap_view(self) -> Snap:
+        """The ledger for queries, as a ``Snap`` (a fresh one for a copy made in this step)."""
+        return self.parent.snap if self._ledger is None else Snap(self._ledger)
 
     def release_as(self, ri: int, ids: Any, how: str) -> None:
         self.set_req(ri, phase=RELEASED)
@@ -264,14 +277,15 @@ def _do(s: _Step, ev: Event) -> bool:
             req.key,
             peer_name(p),
             np.array(req.blocks, dtype=np.int64),
-            Access.WRITE,
+            s.config.access,
         )
         gi = len(env.grants)
         s.env = attrs.evolve(env, grants=(*env.grants, GrantSide(g, ev.a, p)))
         s.set_req(ev.a, grants=(*req.grants, gi))
         s.notes.append(
             f"{req.key} grants blocks {g.blocks.tolist()} (generations "
-            f"{g.generations.tolist()}) to {peer_name(p)} for writing: grant #{g.id.serial}"
+            f"{g.generations.tolist()}) to {peer_name(p)} for "
+            f"{'reading' if s.config.access is Access.READ else 'writing'}: grant #{g.id.serial}"
         )
         return True
     if k == "finish":
@@ -335,10 +349,26 @@ def _do(s: _Step, ev: Event) -> bool:
                 "of its peer: refused, it touches nothing"
             )
             return False
+        verb = _verb(s.config)
+        if g.old:
+            # A transfer of the previous incarnation: only the restart's quarantine (the blocks
+            # held for the previous incarnation) stands between it and the new owners.
+            s.notes.append(
+                f"transfer {ev.b + 1} of grant #{g.grant.id.serial} of the previous incarnation "
+                f"{verb}s blocks {g.grant.blocks.tolist()}"
+            )
+            if s.snap_view().stale_old(g.grant):
+                raise Broken(
+                    "isolation",
+                    f"a {verb} for {g.grant.request} of the previous incarnation (grant "
+                    f"#{g.grant.id.serial}) touched blocks {g.grant.blocks.tolist()} after the "
+                    "restarted ledger put them back in circulation",
+                )
+            return False
         now = s.view.generation(g.grant.blocks)
         s.notes.append(
-            f"transfer {ev.b + 1} of grant #{g.grant.id.serial} lands in blocks "
-            f"{g.grant.blocks.tolist()} (written for generations {g.grant.generations.tolist()}, "
+            f"transfer {ev.b + 1} of grant #{g.grant.id.serial} {verb}s blocks "
+            f"{g.grant.blocks.tolist()} (issued for generations {g.grant.generations.tolist()}, "
             f"blocks now at {now.tolist()})"
         )
         if not np.array_equal(now, g.grant.generations):
@@ -349,7 +379,7 @@ def _do(s: _Step, ev: Event) -> bool:
             ]
             raise Broken(
                 "isolation",
-                f"a write for {g.grant.request} (grant #{g.grant.id.serial}, generations "
+                f"a {verb} for {g.grant.request} (grant #{g.grant.id.serial}, generations "
                 f"{g.grant.generations.tolist()}) touched blocks {g.grant.blocks.tolist()} at "
                 f"generations {now.tolist()}, after the old generation was released"
                 + (f"; they now belong to {', '.join(holders)}" if holders else ""),
@@ -400,7 +430,7 @@ def _do(s: _Step, ev: Event) -> bool:
             return False
         s.notes.append(f"ledger receives {text}")
         evd = _evidence(m.kind, g.grant, m.value)
-        s.apply(attrs.evolve(evd, source=wire_source(s.policy, m.peer)), text)
+        s.apply(attrs.evolve(evd, source=wire_source(s.policy, m.peer)), text, old=g.old)
         return True
     if k == "lie":
         lie = lie_table(env, s.config)[ev.a]
@@ -438,7 +468,61 @@ def _do(s: _Step, ev: Event) -> bool:
         )
         s.apply(AccessRevoked(peer_name(ev.a)), f"AccessRevoked({peer_name(ev.a)})")
         return True
+    if k == "reclaim":
+        s.set_peer(ev.a, fenced=True)
+        s.notes.append(
+            f"the restarted owner fences {peer_name(ev.a)} (no transfer of it touches memory "
+            "from now on): AccessRevoked"
+        )
+        s.apply(AccessRevoked(peer_name(ev.a)), f"AccessRevoked({peer_name(ev.a)})")
+        return True
+    if k == "restart":
+        _restart(s)
+        return True
     raise ValueError(f"unknown event kind {k!r}")
+
+
+def _verb(config: Config) -> str:
+    return "read" if config.access is Access.READ else "write"
+
+
+def _restart(s: _Step) -> None:
+    """The owner's process restarts over the same arena: a new ledger (a new incarnation),
+    every request of the old one gone on the owner's side; the peers know nothing of it."""
+    env = s.env
+    n = env.incarnation + 1
+    inc = f"{INCARNATION}-{n}"
+    checked = s.parent.snap.ledger.checked
+    if s.policy is Policy.FRESH_RESTART:
+        s._ledger = BlockLedger(s.config.blocks, checked=checked, incarnation=inc)
+        how = "a fresh ledger: every block free"
+    else:
+        names = [peer_name(p) for p in range(s.config.peers)]
+        s._ledger = s.call(
+            "after_restart",
+            BlockLedger.after_restart,
+            s.config.blocks,
+            peers=names,
+            request=PREVIOUS,
+            checked=checked,
+            incarnation=inc,
+        )
+        how = (
+            "BlockLedger.after_restart: every block quarantined (previous incarnation) until "
+            f"each of {', '.join(names)} is fenced"
+        )
+    s.env = attrs.evolve(
+        env,
+        reqs=tuple(attrs.evolve(r, phase=RELEASED) for r in env.reqs),
+        grants=tuple(attrs.evolve(g, old=True) for g in env.grants),
+        peers=tuple(attrs.evolve(p, lost_reported=False) for p in env.peers),
+        restarts_left=env.restarts_left - 1,
+        incarnation=n,
+    )
+    s.notes.append(
+        f"the owner restarts (incarnation {inc}) over the same arena: {how}; the old "
+        "requests are gone on its side, their grants live on at the peers"
+    )
 
 
 def _settle(s: _Step) -> None:
@@ -451,10 +535,37 @@ def _settle(s: _Step) -> None:
             if r.phase in (FINISHED, REJECTED) and led.state(r.key) is RequestState.QUARANTINED:
                 ids = s.call(f"force_release({r.key!r})", led.force_release, r.key, "lease reaper")
                 s.release_as(ri, ids, "lease reaper (timeout policy) releases")
+    if s.policy is Policy.FIRST_RANK:
+        for ri, r in enumerate(s.env.reqs):
+            if r.phase in (FINISHED, REJECTED) and _one_rank_closed_per_peer(s, r.grants):
+                ids = s.call(
+                    f"force_release({r.key!r})", led.force_release, r.key, "first rank done"
+                )
+                s.release_as(ri, ids, "first-rank policy (one rank closed per peer) releases")
     freed = s.call("collect_releasable()", led.collect_releasable)
     for key, ids in freed.items():
+        if key == PREVIOUS:
+            s.notes.append(
+                f"collect_releasable reclaims blocks {list(map(int, ids))} of the previous "
+                "incarnation: every peer is fenced"
+            )
+            continue
         ri = next(i for i, r in enumerate(s.env.reqs) if r.key == key)
         s.release_as(ri, ids, "collect_releasable releases")
+
+
+def _one_rank_closed_per_peer(s: _Step, grants: tuple[int, ...]) -> bool:
+    """Whether a grant is still open while each peer has one closed (what an engine that
+    tracks one transfer per request and peer takes for the end)."""
+    led = s.view
+    closed: dict[int, bool] = {}
+    some_open = False
+    for gi in grants:
+        g = s.env.grants[gi]
+        c = led.proof_of(g.grant).closed
+        some_open = some_open or not c
+        closed[g.peer] = closed.get(g.peer, False) or c
+    return some_open and all(closed.values())
 
 
 def _check_progress(s: _Step) -> None:
@@ -518,7 +629,7 @@ def describe_event(state: State, event: Event, config: Config) -> str:
         return f"{k} transfer {event.b + 1} of grant #{g.grant.id.serial}"
     if k in ("post", "stop", "quiesce", "complete", "retry", "lease", "silent"):
         return f"{k} grant #{env.grants[event.a].grant.id.serial}"
-    if k in PEER_EVENTS:
+    if k in PEER_EVENTS or k == "reclaim":
         return f"{k} {peer_name(event.a)}"
     if k == "lie":
         return f"lie: {lie_text(env, config, lie_table(env, config)[event.a])}"

@@ -11,10 +11,13 @@ from typing import Any
 import attrs
 import numpy as np
 
-from kvlifetime.grant import Grant
+from kvlifetime.errors import KVLifetimeError
+from kvlifetime.grant import Access, Grant
 from kvlifetime.ledger import BlockLedger
 
 INCARNATION = "verify"  # fixed, so that a replayed trace issues the same grant ids
+# The request that holds the arena for the previous incarnation after a restart.
+PREVIOUS = "previous-incarnation"
 
 
 class Policy(enum.Enum):
@@ -26,6 +29,13 @@ class Policy(enum.Enum):
     # As proof, with a receiver that has no provenance: wire evidence is stamped local, so the
     # ledger believes every claim a peer sends (a lie included). Refuted with the lie fault.
     TRUSTING = "trusting"
+    # As proof, with an engine that tracks one transfer per request and peer, not per rank: it
+    # frees a request once one grant (rank) of each of its peers is closed. Refuted with
+    # Config.ranks >= 2.
+    FIRST_RANK = "first-rank"
+    # As proof, but a restart (Config.restarts) starts a fresh ledger with every block free,
+    # as if no peer of the old process could still reach the arena. Refuted with restarts=1.
+    FRESH_RESTART = "fresh-restart"
 
     @property
     def believes_the_wire(self) -> bool:
@@ -93,6 +103,8 @@ LIMITS: dict[str, tuple[int, str]] = {
         "every request is a step of every run (admit), so a run is at least this deep",
     ),
     "transfers_per_grant": (64, "each transfer's status is part of every state"),
+    "ranks": (8, "every rank is one more grant per request and peer in every state"),
+    "restarts": (1, "the model has one previous incarnation (the restart's quarantine)"),
 }
 
 
@@ -118,9 +130,19 @@ class Config:
     # what follows a crash (PeerLost, fencing), a lease that expires when nothing else can
     # happen (every policy's generous deadline), and a lie the ledger refuses (a no-op).
     max_faults: int | None = None
+    # What a grant lets its peer do: WRITE (push: prefill writes decode's blocks) or READ (pull:
+    # decode reads prefill's source blocks, as vLLM's NIXL connector does). A read that comes
+    # after its blocks were released reads another owner's data: an isolation violation too.
+    access: Access = Access.WRITE
+    # Grants per request and peer (tensor-parallel ranks: one connection and one grant each;
+    # a crash or a fence of the peer reaches all of them).
+    ranks: int = 1
+    # Times the owner's process restarts over the same arena (0 or 1): its ledger is replaced,
+    # the old process's grants live on at the peers (see "restart" in docs/verification.md).
+    restarts: int = 0
 
     def __attrs_post_init__(self) -> None:
-        for name in ("requests", "peers", "blocks", "blocks_per_request"):
+        for name in ("requests", "peers", "blocks", "blocks_per_request", "ranks"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -131,6 +153,7 @@ class Config:
             "max_losses",
             "max_crashes",
             "max_retries",
+            "restarts",
         ):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
@@ -145,6 +168,8 @@ class Config:
             not isinstance(self.max_faults, int) or self.max_faults < 0
         ):
             raise ValueError(f"max_faults must be None or an int >= 0, got {self.max_faults!r}")
+        if not isinstance(self.access, Access):
+            raise ValueError(f"access must be an Access, got {self.access!r}")
         if self.blocks_per_request > self.blocks:
             raise ValueError("blocks_per_request must be <= blocks")
 
@@ -162,6 +187,9 @@ class Config:
             "max_crashes": self.max_crashes,
             "max_retries": self.max_retries,
             "max_faults": self.max_faults,
+            "access": self.access.value,
+            "ranks": self.ranks,
+            "restarts": self.restarts,
         }
 
 
@@ -201,6 +229,7 @@ class GrantSide:
     lease_fired: bool = False
     retries: int = 0
     silent: bool = False  # the peer crashed, as this grant sees it: it never acts on it again
+    old: bool = False  # a grant of the owner's previous incarnation (before a restart)
 
 
 @attrs.frozen(slots=True)
@@ -236,12 +265,14 @@ class Env:
     losses_left: int = 0
     crashes_left: int = 0
     faults_left: int = -1  # Config.max_faults still unspent; -1: no total bound
+    restarts_left: int = 0
+    incarnation: int = 0  # restarts so far: the ledger's incarnation is INCARNATION + "-<n>"
 
 
 class Snap:
     """A ledger that no one mutates any more, with the queries the explorer keeps asking."""
 
-    __slots__ = ("_fp", "_gens", "_proofs", "_stale", "_states", "ledger", "lies")
+    __slots__ = ("_fp", "_gens", "_proofs", "_stale", "_stale_old", "_states", "ledger", "lies")
 
     def __init__(self, ledger: BlockLedger) -> None:
         self.ledger = ledger
@@ -251,6 +282,7 @@ class Snap:
         self._states: dict[str, str] = {}
         self._proofs: dict[int, tuple[Any, ...]] = {}
         self._stale: dict[int, bool] = {}
+        self._stale_old: dict[int, bool] = {}
 
     def fingerprint(self) -> tuple[Any, ...]:
         if self._fp is None:
@@ -273,6 +305,21 @@ class Snap:
             p = (cr, -1 if last is None else last, through, revoked, suspect or "", pr.closed)
             self._proofs[g.id.serial] = p
         return p
+
+    def stale_old(self, g: Grant) -> bool:
+        """Whether a transfer of ``g``, a grant of the previous incarnation, would now touch a
+        block this (restarted) ledger has put back in circulation: one that is not held for the
+        previous incarnation (``BlockLedger.after_restart``) any more, or never was (a ledger
+        that started with every block free)."""
+        s = self._stale_old.get(g.id.serial)
+        if s is None:
+            try:
+                held = set(self.ledger.blocks_of(PREVIOUS).tolist())
+            except KVLifetimeError:
+                held = set()
+            s = not set(g.blocks.tolist()) <= held
+            self._stale_old[g.id.serial] = s
+        return s
 
     def stale(self, g: Grant) -> bool:
         """Whether a write for ``g`` would now touch a later generation of its blocks."""
@@ -353,5 +400,6 @@ def initial(config: Config, *, checked: bool = False, crash_first: bool = False)
         losses_left=config.max_losses if Fault.LOSS in config.faults else 0,
         crashes_left=config.max_crashes if Fault.CRASH in config.faults else 0,
         faults_left=-1 if config.max_faults is None else config.max_faults,
+        restarts_left=config.restarts,
     )
     return State(Snap(ledger), env)
