@@ -7,6 +7,9 @@ Run: ``make bench`` (or ``python -m bench``). Targets (issue "BlockLedger"):
 2. batches of 1024 blocks: <= 15 ns per block per ledger operation;
 3. one piece of evidence that fires a request transition: <= 2 us median, and the ratio to
    python-statemachine's ``send()`` on the same transition;
+3b. one block at a time, as decode grows a request: ``acquire`` of one block (median, each
+   counts mode), and a decode step of 1000 running requests in one ``acquire_many`` (us per
+   request); the few-calls variant of 1. (``acquire_and_grant``) runs beside the others there;
 4. ledger memory <= 16 bytes per block, for 1M blocks;
 5. (issue 10) a shared acquire costs O(batch), whatever the number of live sharers: a 16-block
    batch with 10, 1,000 and 10,000 live sharers, as ratios against the 10-sharer case.
