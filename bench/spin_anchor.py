@@ -4,10 +4,11 @@
         [--policies naive,timeout,proof,trusting] [--explorer-timeout S] [--out out]
 
 For each configuration and policy it builds SPIN's verifier from ``bench/spin/kvlifetime.pml``
-(``spin -a`` with the configuration as ``-D`` flags, then ``gcc -O2 -DSAFETY -DBFS``: safety
-properties only, breadth first so that a counterexample is a shortest one, as in our explorer;
-no state compression, no hash compaction, no bitstate: SPIN's search is exhaustive), runs it,
-and runs ``kvlifetime verify --format json`` on the same configuration in a subprocess. It
+(``spin -a`` with the configuration as ``-D`` flags, then ``gcc -O2 -DSAFETY``: safety
+properties only; no hash compaction, no bitstate: SPIN's search is exhaustive), runs it depth
+first (the verdict, states, time), then, for a refutation, breadth first (``-DBFS``) for the
+shortest counterexample, as our explorer (breadth first) reports it; and it runs
+``kvlifetime verify --format json`` on the same configuration in a subprocess. It
 prints one markdown table (configuration, faults, policy, checker, verdict, states, seconds,
 states/s, counterexample steps), writes the rows as JSON to ``out/spin-anchor.json``, and checks
 that both checkers give the same verdict on every row where both finished: exit status 1 if
@@ -204,10 +205,34 @@ def _tool(name: str) -> str:
 
 @attrs.frozen(slots=True)
 class SpinResult:
-    run: PanRun
-    trail_steps: int | None
+    run: PanRun  # the exhaustive depth-first search: the verdict, states, time
+    trail_steps: int | None  # a refutation's shortest counterexample (breadth-first run)
     compile_seconds: float
     flags: tuple[str, ...]
+
+
+def _build(
+    spin: str, gcc: str, defines: list[str], cflags: list[str], workdir: Path, name: str
+) -> None:
+    gen = subprocess.run(
+        [spin, "-a", *defines, MODEL.name], cwd=workdir, capture_output=True, text=True
+    )
+    if gen.returncode != 0 or not (workdir / "pan.c").exists():
+        raise AnchorError(f"spin -a failed:\n{gen.stdout}{gen.stderr}")
+    cc = subprocess.run(
+        [gcc, *cflags, "-w", "-o", name, "pan.c"], cwd=workdir, capture_output=True, text=True
+    )
+    if cc.returncode != 0:
+        raise AnchorError(f"gcc failed on pan.c:\n{cc.stderr[-2000:]}")
+
+
+def _pan(workdir: Path, name: str, args: list[str], timeout_s: float) -> PanRun:
+    out = subprocess.run(
+        [f"./{name}", *args], cwd=workdir, capture_output=True, text=True, timeout=timeout_s
+    )
+    text = out.stdout + out.stderr
+    (workdir / f"{name}.out").write_text(text)
+    return parse_pan(text)
 
 
 def run_spin(
@@ -219,41 +244,34 @@ def run_spin(
     hash_log2: int = 24,
     timeout_s: float = 3600.0,
 ) -> SpinResult:
-    """Build SPIN's verifier for ``config`` / ``policy`` in ``workdir`` and run it."""
+    """Build SPIN's verifier for ``config`` / ``policy`` in ``workdir`` and run it.
+
+    The verdict, the states and the time come from an exhaustive depth-first search
+    (``-DSAFETY``: assertions and end states; no cycle checks, there are no liveness
+    properties); a refutation is then searched breadth first (``-DBFS``) for its shortest
+    counterexample, whose length is compared with the explorer's (also breadth first).
+    """
     spin, gcc = _tool("spin"), _tool("gcc")
     workdir.mkdir(parents=True, exist_ok=True)
-    model = workdir / MODEL.name
-    shutil.copyfile(MODEL, model)
+    shutil.copyfile(MODEL, workdir / MODEL.name)
     defines = spin_defines(config, policy)
-    cflags = ["-O2", "-DSAFETY", "-DBFS", f"-DMEMLIM={memlim_mb}"]
+    cflags = ["-O2", "-DSAFETY", f"-DMEMLIM={memlim_mb}"]
     t0 = time.perf_counter()
-    gen = subprocess.run(
-        [spin, "-a", *defines, model.name], cwd=workdir, capture_output=True, text=True
-    )
-    if gen.returncode != 0 or not (workdir / "pan.c").exists():
-        raise AnchorError(f"spin -a failed:\n{gen.stdout}{gen.stderr}")
-    cc = subprocess.run(
-        [gcc, *cflags, "-w", "-o", "pan", "pan.c"], cwd=workdir, capture_output=True, text=True
-    )
-    if cc.returncode != 0:
-        raise AnchorError(f"gcc failed on pan.c:\n{cc.stderr[-2000:]}")
+    _build(spin, gcc, defines, cflags, workdir, "pan")
     compile_s = time.perf_counter() - t0
-    trail = workdir / f"{model.name}.trail"
-    trail.unlink(missing_ok=True)
-    out = subprocess.run(
-        ["./pan", f"-w{hash_log2}"],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
-    run = parse_pan(out.stdout + out.stderr)
+    # -m: the depth bound of the search stack, far above the model's longest run.
+    run = _pan(workdir, "pan", [f"-w{hash_log2}", "-m100000"], timeout_s)
     steps = None
-    if run.errors and trail.exists():
-        replay = subprocess.run(
-            [spin, "-t", *defines, model.name], cwd=workdir, capture_output=True, text=True
-        )
-        steps = parse_trail_steps(replay.stdout + replay.stderr)
+    if run.errors:
+        _build(spin, gcc, defines, [*cflags, "-DBFS"], workdir, "pan_bfs")
+        trail = workdir / f"{MODEL.name}.trail"
+        trail.unlink(missing_ok=True)
+        bfs = _pan(workdir, "pan_bfs", [f"-w{hash_log2}"], timeout_s)
+        if bfs.errors and trail.exists():
+            replay = subprocess.run(
+                [spin, "-t", *defines, MODEL.name], cwd=workdir, capture_output=True, text=True
+            )
+            steps = parse_trail_steps(replay.stdout + replay.stderr)
     return SpinResult(run, steps, compile_s, (*defines, *cflags))
 
 

@@ -91,7 +91,7 @@
 #define G (R * P)       /* grant slots: grant g is request g / P to peer g % P */
 #define REQ(g) ((g) / P)
 #define PEER(g) ((g) % P)
-#define QL 6            /* messages to the ledger on one grant's channel, at most */
+#define QL 5            /* messages to the ledger on one grant's channel, at most */
 #define QC 2            /* cancels to the peer on one grant's channel, at most */
 
 /* owner phases of a request */
@@ -122,7 +122,10 @@
 #define NODUP 32
 #define DLY 64
 
-/* ------------------------------------------------------------------ the state */
+/* ------------------------------------------------------------------ the state
+
+   Packed into bitfields: the state vector is what SPIN stores per state, so its size is what
+   bounds the search in memory. Each field is read through the macro named after it. */
 
 byte admitted;                  /* requests admitted so far, in order */
 byte phase[R];
@@ -132,23 +135,45 @@ byte gen[B];                    /* generation of each block: bumped when it goes
 bit bused[B];
 byte nheld;                     /* derived: blocks held by requests not released */
 
-bit granted[G];
+/* A grant as its peer and the wire see it: flags, and its cancels re-sent (bits 6-7). */
+byte gf[G];
+#define GRANTED 1
+#define CANCELLED 2             /* the peer received a cancel */
+#define STOPPED 4               /* the peer stopped scheduling (and said so) */
+#define QSENT 8                 /* TransferQuiesced / TransferCompleted sent */
+#define LEASED 16               /* its lease expired */
+#define SILENT 32               /* its peer crashed, as this grant sees it */
+#define RETRY1 64
+#define granted(g) ((gf[g] & GRANTED) != 0)
+#define cancelled(g) ((gf[g] & CANCELLED) != 0)
+#define stopped(g) ((gf[g] & STOPPED) != 0)
+#define qsent(g) ((gf[g] & QSENT) != 0)
+#define leased(g) ((gf[g] & LEASED) != 0)
+#define silent(g) ((gf[g] & SILENT) != 0)
+#define retries(g) (gf[g] >> 6)
+#define SETG(g, f) gf[g] = gf[g] | (f)
 byte ggen[G];                   /* the generation its write was meant for */
-byte tr[G * T];                 /* status per sequence number (seq = index + 1) */
-byte ntr[G];                    /* transfers posted */
-bit cancelled[G];               /* the peer received a cancel */
-bit stopped[G];                 /* the peer stopped scheduling (and said so) */
-bit qsent[G];                   /* TransferQuiesced / TransferCompleted sent */
-bit leased[G];                  /* its lease expired */
-byte retries[G];
-bit silent[G];                  /* its peer crashed, as this grant sees it */
+/* The status of each numbered transfer (3 bits per sequence number; seq = index + 1). */
+byte tf[G];
+#define TR(g, s) ((tf[g] >> (3 * (s))) & 7)
+#define SET_TR(g, s, v) tf[g] = (tf[g] & ~(7 << (3 * (s)))) | ((v) << (3 * (s)))
+#define ntr(g) ((TR(g, 0) != NONE) + (TR(g, 1) != NONE))  /* transfers posted */
 
-/* The ledger's proof of each grant (forgotten when its request is released). */
-bit pcr[G];                     /* cancel received (or anything stronger) */
-byte plast[G];                  /* last_seq + 1; 0: not proven */
-byte pthr[G];                   /* greatest through_seq proven */
-bit prev[G];                    /* access revoked */
-bit psus[G];                    /* suspect: a lease expired or the peer was lost */
+/* The ledger's proof of each grant (forgotten when its request is released): cancel received
+   (or anything stronger), access revoked, suspect (a lease expired or the peer was lost),
+   last_seq + 1 (0: not proven; bits 3-4), the greatest through_seq proven (bits 5-6). */
+byte pf[G];
+#define PCR 1
+#define PREV 2
+#define PSUS 4
+#define pcr(g) ((pf[g] & PCR) != 0)
+#define prev(g) ((pf[g] & PREV) != 0)
+#define psus(g) ((pf[g] & PSUS) != 0)
+#define plast(g) ((pf[g] >> 3) & 3)
+#define pthr(g) ((pf[g] >> 5) & 3)
+#define SETPF(g, f) pf[g] = pf[g] | (f)
+#define SET_PLAST(g, v) pf[g] = (pf[g] & 231) | ((v) << 3)
+#define SET_PTHR(g, v) pf[g] = (pf[g] & 159) | ((v) << 5)
 
 /* the control channel: one FIFO per grant and direction */
 byte lq[G * QL];                /* to the ledger */
@@ -157,9 +182,14 @@ byte cq[G * QC];                /* to the peer */
 byte cqn[G];
 byte nprompt[G];                /* derived: messages of the grant not delayed */
 
-bit crashed[P];                 /* the crash budget is spent on it */
-bit fenced[P];
-bit lost[P];                    /* PeerLost was reported */
+byte peerf[P];
+#define CRASHED 1               /* the crash budget is spent on it */
+#define FENCED 2
+#define LOST 4                  /* PeerLost was reported */
+#define crashed(p) ((peerf[p] & CRASHED) != 0)
+#define fenced(p) ((peerf[p] & FENCED) != 0)
+#define lost(p) ((peerf[p] & LOST) != 0)
+#define SETP(p, f) peerf[p] = peerf[p] | (f)
 
 byte dups_left = (F_DUP * MAXDUP);
 byte delays_left = (F_DELAY * MAXDELAY);
@@ -172,8 +202,8 @@ byte i_, j_, k_, m_;
 
 /* ------------------------------------------------------------------ derived predicates */
 
-#define CLOSED(g) (prev[g] || (plast[g] > 0 && pthr[g] + 1 >= plast[g]))
-#define OPEN(g) (granted[g] && phase[REQ(g)] != RELEASED && !CLOSED(g))
+#define CLOSED(g) (prev(g) || (plast(g) > 0 && pthr(g) + 1 >= plast(g)))
+#define OPEN(g) (granted(g) && phase[REQ(g)] != RELEASED && !CLOSED(g))
 #define PROMPT(g) (nprompt[g] > 0)
 #define BUDGET (faults_left != 0)
 #define FITS(c) (faults_left < 0 || (c) <= faults_left)
@@ -194,8 +224,8 @@ byte i_, j_, k_, m_;
 #define UPTO_12(M) UPTO_11(M) M(11)
 #define CAT_(a, b) a##b
 #define UPTO(n) CAT_(UPTO_, n)
-#if R > 4 || P > 3 || T > 2 || R < 1 || P < 1 || B < 1 || T < 1
-#error "sizes supported: 1 <= R <= 4, 1 <= P <= 3, 1 <= T <= 2, B >= 1"
+#if R > 4 || P > 3 || T > 2 || R < 1 || P < 1 || B < 1 || T < 1 || MAXRETRY > 3
+#error "sizes supported: 1 <= R <= 4, 1 <= P <= 3, 1 <= T <= 2, B >= 1, MAXRETRY <= 3"
 #endif
 #define EACH_R(M) UPTO(R)(M)
 #define EACH_P(M) UPTO(P)(M)
@@ -220,26 +250,26 @@ byte i_, j_, k_, m_;
 #define OR_PEERS(X) (X(0) || (P > 1 && X(1)) || (P > 2 && X(2)))
 
 #define BLOCKED(r) OR_P(PROMPT, r)
-#define ALL_SEEN(g) ((ntr[g] < 1 || tr[(g) * T] == LANDED) && \
-                     (ntr[g] < 2 || tr[(g) * T + 1] == LANDED))
-#define MAYCRASH(p) (crashed[p] || (F_CRASH && crashes_left > 0 && BUDGET))
+#define ALL_SEEN(g) ((ntr(g) < 1 || TR(g, 0) == LANDED) && \
+                     (ntr(g) < 2 || TR(g, 1) == LANDED))
+#define MAYCRASH(p) (crashed(p) || (F_CRASH && crashes_left > 0 && BUDGET))
 
 /* The events of a grant (all but its messages and its lease), as `kvlifetime verify` enables
    them: nothing of a grant with a prompt message happens but that message. */
-#define GQUIET(g) (granted[g] && !PROMPT(g))
-#define CAN_LAND(g, s) (GQUIET(g) && (s) < ntr[g] && \
-                        (tr[(g) * T + (s)] == INFL || tr[(g) * T + (s)] == FAILD))
-#define CAN_FAIL(g, s) (F_FAIL && GQUIET(g) && (s) < ntr[g] && tr[(g) * T + (s)] == INFL && \
-                        !silent[g] && BUDGET)
+#define GQUIET(g) (granted(g) && !PROMPT(g))
+#define CAN_LAND(g, s) (GQUIET(g) && (s) < ntr(g) && \
+                        (TR(g, s) == INFL || TR(g, s) == FAILD))
+#define CAN_FAIL(g, s) (F_FAIL && GQUIET(g) && (s) < ntr(g) && TR(g, s) == INFL && \
+                        !silent(g) && BUDGET)
 #define CAN_RETRY(g) (F_RETRY && GQUIET(g) && phase[REQ(g)] == REJECTED && OPEN(g) && \
-                      retries[g] < MAXRETRY && BUDGET && cqn[g] == 0)
-#define CAN_SILENT(g) (GQUIET(g) && !silent[g] && !(stopped[g] && qsent[g]) && \
+                      retries(g) < MAXRETRY && BUDGET && cqn[g] == 0)
+#define CAN_SILENT(g) (GQUIET(g) && !silent(g) && !(stopped(g) && qsent(g)) && \
                        MAYCRASH(PEER(g)))
-#define CAN_POST(g) (GQUIET(g) && !silent[g] && !stopped[g] && ntr[g] < T)
-#define CAN_STOP(g) (GQUIET(g) && !silent[g] && cancelled[g] && !stopped[g])
-#define CAN_QUIESCE(g) (GQUIET(g) && !silent[g] && stopped[g] && !qsent[g] && ntr[g] > 0 && \
+#define CAN_POST(g) (GQUIET(g) && !silent(g) && !stopped(g) && ntr(g) < T)
+#define CAN_STOP(g) (GQUIET(g) && !silent(g) && cancelled(g) && !stopped(g))
+#define CAN_QUIESCE(g) (GQUIET(g) && !silent(g) && stopped(g) && !qsent(g) && ntr(g) > 0 && \
                         ALL_SEEN(g))
-#define CAN_COMPLETE(g) (GQUIET(g) && !silent[g] && !cancelled[g] && !stopped[g] && ALL_SEEN(g))
+#define CAN_COMPLETE(g) (GQUIET(g) && !silent(g) && !cancelled(g) && !stopped(g) && ALL_SEEN(g))
 #define GACT(g) (lqn[g] > 0 || cqn[g] > 0 || CAN_LAND(g, 0) || (T > 1 && CAN_LAND(g, 1)) || \
                  CAN_FAIL(g, 0) || (T > 1 && CAN_FAIL(g, 1)) || CAN_RETRY(g) || CAN_SILENT(g) || \
                  CAN_POST(g) || CAN_STOP(g) || CAN_QUIESCE(g) || CAN_COMPLETE(g))
@@ -247,9 +277,9 @@ byte i_, j_, k_, m_;
    that expires then is early (the timeout fault); one that expires when nothing else can is
    generous (always allowed, free). */
 #define RACT(r) ((phase[r] == LIVE && !BLOCKED(r)) || OR_P(GACT, r))
-#define PEER_EV(p) (MAYCRASH(p) && (!lost[p] || (F_FENCE && !fenced[p])))
+#define PEER_EV(p) (MAYCRASH(p) && (!lost(p) || (F_FENCE && !fenced(p))))
 #define ANY_PEER_EV OR_PEERS(PEER_EV)
-#define CAN_LEASE(g) (GQUIET(g) && ENDED(REQ(g)) && OPEN(g) && !leased[g])
+#define CAN_LEASE(g) (GQUIET(g) && ENDED(REQ(g)) && OPEN(g) && !leased(g))
 #define LEASE_EARLY(g) (RACT(REQ(g)) || ANY_PEER_EV)
 
 /* ------------------------------------------------------------------ the ledger
@@ -270,7 +300,7 @@ inline spend(c) {
 
 inline crash(p) {
   if
-  :: !crashed[p] -> crashed[p] = 1; crashes_left--
+  :: !crashed(p) -> SETP(p, CRASHED); crashes_left--
   :: else -> skip
   fi
 }
@@ -282,8 +312,7 @@ inline release(r) {
   bused[blk[r]] = 0;
   nheld--;
   for (k_ : 0 .. P - 1) {
-    pcr[(r) * P + k_] = 0; plast[(r) * P + k_] = 0; pthr[(r) * P + k_] = 0;
-    prev[(r) * P + k_] = 0; psus[(r) * P + k_] = 0
+    pf[(r) * P + k_] = 0
   };
   k_ = 0
 }
@@ -297,8 +326,8 @@ inline settle() {
        m_ = 0;  /* 1: an open grant; 2: an open suspect grant */
        for (j_ : 0 .. P - 1) {
          if
-         :: OPEN(i_ * P + j_) && psus[i_ * P + j_] -> m_ = 2
-         :: OPEN(i_ * P + j_) && !psus[i_ * P + j_] && m_ == 0 -> m_ = 1
+         :: OPEN(i_ * P + j_) && psus(i_ * P + j_) -> m_ = 2
+         :: OPEN(i_ * P + j_) && !psus(i_ * P + j_) && m_ == 0 -> m_ = 1
          :: else -> skip
          fi
        };
@@ -326,18 +355,18 @@ inline ack(g, k, v) {
   :: phase[REQ(g)] == RELEASED -> skip  /* stale: the ledger forgot the grant */
   :: else ->
      if
-     :: (k == SS || k == TC) && plast[g] > 0 && plast[g] != (v) + 1 ->
+     :: (k == SS || k == TC) && plast(g) > 0 && plast(g) != (v) + 1 ->
         assert(POLICY == TRUSTING)  /* ledger_error: honest evidence contradicts */
      :: else ->
         if
         :: !OPEN(g) -> skip  /* a closed grant of a live request: a no-op */
         :: else ->
            if
-           :: k == CR -> pcr[g] = 1
-           :: k == SS -> pcr[g] = 1; plast[g] = (v) + 1
-           :: k == TQ -> if :: (v) > pthr[g] -> pthr[g] = (v) :: else -> skip fi
-           :: k == TC -> pcr[g] = 1; plast[g] = (v) + 1;
-                         if :: (v) > pthr[g] -> pthr[g] = (v) :: else -> skip fi
+           :: k == CR -> SETPF(g, PCR)
+           :: k == SS -> SETPF(g, PCR); SET_PLAST(g, (v) + 1)
+           :: k == TQ -> if :: (v) > pthr(g) -> SET_PTHR(g, (v)) :: else -> skip fi
+           :: k == TC -> SETPF(g, PCR); SET_PLAST(g, (v) + 1);
+                         if :: (v) > pthr(g) -> SET_PTHR(g, (v)) :: else -> skip fi
            fi
         fi
      fi
@@ -348,7 +377,7 @@ inline ack(g, k, v) {
 /* PeerLost(p) marks p's open grants suspect; AccessRevoked(p) closes them. */
 inline peer_lost_ev(p) {
   for (j_ : 0 .. R - 1) {
-    if :: OPEN(j_ * P + (p)) -> psus[j_ * P + (p)] = 1 :: else -> skip fi
+    if :: OPEN(j_ * P + (p)) -> SETPF(j_ * P + (p), PSUS) :: else -> skip fi
   };
   j_ = 0;
   settle()
@@ -356,7 +385,7 @@ inline peer_lost_ev(p) {
 
 inline revoke_ev(p) {
   for (j_ : 0 .. R - 1) {
-    if :: OPEN(j_ * P + (p)) -> prev[j_ * P + (p)] = 1 :: else -> skip fi
+    if :: OPEN(j_ * P + (p)) -> SETPF(j_ * P + (p), PREV) :: else -> skip fi
   };
   j_ = 0;
   settle()
@@ -397,12 +426,12 @@ inline take_c(g, i) {
 
 inline deliver_to_peer(g) {
   if
-  :: silent[g] -> skip  /* a peer silent on the grant never answers */
+  :: silent(g) -> skip  /* a peer silent on the grant never answers */
   :: else ->
-     cancelled[g] = 1;
+     SETG(g, CANCELLED);
      if
-     :: qsent[g] -> send_ledger(g, MSG(TC, ntr[g]))
-     :: !qsent[g] && stopped[g] -> send_ledger(g, MSG(SS, ntr[g]))
+     :: qsent(g) -> send_ledger(g, MSG(TC, ntr(g)))
+     :: !qsent(g) && stopped(g) -> send_ledger(g, MSG(SS, ntr(g)))
      :: else -> send_ledger(g, MSG(CR, 0))
      fi
   fi
@@ -449,18 +478,17 @@ inline deliver_to_peer(g) {
    be at the generation it was meant for. */
 #define SEQ_OPTS(g, s) \
   :: d_step { ((g) < G && (s) < T && CAN_LAND((g) % G, (s) % T)) -> \
-       if :: tr[(g) * T + (s)] == INFL -> tr[(g) * T + (s)] = LANDED \
-          :: else -> tr[(g) * T + (s)] = UNSEEN fi; \
-       if :: fenced[PEER(g)] -> skip \
+       if :: TR(g, s) == INFL -> SET_TR(g, s, LANDED) \
+          :: else -> SET_TR(g, s, UNSEEN) fi; \
+       if :: fenced(PEER(g)) -> skip \
           :: else -> assert(gen[blk[REQ(g)]] == ggen[g])  /* isolation */ fi } \
   :: d_step { ((g) < G && (s) < T && CAN_FAIL((g) % G, (s) % T)) -> \
-       spend(1); tr[(g) * T + (s)] = FAILD }
+       spend(1); SET_TR(g, s, FAILD) }
 
 /* Without reordering only the head of a channel is ever taken; a second transfer only with
    T = 2. */
 #if F_REORDER
-#define LQ_ALL(g) LQ_OPTS(g, 0) LQ_OPTS(g, 1) LQ_OPTS(g, 2) LQ_OPTS(g, 3) LQ_OPTS(g, 4) \
-                  LQ_OPTS(g, 5)
+#define LQ_ALL(g) LQ_OPTS(g, 0) LQ_OPTS(g, 1) LQ_OPTS(g, 2) LQ_OPTS(g, 3) LQ_OPTS(g, 4)
 #define CQ_ALL(g) CQ_OPTS(g, 0) CQ_OPTS(g, 1)
 #else
 #define LQ_ALL(g) LQ_OPTS(g, 0)
@@ -473,29 +501,29 @@ inline deliver_to_peer(g) {
 #endif
 #define GRANT_OPTS(g) \
   SEQ_ALL(g) LQ_ALL(g) CQ_ALL(g) \
-  :: d_step { ((g) < G && CAN_POST((g) % G)) -> tr[(g) * T + ntr[g]] = INFL; ntr[g]++ } \
+  :: d_step { ((g) < G && CAN_POST((g) % G)) -> SET_TR(g, ntr(g), INFL) } \
   :: d_step { ((g) < G && CAN_STOP((g) % G)) -> \
-       stopped[g] = 1; send_ledger(g, MSG(SS, ntr[g])) } \
+       SETG(g, STOPPED); send_ledger(g, MSG(SS, ntr(g))) } \
   :: d_step { ((g) < G && CAN_QUIESCE((g) % G)) -> \
-       qsent[g] = 1; send_ledger(g, MSG(TQ, ntr[g])) } \
+       SETG(g, QSENT); send_ledger(g, MSG(TQ, ntr(g))) } \
   :: d_step { ((g) < G && CAN_COMPLETE((g) % G)) -> \
-       stopped[g] = 1; qsent[g] = 1; send_ledger(g, MSG(TC, ntr[g])) } \
+       SETG(g, STOPPED); SETG(g, QSENT); send_ledger(g, MSG(TC, ntr(g))) } \
   :: d_step { ((g) < G && CAN_RETRY((g) % G)) -> \
-       spend(1); retries[g]++; send_cancel(g) } \
+       spend(1); gf[g] = gf[g] + RETRY1; send_cancel(g) } \
   :: d_step { ((g) < G && CAN_SILENT((g) % G)) -> \
-       spend(!crashed[PEER(g)]); crash(PEER(g)); silent[g] = 1 } \
+       spend(!crashed(PEER(g))); crash(PEER(g)); SETG(g, SILENT) } \
   :: d_step { ((g) < G && CAN_LEASE((g) % G) && !LEASE_EARLY((g) % G)) -> \
-       leased[g] = 1; psus[g] = 1; settle() } \
+       SETG(g, LEASED); SETPF(g, PSUS); settle() } \
   :: d_step { ((g) < G && F_TIMEOUT && BUDGET && CAN_LEASE((g) % G) && LEASE_EARLY((g) % G)) -> \
-       spend(1); leased[g] = 1; psus[g] = 1; settle() } \
+       spend(1); SETG(g, LEASED); SETPF(g, PSUS); settle() } \
   LIE_G_OPTS(g)
 
 /* The owner's decisions about a live request with no prompt message. It grants to no peer it
    has seen lost or fenced. Naive: a rejection frees the blocks at once. */
 #define GRANT_TO(r, p) \
   :: d_step { ((r) < R && (p) < P && phase[(r) % R] == LIVE && !BLOCKED((r) % R) && \
-               !granted[((r) % R) * P + (p) % P] && !lost[(p) % P] && !fenced[(p) % P]) -> \
-       granted[(r) * P + (p)] = 1; ggen[(r) * P + (p)] = gen[blk[r]] }
+               !granted(((r) % R) * P + (p) % P) && !lost((p) % P) && !fenced((p) % P)) -> \
+       SETG((r) * P + (p), GRANTED); ggen[(r) * P + (p)] = gen[blk[r]] }
 #define GRANTS_OF(r) GRANT_TO(r, 0) GRANTS_MORE(r)
 #if P == 1
 #define GRANTS_MORE(r)
@@ -511,7 +539,7 @@ inline deliver_to_peer(g) {
   :: d_step { ((r) < R && phase[(r) % R] == LIVE && !BLOCKED((r) % R)) -> \
        phase[r] = REJECTED; \
        for (j_ : 0 .. P - 1) { \
-         if :: granted[(r) * P + j_] -> send_cancel((r) * P + j_) :: else -> skip fi \
+         if :: granted((r) * P + j_) -> send_cancel((r) * P + j_) :: else -> skip fi \
        }; j_ = 0; \
        if :: POLICY == NAIVE -> release(r) :: else -> skip fi; \
        settle() }
@@ -519,10 +547,10 @@ inline deliver_to_peer(g) {
 /* A crashed peer: its heartbeat fails (PeerLost), it is fenced (AccessRevoked: its later
    writes touch nothing). Its first crash event spends the crash budget. */
 #define PEER_OPTS(p) \
-  :: d_step { ((p) < P && MAYCRASH((p) % P) && !lost[(p) % P]) -> \
-       spend(!crashed[p]); crash(p); lost[p] = 1; peer_lost_ev(p) } \
-  :: d_step { ((p) < P && F_FENCE && MAYCRASH((p) % P) && !fenced[(p) % P]) -> \
-       spend(!crashed[p]); crash(p); fenced[p] = 1; revoke_ev(p) } \
+  :: d_step { ((p) < P && MAYCRASH((p) % P) && !lost((p) % P)) -> \
+       spend(!crashed(p)); crash(p); SETP(p, LOST); peer_lost_ev(p) } \
+  :: d_step { ((p) < P && F_FENCE && MAYCRASH((p) % P) && !fenced((p) % P)) -> \
+       spend(!crashed(p)); crash(p); SETP(p, FENCED); revoke_ev(p) } \
   LIE_P_OPTS(p)
 
 /* Lies (F_LIE). With provenance (every policy but trusting) the receiver stamps a peer's
@@ -534,22 +562,22 @@ inline deliver_to_peer(g) {
 #if F_LIE && POLICY == TRUSTING
 #define LIE_OK ((faults_left != 0))
 #define LIE_G_OPTS(g) \
-  :: d_step { ((g) < G && LIE_OK && OPEN((g) % G)) -> spend(1); prev[g] = 1; settle() } \
-  :: d_step { ((g) < G && LIE_OK && OPEN((g) % G) && !psus[(g) % G]) -> \
-       spend(1); psus[g] = 1; settle() } \
-  :: d_step { ((g) < G && P > 1 && LIE_OK && OPEN((g) % G) && !pcr[(g) % G]) -> \
-       spend(1); pcr[g] = 1; settle() } \
-  :: d_step { ((g) < G && P > 1 && LIE_OK && OPEN((g) % G) && plast[(g) % G] == 0) -> \
-       spend(1); pcr[g] = 1; plast[g] = T + 1; settle() } \
-  :: d_step { ((g) < G && P > 1 && LIE_OK && OPEN((g) % G) && pthr[(g) % G] < T) -> \
-       spend(1); pthr[g] = T; settle() } \
+  :: d_step { ((g) < G && LIE_OK && OPEN((g) % G)) -> spend(1); SETPF(g, PREV); settle() } \
+  :: d_step { ((g) < G && LIE_OK && OPEN((g) % G) && !psus((g) % G)) -> \
+       spend(1); SETPF(g, PSUS); settle() } \
+  :: d_step { ((g) < G && P > 1 && LIE_OK && OPEN((g) % G) && !pcr((g) % G)) -> \
+       spend(1); SETPF(g, PCR); settle() } \
+  :: d_step { ((g) < G && P > 1 && LIE_OK && OPEN((g) % G) && plast((g) % G) == 0) -> \
+       spend(1); SETPF(g, PCR); SET_PLAST(g, T + 1); settle() } \
+  :: d_step { ((g) < G && P > 1 && LIE_OK && OPEN((g) % G) && pthr((g) % G) < T) -> \
+       spend(1); SET_PTHR(g, T); settle() } \
   :: d_step { ((g) < G && P > 1 && LIE_OK && OPEN((g) % G) && \
-               (plast[(g) % G] == 0 || (plast[(g) % G] == T + 1 && pthr[(g) % G] < T))) -> \
-       spend(1); pcr[g] = 1; plast[g] = T + 1; pthr[g] = T; settle() }
+               (plast((g) % G) == 0 || (plast((g) % G) == T + 1 && pthr((g) % G) < T))) -> \
+       spend(1); SETPF(g, PCR); SET_PLAST(g, T + 1); SET_PTHR(g, T); settle() }
 #define OPEN_OF(p, r) OPEN((r) * P + (p))
 #define HAS_OPEN(p) (OPEN_OF(p, 0) || (R > 1 && OPEN_OF(p, 1)) || (R > 2 && OPEN_OF(p, 2)) || \
                      (R > 3 && OPEN_OF(p, 3)))
-#define SUS_OF(p, r) (OPEN((r) * P + (p)) && !psus[(r) * P + (p)])
+#define SUS_OF(p, r) (OPEN((r) * P + (p)) && !psus((r) * P + (p)))
 #define HAS_UNSUS(p) (SUS_OF(p, 0) || (R > 1 && SUS_OF(p, 1)) || (R > 2 && SUS_OF(p, 2)) || \
                       (R > 3 && SUS_OF(p, 3)))
 #define LIE_P_OPTS(p) \
