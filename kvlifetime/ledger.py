@@ -510,12 +510,16 @@ class BlockLedger:
                 self._shared_holds += len(recs)
                 for req, view in zip(recs, _views(allids, starts, lens), strict=True):
                     req.shared.append(view)
+                    if len(req.shared) > _STEP_VIEWS:
+                        self._shared_holds -= _merge(req.shared)
             else:
                 self._owner[allids] = np.repeat(
                     np.fromiter((r.slot for r in recs), np.int32, len(recs)), lens
                 )
                 for req, view in zip(recs, _views(allids, starts, lens), strict=True):
                     req.excl.append(view)
+                    if len(req.excl) > _STEP_VIEWS:
+                        _merge(req.excl)
 
     def acquire_and_grant(
         self,
@@ -1616,6 +1620,22 @@ def _concat_ids(parts: Sequence[BlockIds | list[int]], num_blocks: int) -> Block
         )
     arr.flags.writeable = False
     return arr
+
+
+# A request's holds from acquire_many are views into that step's array of every request's ids:
+# past this many, they are merged into one array of its own, so that a long-lived request never
+# keeps more than this many steps' arrays alive (memory bounded by the live holds, not by how
+# long a request has run).
+_STEP_VIEWS = 8
+
+
+def _merge(batches: list[BlockIds]) -> int:
+    """Replace ``batches`` by one read-only array of them all; return how many fewer there are."""
+    merged = np.concatenate(batches)
+    merged.flags.writeable = False
+    fewer = len(batches) - 1
+    batches[:] = [merged]
+    return fewer
 
 
 def _views(allids: BlockIds, starts: Sequence[int], lens: Sequence[int]) -> list[BlockIds]:
