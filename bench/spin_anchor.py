@@ -5,9 +5,9 @@
 
 For each configuration and policy it builds SPIN's verifier from ``bench/spin/kvlifetime.pml``
 (``spin -a`` with the configuration as ``-D`` flags, then ``gcc -O2 -DSAFETY``: safety
-properties only; no hash compaction, no bitstate: SPIN's search is exhaustive), runs it depth
-first (the verdict, states, time), then, for a refutation, breadth first (``-DBFS``) for the
-shortest counterexample, as our explorer (breadth first) reports it; and it runs
+properties only; no hash compaction, no bitstate: SPIN's search is exhaustive), runs it breadth
+first (``-DBFS``, as our explorer: a refutation ends at a shortest counterexample) and, when
+that runs out of its memory bound with no verdict, depth first; and it runs
 ``kvlifetime verify --format json`` on the same configuration in a subprocess. It
 prints one markdown table (configuration, faults, policy, checker, verdict, states, seconds,
 states/s, counterexample steps), writes the rows as JSON to ``out/spin-anchor.json``, and checks
@@ -205,8 +205,8 @@ def _tool(name: str) -> str:
 
 @attrs.frozen(slots=True)
 class SpinResult:
-    run: PanRun  # the exhaustive depth-first search: the verdict, states, time
-    trail_steps: int | None  # a refutation's shortest counterexample (breadth-first run)
+    run: PanRun  # the search that gave the verdict (breadth first, else depth first)
+    trail_steps: int | None  # a refutation's shortest counterexample
     compile_seconds: float
     flags: tuple[str, ...]
 
@@ -241,38 +241,47 @@ def run_spin(
     workdir: Path,
     *,
     memlim_mb: int = 8192,
+    bfs_memlim_mb: int = 2048,
     hash_log2: int = 24,
     timeout_s: float = 3600.0,
 ) -> SpinResult:
     """Build SPIN's verifier for ``config`` / ``policy`` in ``workdir`` and run it.
 
-    The verdict, the states and the time come from an exhaustive depth-first search
-    (``-DSAFETY``: assertions and end states; no cycle checks, there are no liveness
-    properties); a refutation is then searched breadth first (``-DBFS``) for its shortest
-    counterexample, whose length is compared with the explorer's (also breadth first).
+    Breadth first (``-DBFS``) first, as our explorer searches: a refutation is found at its
+    shortest counterexample (whose length is compared with the explorer's), after as many
+    states as a breadth-first search needs to get there. SPIN's breadth-first search keeps its
+    whole frontier in memory, so it runs under ``bfs_memlim_mb``; when that bound ends it
+    without a verdict, the exhaustive depth-first search (``memlim_mb``) gives the verdict, the
+    states and the time. Both are ``-DSAFETY`` (assertions and end states; no cycle checks:
+    there are no liveness properties).
     """
     spin, gcc = _tool("spin"), _tool("gcc")
     workdir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(MODEL, workdir / MODEL.name)
     defines = spin_defines(config, policy)
-    cflags = ["-O2", "-DSAFETY", f"-DMEMLIM={memlim_mb}"]
+    base = ["-O2", "-DSAFETY"]
     t0 = time.perf_counter()
-    _build(spin, gcc, defines, cflags, workdir, "pan")
+    bfs_flags = [*base, "-DBFS", f"-DMEMLIM={bfs_memlim_mb}"]
+    _build(spin, gcc, defines, bfs_flags, workdir, "pan_bfs")
     compile_s = time.perf_counter() - t0
-    # -m: the depth bound of the search stack, far above the model's longest run.
-    run = _pan(workdir, "pan", [f"-w{hash_log2}", "-m100000"], timeout_s)
+    trail = workdir / f"{MODEL.name}.trail"
+    trail.unlink(missing_ok=True)
+    run = _pan(workdir, "pan_bfs", [f"-w{hash_log2}"], timeout_s)
+    flags = bfs_flags
     steps = None
-    if run.errors:
-        _build(spin, gcc, defines, [*cflags, "-DBFS"], workdir, "pan_bfs")
-        trail = workdir / f"{MODEL.name}.trail"
-        trail.unlink(missing_ok=True)
-        bfs = _pan(workdir, "pan_bfs", [f"-w{hash_log2}"], timeout_s)
-        if bfs.errors and trail.exists():
-            replay = subprocess.run(
-                [spin, "-t", *defines, MODEL.name], cwd=workdir, capture_output=True, text=True
-            )
-            steps = parse_trail_steps(replay.stdout + replay.stderr)
-    return SpinResult(run, steps, compile_s, (*defines, *cflags))
+    if run.errors and trail.exists():
+        replay = subprocess.run(
+            [spin, "-t", *defines, MODEL.name], cwd=workdir, capture_output=True, text=True
+        )
+        steps = parse_trail_steps(replay.stdout + replay.stderr)
+    elif not run.complete:
+        flags = [*base, f"-DMEMLIM={memlim_mb}"]
+        t0 = time.perf_counter()
+        _build(spin, gcc, defines, flags, workdir, "pan_dfs")
+        compile_s += time.perf_counter() - t0
+        # -m: the depth bound of the search stack, far above the model's longest run.
+        run = _pan(workdir, "pan_dfs", [f"-w{hash_log2}", "-m100000"], timeout_s)
+    return SpinResult(run, steps, compile_s, (*defines, *flags))
 
 
 # ------------------------------------------------------------------ kvlifetime verify
@@ -357,7 +366,7 @@ class Row:
     config: str
     faults: str  # "per-kind bounds" or "at most K per run"
     policy: str
-    checker: str  # "SPIN" or "kvlifetime verify"
+    checker: str  # "kvlifetime verify", or "SPIN (BFS)" / "SPIN (DFS)": its search
     verdict: str  # pass / refuted / unfinished
     invariant: str | None
     states: int | None
@@ -385,7 +394,7 @@ def spin_row(name: str, config: Config, policy: Policy, res: SpinResult) -> Row:
         name,
         _faults_label(config),
         policy.value,
-        "SPIN",
+        "SPIN (BFS)" if "-DBFS" in res.flags else "SPIN (DFS)",
         _verdict(r.complete, inv),
         inv,
         r.states,
@@ -457,6 +466,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="seconds before kvlifetime verify is interrupted (its row is then unfinished)",
     )
     ap.add_argument("--memlim-mb", type=int, default=8192, help="SPIN's memory bound (MB)")
+    ap.add_argument(
+        "--bfs-memlim-mb",
+        type=int,
+        default=2048,
+        help="SPIN's memory bound for its breadth-first attempt (MB)",
+    )
     ap.add_argument("--hash-log2", type=int, default=24, help="SPIN's hash table: 2^N slots")
     ap.add_argument("--no-explorer", action="store_true", help="run SPIN only")
     ap.add_argument("--out", type=Path, default=Path("out"))
@@ -486,6 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     policy,
                     workdir,
                     memlim_mb=args.memlim_mb,
+                    bfs_memlim_mb=args.bfs_memlim_mb,
                     hash_log2=args.hash_log2,
                 )
                 srow = spin_row(name, config, policy, sres)
