@@ -1626,7 +1626,7 @@ def _concat_ids(parts: Sequence[BlockIds | list[int]], num_blocks: int) -> Block
 # past this many, they are merged into one array of its own, so that a long-lived request never
 # keeps more than this many steps' arrays alive (memory bounded by the live holds, not by how
 # long a request has run).
-_STEP_VIEWS = 8
+_STEP_VIEWS = 16
 
 
 def _merge(batches: list[BlockIds]) -> int:

