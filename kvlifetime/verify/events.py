@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 from typing import Any
 
 from kvlifetime.verify.state import (
@@ -142,7 +141,9 @@ def enabled(state: State, config: Config) -> list[Event]:
         out.append(Event("admit"))
     for ri, r in enumerate(env.reqs):
         if r.phase == LIVE and ri not in blocked:
-            granted = collections.Counter(env.grants[gi].peer for gi in r.grants)
+            granted = [0] * config.peers
+            for gi in r.grants:
+                granted[env.grants[gi].peer] += 1
             for p in range(config.peers):
                 if granted[p] < config.ranks and not (
                     env.peers[p].lost_reported or env.peers[p].fenced

@@ -23,6 +23,14 @@ future, so states that differ only in names are explored once:
   those that list the peers in the order of a name-free signature of what the key keeps of
   them (one renaming when the signatures differ).
 
+**Renamings** are generated lazily (``renamings``), never as the list of every permutation of
+the peers: peers are ordered by their signature, and only peers with equal signatures that a
+grant or a message names are permuted among themselves (alike peers the key names only through
+their flags give the same key in any order). At most ``RENAMING_CAP`` renamings are tried for one
+key. Past the cap the key may not be the least one, so two symmetric states may be stored twice;
+it stays sound, as any renaming does: two states with one key are still renamings of each
+other. So memory is bounded by the states stored, never by the symmetries.
+
 Two states with one key are the same state up to renaming requests, blocks and peers, and the
 ledger and the environment treat names only through equality: their futures are the same up to
 that renaming, so the invariants (stated without names) hold in both or in neither.
@@ -181,6 +189,29 @@ the symmetry keys stay sound: every peer may lie alike, and lies name peers and 
 through the state. The key forgets a closed grant's facts; a believed lie may make such facts
 contradict what the honest peer says later, and that evidence is then refused (a no-op, noted),
 so the facts the key forgets still change no future.
+
+**Reads, ranks, restarts** (``Config.access``, ``Config.ranks``, ``Config.restarts``). A READ
+grant differs from a WRITE grant only in what ``land`` does to memory (it reads instead of
+writing) and in the ledger's own rules for read grants; the argument above does not look at
+which, so it holds as it stands. Ranks are more grants per request and peer: every condition
+above is stated per grant, and grants of one request to one peer are alike to the key (sorted
+by descriptor). A restart replaces the whole ledger and marks every grant old; after it, the
+restarted owner's fencings (``reclaim``) and the old grants' landings (checked against the new
+ledger's hold for the previous incarnation) meet every request. ``model.stubborn`` expands every
+state of a configuration with restarts in full (trivially sound); the key counts the restarts
+left, the incarnation and each grant's "old" flag, and an old grant's staleness is "would land
+on a block the new ledger no longer holds for the previous incarnation" (``Snap.stale_old``).
+
+**Hash compaction** (``compact=True``, ``--hash-compaction``): ``parents`` stores a 64-bit hash
+of each key instead of the key, and links hashes. A collision merges two distinct states, so a
+state may be missed: the result is never complete (never a pass), and states the bound
+``n(n-1)/2 / 2**64`` on the chance of any collision among its ``n`` states (for a uniform hash).
+A violation it reports is real: the trace is rebuilt from the links and replayed.
+
+**The search as a program.** ``explore`` reports through its ``progress`` callback about every
+``progress_every`` seconds and writes nothing itself. A ``KeyboardInterrupt`` inside the search
+ends it with the partial result (``Result.interrupted``): every stored state was complete when
+it came (a step works on copies; a link is stored before its state is queued).
 
 **Checked, not only argued.** ``test_verify.py`` compares the reduced search with the full one on
 every configuration small enough to run both ways: the same verdict, the same counterexample
@@ -385,6 +416,14 @@ def renamings(
     through their flags are alike and keep one order. At most ``cap`` renamings are yielded.
     """
     order = sorted(range(len(sig)), key=lambda p: sig[p])
+    n = len(sig)
+    if all(sig[order[i]] != sig[order[i + 1]] or not used[order[i]] for i in range(n - 1)):
+        # No two alike peers that the key names: one renaming (the common case, by far).
+        perm = [0] * n
+        for new, old in enumerate(order):
+            perm[old] = new
+        yield perm
+        return
     groups: list[list[int]] = []
     for p in order:
         if groups and sig[groups[-1][0]] == sig[p]:
@@ -706,7 +745,10 @@ def explore(
         # Every stored state and link was complete when the interrupt came (a step works on
         # copies, and a link is stored before its state is queued): the partial result holds.
         interrupted = True
-    report()
+    try:
+        report()
+    except KeyboardInterrupt:  # a second Ctrl-C (or a callback that stops the search) here
+        interrupted = True
     seconds = time.perf_counter() - t0
     complete = found is None and not interrupted and not compact and not capped
     trace: tuple[Step, ...] = ()

@@ -1,0 +1,122 @@
+"""The verifier's depth targets, timed (run by hand or by ``make verify-depth``; not a test).
+
+    .venv/bin/python bench/verify_depth.py [--only 3x2x3-k2|2x2x2-kinds|3x2x3-k1]
+        [--limit SECONDS] [--baseline DIR]
+
+Each target is a proof-policy search with every fault kind:
+
+- ``3x2x3-k1``: 3 requests x 2 peers x 3 blocks, at most one fault per run (the test's shape);
+- ``3x2x3-k2``: the same at two faults per run (the target: under 60 s on 2 cores);
+- ``2x2x2-kinds``: 2 x 2 x 2 with only the per-kind bounds, no total (target: to completion in
+  under 5 minutes on 2 cores).
+
+A search still running at ``--limit`` seconds is stopped there (through its progress callback)
+and reported with the states it reached and its rate, marked unfinished. ``--baseline DIR``:
+the same searches with the ``kvlifetime`` package found under ``DIR`` (say, an older checkout),
+each run right after the current one, and the ratio of their rates (the machine is shared:
+ratios within one run, not absolute times, are what compares).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+TARGETS: dict[str, dict[str, Any]] = {
+    "3x2x3-k1": {"shape": (3, 2, 3), "max_faults": 1},
+    "3x2x3-k2": {"shape": (3, 2, 3), "max_faults": 2},
+    "2x2x2-kinds": {"shape": (2, 2, 2), "max_faults": None},
+}
+
+
+def run_one(name: str, limit: float) -> dict[str, Any]:
+    """One target in this process, stopped at ``limit`` seconds."""
+    from kvlifetime.verify import Config, Policy, explore, parse_faults
+
+    t = TARGETS[name]
+    r_, p_, b_ = t["shape"]
+    cfg = Config(r_, p_, b_, faults=parse_faults("all"), max_faults=t["max_faults"])
+    t0 = time.perf_counter()
+
+    stopped: list[bool] = []
+
+    def stop_at_limit(*_progress: Any) -> None:
+        if not stopped and time.perf_counter() - t0 > limit:
+            stopped.append(True)
+            raise KeyboardInterrupt  # explore returns the partial result
+
+    try:
+        r = explore(cfg, Policy.PROOF, progress=stop_at_limit, progress_every=1.0)
+    except KeyboardInterrupt:
+        # An explorer from before the partial results (a baseline): it cannot say how far
+        # it got.
+        return {
+            "target": name,
+            "verdict": "stopped",
+            "finished": False,
+            "states": 0,
+            "seconds": round(time.perf_counter() - t0, 1),
+            "states_per_second": 0,
+        }
+    except TypeError:  # a baseline explorer without progress_every (and no partial result)
+        r = explore(cfg, Policy.PROOF)
+    return {
+        "target": name,
+        "verdict": r.verdict,
+        "finished": r.complete or r.violation is not None,
+        "states": r.states,
+        "seconds": round(r.seconds, 1),
+        "states_per_second": round(r.states_per_second),
+    }
+
+
+def _in_subprocess(name: str, limit: float, path: str | None) -> dict[str, Any]:
+    env = dict(os.environ)
+    if path is not None:
+        env["PYTHONPATH"] = path
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", name, "--limit", str(limit)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
+    doc: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return doc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", choices=sorted(TARGETS), action="append")
+    ap.add_argument("--limit", type=float, default=600.0, help="seconds per search")
+    ap.add_argument("--baseline", default=None, help="a directory holding another kvlifetime")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(run_one(args.child, args.limit)))
+        return
+    print(f"cores: {os.cpu_count()}  limit: {args.limit:.0f} s per search")
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for name in args.only or list(TARGETS):
+        cur = _in_subprocess(name, args.limit, here)
+        line = (
+            f"{name:>12}: {cur['verdict']}{'' if cur['finished'] else ' (stopped at limit)'}, "
+            f"{cur['states']:,} states, {cur['seconds']} s, {cur['states_per_second']:,} states/s"
+        )
+        if args.baseline:
+            base = _in_subprocess(name, args.limit, args.baseline)
+            ratio = cur["states_per_second"] / max(base["states_per_second"], 1)
+            line += (
+                f" | baseline: {base['verdict']}, {base['states']:,} states, {base['seconds']} s,"
+                f" {base['states_per_second']:,} states/s | rate ratio {ratio:.2f}x"
+            )
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
