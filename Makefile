@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 NIXL_PKGS := nixl==1.5.1 nixl-cu13==1.5.1
 
 .PHONY: demo demo-mooncake demo-nixl soak test lint typecheck bench docs clean system-deps \
-	vllm-venv vllm-src vllm-hf vllm-baseline test-vllm clean-vllm spin-anchor
+	vllm-venv vllm-src vllm-hf vllm-baseline test-vllm clean-vllm spin-anchor verify-depth
 
 # Python packages: the library with every extra (the harness, Prometheus, Mooncake, the
 # report's plots), NIXL and the test tools, in a local virtual environment.
@@ -75,6 +75,11 @@ bench: $(STAMP) vllm-venv vllm-hf
 # table, both checkers' verdicts compared (exit 1 if they disagree). Tens of minutes; not in test.
 spin-anchor: system-deps $(STAMP)
 	$(BIN)/python -m bench.spin_anchor --out out
+
+# The verifier's depth targets (3x2x3 every fault kind at one and two faults per run; 2x2x2
+# with the per-kind bounds only), each stopped at 10 minutes. Tens of minutes; not in test.
+verify-depth: $(STAMP)
+	$(BIN)/python bench/verify_depth.py --limit 600
 
 clean:
 	rm -rf $(VENV) out .mypy_cache .pytest_cache .ruff_cache
