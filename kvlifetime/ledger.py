@@ -76,6 +76,7 @@ from kvlifetime.errors import (
     SpecDisagreement,
     StaleEvidence,
     UnknownRequest,
+    UsageError,
 )
 from kvlifetime.evidence import (
     AccessRevoked,
@@ -95,8 +96,10 @@ from kvlifetime.grant import (
     make_grant_id,
 )
 from kvlifetime.ledger_records import GrantRecord, RequestRecord
+from kvlifetime.ledger_values import BatchOutcome as BatchOutcome
 from kvlifetime.ledger_values import LedgerStats as LedgerStats
 from kvlifetime.ledger_values import QuarantineInfo as QuarantineInfo
+from kvlifetime.ledger_values import Refusal as Refusal
 from kvlifetime.ledger_values import Transition as Transition
 from kvlifetime.machines import (
     ENDED_STATES,
@@ -710,13 +713,44 @@ class BlockLedger:
         """The normal end on the owner's side. Open grants still need their proof."""
         request = inputs.request_key(request)
         with self._lock:
-            req = self._get(request, ending=True)
-            out: list[Transition] = []
-            self._fire(req, "finished", "finish", out)
-            self._advance(req, "finish", None, out)
-            if _enabled():
-                _emit(out)
-            return out
+            return self._finish(request)
+
+    def _finish(self, request: RequestKey) -> list[Transition]:
+        """``finish`` under the lock (``request`` validated): the one implementation of the
+        owner's normal end, for ``finish`` and ``finish_many``."""
+        req = self._get(request, ending=True)
+        out: list[Transition] = []
+        self._fire(req, "finished", "finish", out)
+        self._advance(req, "finish", None, out)
+        if _enabled():
+            _emit(out)
+        return out
+
+    def finish_many(self, requests: Sequence[RequestKey]) -> BatchOutcome:
+        """``finish`` of many requests in one call: the requests a scheduler step ended.
+
+        Each request is finished or refused on its own, in order, exactly as ``finish`` would
+        be at that point (same checks, same typed error: ``UnknownRequest``, ``DoubleRelease``,
+        ``IllegalTransition``, ``InvalidField``); a refused one changes nothing and is logged
+        (``finish_refused``). Not all or nothing: one request's end does not depend on
+        another's. Returns the transitions fired and the refusals as data, never raising for
+        one bad item; a ``requests`` that is not a sequence raises ``InvalidField``. One lock
+        for all.
+        """
+        items = _batch(requests, "requests", "request keys")
+        fired: list[Transition] = []
+        refused: list[Refusal] = []
+        with self._lock:
+            for i, request in enumerate(items):
+                try:
+                    fired += self._finish(inputs.request_key(request))
+                except UsageError as e:
+                    refused.append(Refusal(i, request, e))
+                    if _enabled():
+                        _log.warning(
+                            "finish_refused", error=e.kind, message=str(e), request=repr(request)
+                        )
+        return BatchOutcome(tuple(fired), tuple(refused))
 
     # =================================================================== evidence
 
@@ -730,15 +764,43 @@ class BlockLedger:
             try:
                 return self._apply(evidence)
             except EvidenceError as e:
-                self._refused[e.kind] += 1
-                if _enabled():
-                    _log.warning(
-                        "evidence_refused",
-                        error=e.kind,
-                        message=str(e),
-                        evidence=_describe(evidence),
-                    )
+                self._refuse(e, evidence)
                 raise
+
+    def apply_many(self, evidence: Sequence[Evidence]) -> BatchOutcome:
+        """Add many pieces of evidence in one call: what a scheduler step learned (the
+        transfers of many requests that completed).
+
+        Each piece is about its own grant (or peer) and is applied or refused on its own, in
+        order, exactly as ``apply`` would at that point (the same checks, the same typed
+        ``EvidenceError``, logged as ``evidence_refused`` and counted in
+        ``stats().refused_evidence``); a refused piece changes nothing. Not all or nothing: a
+        forged or stale report must not stop the honest ones beside it. Returns the
+        transitions fired and the refusals as data, never raising for one bad piece; an
+        ``evidence`` that is not a sequence raises ``InvalidField``. One lock for all.
+        """
+        items = _batch(evidence, "evidence", "evidence objects")
+        fired: list[Transition] = []
+        refused: list[Refusal] = []
+        with self._lock:
+            for i, ev in enumerate(items):
+                try:
+                    fired += self._apply(ev)
+                except EvidenceError as e:
+                    self._refuse(e, ev)
+                    refused.append(Refusal(i, ev, e))
+        return BatchOutcome(tuple(fired), tuple(refused))
+
+    def _refuse(self, e: EvidenceError, evidence: object) -> None:
+        """Count and log refused evidence (it changed nothing)."""
+        self._refused[e.kind] += 1
+        if _enabled():
+            _log.warning(
+                "evidence_refused",
+                error=e.kind,
+                message=str(e),
+                evidence=_describe(evidence),
+            )
 
     def _apply(self, ev: Evidence) -> list[Transition]:
         out: list[Transition] = []
@@ -1698,6 +1760,16 @@ def _emit_released(
     _emit(out)
     for req, ids in zip(reqs, freed, strict=True):
         _log.info("request_released", request=req.key, blocks=ids.tolist())
+
+
+def _batch(items: object, name: str, what: str) -> Sequence[Any]:
+    """A batch call's items: a list or tuple (or another sequence that is not text or a
+    mapping), else ``InvalidField`` with nothing changed."""
+    if type(items) in _PLAIN:
+        return items  # type: ignore[return-value]
+    if isinstance(items, Sequence) and not isinstance(items, str | bytes | bytearray):
+        return list(items)
+    raise errors.InvalidField(f"{name} must be a sequence of {what}, got {type(items).__name__}")
 
 
 def _describe(ev: object) -> object:

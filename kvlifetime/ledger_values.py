@@ -1,4 +1,5 @@
-"""What the ledger hands back: the transitions a call fired and the ``stats()`` snapshot.
+"""What the ledger hands back: the transitions a call fired, a batch call's outcome and the
+``stats()`` snapshot.
 
 Plain immutable values, kept apart from ``BlockLedger`` itself: they carry no rule, and a reader
 (a log processor, the Prometheus collector, a test) needs them without the ledger's internals.
@@ -11,6 +12,7 @@ from typing import NamedTuple
 
 import attrs
 
+from kvlifetime.errors import KVLifetimeError
 from kvlifetime.grant import PeerId, RequestKey
 
 
@@ -29,6 +31,36 @@ class Transition(NamedTuple):
     grant: str | None = None  # the grant the evidence was about, as "incarnation#serial"
     peer: PeerId | None = None
     unsafe: bool = False  # force_released: never the normal path
+
+
+class Refusal(NamedTuple):
+    """One item of a per-step batch call (``apply_many``, ``finish_many``) that was refused:
+    the single call (``apply``, ``finish``) would have raised ``error`` for it, and it changed
+    nothing."""
+
+    position: int  # where it was in the batch (0-based)
+    item: object  # the evidence, or the request key, as given
+    error: KVLifetimeError  # the typed error the single call raises: whose fault, and why
+
+
+@attrs.frozen(slots=True)
+class BatchOutcome:
+    """What a per-step batch call did, item by item, as data.
+
+    Every item was applied or refused on its own, exactly as the single call would have done
+    it at that point of the batch: ``transitions`` lists what the applied ones fired (batch
+    order, then firing order; the same ``Transition`` values the single calls return, joined),
+    ``refused`` lists the others with the typed error each single call raises. A refused item
+    changed nothing. The call never raises for one bad item, so a scheduler's step goes on.
+    """
+
+    transitions: tuple[Transition, ...]
+    refused: tuple[Refusal, ...]  # in batch order; empty: every item was applied
+
+    @property
+    def ok(self) -> bool:
+        """True when no item was refused."""
+        return not self.refused
 
 
 @attrs.frozen(slots=True)
