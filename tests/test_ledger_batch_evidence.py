@@ -174,7 +174,8 @@ def test_one_bad_piece_does_not_stop_the_others() -> None:
     led.finish("a")
     led.finish("b")
     forged = TransferCompleted(ga.id, "b", "p", 0)  # names the wrong request
-    out = led.apply_many([TransferCompleted.of(ga, 1), forged, "junk", TransferCompleted.of(gb, 2)])
+    batch: list[Any] = [TransferCompleted.of(ga, 1), forged, "junk", TransferCompleted.of(gb, 2)]
+    out = led.apply_many(batch)
     assert [(t.request, t.target, t.cause) for t in out.transitions] == [
         ("a", "transfer_quiesced", "TransferCompleted"),
         ("b", "transfer_quiesced", "TransferCompleted"),
