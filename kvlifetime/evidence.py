@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import attrs
 
@@ -57,6 +57,31 @@ def _grant(value: object) -> Grant:
     return inputs.instance(value, Grant, "grant")
 
 
+_new = object.__new__
+_set = object.__setattr__
+
+
+def _issued(cls: type[_E], g: Grant, seq_field: str | None = None, seq: int = 0) -> _E | None:
+    """``cls`` about the plain ``Grant`` ``g`` (local source) without running the field
+    validators again, or ``None`` where that shortcut does not apply.
+
+    Why it is safe: a ``Grant``'s id, request and peer passed the very checks these fields
+    run when the grant was built (its validating constructor, or the ledger's ``make_grant``
+    from values the ledger had validated), and a frozen grant cannot change them since. Only
+    ``seq`` is new, and it is checked here. Not for a ``Grant`` subclass, nor for a subclass
+    of ``cls``: they may add checks of their own, and get the validating constructor."""
+    if seq_field is not None and (type(seq) is not int or not 0 <= seq <= inputs.MAX_SEQ):
+        return None  # the validating constructor raises the precise error
+    ev: _E = _new(cls)
+    _set(ev, "source", LOCAL)
+    _set(ev, "grant_id", g.id)
+    _set(ev, "request", g.request)
+    _set(ev, "peer", g.peer)
+    if seq_field is not None:
+        _set(ev, seq_field, seq)
+    return ev
+
+
 def _check_grant_id(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, GrantId):
         raise InvalidField(f"{attr.name} must be a GrantId, got {value!r}")
@@ -86,6 +111,9 @@ class Evidence:
         return type(self).__name__
 
 
+_E = TypeVar("_E", bound=Evidence)
+
+
 @attrs.frozen(slots=True)
 class GrantEvidence(Evidence):
     """Evidence about one grant. It names the grant, and the request and peer it believes the
@@ -113,6 +141,8 @@ class CancelReceived(GrantEvidence):
 
     @classmethod
     def of(cls, grant: Grant) -> CancelReceived:
+        if cls is CancelReceived and type(grant) is Grant:
+            return _issued(cls, grant) or cls(grant.id, grant.request, grant.peer)
         g = grant if type(grant) is Grant else _grant(grant)
         return cls(g.id, g.request, g.peer)
 
@@ -137,6 +167,9 @@ class SchedulingStopped(GrantEvidence):
 
     @classmethod
     def of(cls, grant: Grant, last_seq: int) -> SchedulingStopped:
+        if cls is SchedulingStopped and type(grant) is Grant:
+            ev = _issued(cls, grant, "last_seq", last_seq)
+            return ev or cls(grant.id, grant.request, grant.peer, last_seq)
         g = grant if type(grant) is Grant else _grant(grant)
         return cls(g.id, g.request, g.peer, last_seq)
 
@@ -160,6 +193,9 @@ class TransferQuiesced(GrantEvidence):
 
     @classmethod
     def of(cls, grant: Grant, through_seq: int) -> TransferQuiesced:
+        if cls is TransferQuiesced and type(grant) is Grant:
+            ev = _issued(cls, grant, "through_seq", through_seq)
+            return ev or cls(grant.id, grant.request, grant.peer, through_seq)
         g = grant if type(grant) is Grant else _grant(grant)
         return cls(g.id, g.request, g.peer, through_seq)
 
@@ -183,6 +219,10 @@ class TransferCompleted(GrantEvidence):
 
     @classmethod
     def of(cls, grant: Grant, last_seq: int) -> TransferCompleted:
+        # The hot path (every normal end): no validator runs again on a ledger's grant.
+        if cls is TransferCompleted and type(grant) is Grant:
+            ev = _issued(cls, grant, "last_seq", last_seq)
+            return ev or cls(grant.id, grant.request, grant.peer, last_seq)
         g = grant if type(grant) is Grant else _grant(grant)
         return cls(g.id, g.request, g.peer, last_seq)
 
@@ -253,6 +293,8 @@ class LeaseExpired(GrantEvidence):
 
     @classmethod
     def of(cls, grant: Grant) -> LeaseExpired:
+        if cls is LeaseExpired and type(grant) is Grant:
+            return _issued(cls, grant) or cls(grant.id, grant.request, grant.peer)
         g = grant if type(grant) is Grant else _grant(grant)
         return cls(g.id, g.request, g.peer)
 
