@@ -701,30 +701,48 @@ class BlockLedger:
         request = inputs.request_key(request)
         inputs.text(reason, "reason")
         with self._lock:
-            req = self._get(request, ending=True)
-            out: list[Transition] = []
-            self._fire(req, "rejected", "reject", out)
-            self._advance(req, "reject", None, out)
-            if _enabled():
-                _emit(out)
-            return out
+            return self._end(request, "rejected", "reject")
+
+    def reject_many(self, requests: Sequence[RequestKey], reason: str = "rejected") -> BatchOutcome:
+        """``reject`` of many requests in one call (a step's aborts), as ``finish_many`` is
+        ``finish``: each request rejected or refused on its own, in order, the outcome as data,
+        refusals logged (``reject_refused``). A bad ``reason`` or a ``requests`` that is not a
+        sequence raises ``InvalidField`` and changes nothing."""
+        inputs.text(reason, "reason")
+        return self._end_many(requests, "rejected", "reject")
 
     def finish(self, request: RequestKey) -> list[Transition]:
         """The normal end on the owner's side. Open grants still need their proof."""
         request = inputs.request_key(request)
         with self._lock:
-            return self._finish(request)
+            return self._end(request, "finished", "finish")
 
-    def _finish(self, request: RequestKey) -> list[Transition]:
-        """``finish`` under the lock (``request`` validated): the one implementation of the
-        owner's normal end, for ``finish`` and ``finish_many``."""
+    def _end(self, request: RequestKey, event: str, cause: str) -> list[Transition]:
+        """The owner ends ``request`` (validated), under the lock: the one implementation of
+        ``reject`` / ``finish`` and of their batch calls."""
         req = self._get(request, ending=True)
         out: list[Transition] = []
-        self._fire(req, "finished", "finish", out)
-        self._advance(req, "finish", None, out)
+        self._fire(req, event, cause, out)
+        self._advance(req, cause, None, out)
         if _enabled():
             _emit(out)
         return out
+
+    def _end_many(self, requests: Sequence[RequestKey], event: str, cause: str) -> BatchOutcome:
+        items = _batch(requests, "requests", "request keys")
+        fired: list[Transition] = []
+        refused: list[Refusal] = []
+        with self._lock:
+            for i, request in enumerate(items):
+                try:
+                    fired += self._end(inputs.request_key(request), event, cause)
+                except UsageError as e:
+                    refused.append(Refusal(i, request, e))
+                    if _enabled():
+                        _log.warning(
+                            f"{cause}_refused", error=e.kind, message=str(e), request=repr(request)
+                        )
+        return BatchOutcome(tuple(fired), tuple(refused))
 
     def finish_many(self, requests: Sequence[RequestKey]) -> BatchOutcome:
         """``finish`` of many requests in one call: the requests a scheduler step ended.
@@ -737,20 +755,7 @@ class BlockLedger:
         one bad item; a ``requests`` that is not a sequence raises ``InvalidField``. One lock
         for all.
         """
-        items = _batch(requests, "requests", "request keys")
-        fired: list[Transition] = []
-        refused: list[Refusal] = []
-        with self._lock:
-            for i, request in enumerate(items):
-                try:
-                    fired += self._finish(inputs.request_key(request))
-                except UsageError as e:
-                    refused.append(Refusal(i, request, e))
-                    if _enabled():
-                        _log.warning(
-                            "finish_refused", error=e.kind, message=str(e), request=repr(request)
-                        )
-        return BatchOutcome(tuple(fired), tuple(refused))
+        return self._end_many(requests, "finished", "finish")
 
     # =================================================================== evidence
 

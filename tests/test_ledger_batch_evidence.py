@@ -134,9 +134,10 @@ def _compare(
         # The same events, refusals included, in the same order.
         assert logs == ref_logs
     else:
-        # finish raises (the caller logs); finish_many returns the refusal and logs it.
-        assert [e for e in logs if e["event"] != "finish_refused"] == ref_logs
-        assert [e["error"] for e in logs if e["event"] == "finish_refused"] == [
+        # finish / reject raise (the caller logs); the batch returns the refusal and logs it.
+        refusal = f"{single_call}_refused"
+        assert [e for e in logs if e["event"] != refusal] == ref_logs
+        assert [e["error"] for e in logs if e["event"] == refusal] == [
             r.error.kind for r in out.refused
         ]
     return out
@@ -152,16 +153,18 @@ def test_apply_many_is_apply_of_each_piece_in_order(counts: Counts, data: Any) -
         _history_step(led, grants, data.draw)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(counts=st.sampled_from(COUNTS), data=st.data())
-def test_finish_many_is_finish_of_each_request_in_order(counts: Counts, data: Any) -> None:
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(counts=st.sampled_from(COUNTS), end=st.sampled_from(["finish", "reject"]), data=st.data())
+def test_finish_many_and_reject_many_are_each_end_in_order(
+    counts: Counts, end: str, data: Any
+) -> None:
     led = BlockLedger(N, counts=counts)
     grants = _history(led, data.draw)
     for _ in range(data.draw(st.integers(1, 3))):
         # Live, released, never admitted and invalid keys, repeats allowed.
         key = st.sampled_from([*KEYS, "gone", "", True, 1.5, None])
         items = data.draw(st.lists(key, max_size=6))
-        _compare(led, "finish_many", "finish", items, UsageError)
+        _compare(led, f"{end}_many", end, items, UsageError)
         _history_step(led, grants, data.draw)
 
 
@@ -221,7 +224,7 @@ def test_finish_many_ends_each_request_on_its_own() -> None:
     assert led.finish_many([]) == BatchOutcome((), ())
 
 
-@pytest.mark.parametrize("call", ["apply_many", "finish_many"])
+@pytest.mark.parametrize("call", ["apply_many", "finish_many", "reject_many"])
 @pytest.mark.parametrize("bad", [None, "a", b"ab", {"a": 1}, 3, iter(["a"]), {"a"}])
 def test_a_batch_that_is_not_a_sequence_is_refused_whole(call: str, bad: Any) -> None:
     led = BlockLedger(4)
@@ -229,4 +232,14 @@ def test_a_batch_that_is_not_a_sequence_is_refused_whole(call: str, bad: Any) ->
     before = _state(led)
     with pytest.raises(errors.InvalidField):
         getattr(led, call)(bad)
+    assert _state(led) == before
+
+
+@pytest.mark.parametrize("reason", [None, 3, b"x"])
+def test_reject_many_with_a_bad_reason_is_refused_whole(reason: Any) -> None:
+    led = BlockLedger(4)
+    led.acquire("a", [0])
+    before = _state(led)
+    with pytest.raises(errors.InvalidField):
+        led.reject_many(["a"], reason=reason)
     assert _state(led) == before
