@@ -19,6 +19,9 @@ counts decide when a block is free; the ledger guards exposure only), a fresh le
 - **the few-calls API** beside each: ``acquire_and_grant`` instead of ``acquire`` + ``grant``
   (whole); the prompt's blocks with ``acquire_and_grant`` and each decode step's new blocks of
   every request in one ``acquire_many``, one ``collect_releasable`` (incremental).
+- **the per-step batches** on top of that: a step's ends in one ``finish_many`` and its
+  evidence (the transfers that completed) in one ``apply_many`` (each item applied or refused
+  on its own; the run checks none was refused).
 
 Phases run as a scheduler runs them: every request allocates, then every request ends. The
 variants run interleaved, one of each per round in alternating order, the collector off during
@@ -85,8 +88,11 @@ class Bench:
             pool.free_blocks(blocks)
         return self._done(pool, t0)
 
-    def _ledger_whole(self, per_request: bool, one_call: bool = False) -> float:
-        """``one_call``: the blocks and their grant in one ``acquire_and_grant``."""
+    def _ledger_whole(
+        self, per_request: bool, one_call: bool = False, batches: bool = False
+    ) -> float:
+        """``one_call``: the blocks and their grant in one ``acquire_and_grant``; ``batches``:
+        the step's ends and evidence in one ``finish_many`` and one ``apply_many``."""
         pool, n, b = self.pool(), self.requests, self.blocks
         ledger, _ = _ledger(self.num_blocks)
         t0 = time.perf_counter_ns()
@@ -107,6 +113,13 @@ class Bench:
                 ledger.apply(TransferCompleted.of(grants[r], 0))
                 ledger.release(r)
                 pool.free_blocks(held[r])
+        elif batches:
+            if not ledger.finish_many(range(n)).ok:  # once per step
+                raise SystemExit("finish_many refused a request")
+            if not ledger.apply_many([TransferCompleted.of(g, 0) for g in grants]).ok:
+                raise SystemExit("apply_many refused evidence")
+            for key in ledger.collect_releasable():
+                pool.free_blocks(held[key])  # type: ignore[index]
         else:
             for r in range(n):
                 ledger.finish(r)
@@ -125,6 +138,11 @@ class Bench:
         """The few-calls API: ``acquire_and_grant`` per request, evidence per request, one
         ``collect_releasable`` per step."""
         return self._ledger_whole(per_request=False, one_call=True)
+
+    def ledger_whole_step_batches(self) -> float:
+        """The per-step batches: ``acquire_and_grant`` per request, then the step's ends in
+        one ``finish_many``, its evidence in one ``apply_many``, one ``collect_releasable``."""
+        return self._ledger_whole(per_request=False, one_call=True, batches=True)
 
     # ------------------------------------------------------------------ incremental
 
@@ -162,20 +180,27 @@ class Bench:
             pool.free_blocks(held[r])
         return self._done(pool, t0)
 
-    def ledger_incremental_per_step(self) -> float:
+    def ledger_incremental_per_step(self, batches: bool = False) -> float:
         """The few-calls API: the prompt's blocks with ``acquire_and_grant``, then each decode
         step's new blocks of every request in one ``acquire_many``, one
-        ``collect_releasable`` at the end."""
+        ``collect_releasable`` at the end. ``batches``: the prompts' evidence (their loads
+        landed in one step) in one ``apply_many`` and the ends in one ``finish_many``."""
         pool, n = self.pool(), self.requests
         ledger, _ = _ledger(self.num_blocks)
         t0 = time.perf_counter_ns()
         held = []
+        grants = []
         for r in range(n):
             blocks = pool.get_new_blocks(PROMPT)
             ids = np.fromiter([x.block_id for x in blocks], np.int64, PROMPT)
             g = ledger.acquire_and_grant(r, ids, PEER, Access.WRITE)
-            ledger.apply(TransferCompleted.of(g, 0))  # the prompt's KV has landed
+            if batches:
+                grants.append(g)
+            else:
+                ledger.apply(TransferCompleted.of(g, 0))  # the prompt's KV has landed
             held.append(blocks)
+        if batches and not ledger.apply_many([TransferCompleted.of(g, 0) for g in grants]).ok:
+            raise SystemExit("apply_many refused evidence")
         for _ in range(self.blocks - PROMPT):
             step = {}
             for r in range(n):
@@ -183,11 +208,18 @@ class Bench:
                 step[r] = [block.block_id]
                 held[r].append(block)
             ledger.acquire_many(step)  # once per scheduler step
-        for r in range(n):
-            ledger.finish(r)
+        if batches:
+            if not ledger.finish_many(range(n)).ok:
+                raise SystemExit("finish_many refused a request")
+        else:
+            for r in range(n):
+                ledger.finish(r)
         for key in ledger.collect_releasable():
             pool.free_blocks(held[key])  # type: ignore[index]
         return self._done(pool, t0)
+
+    def ledger_incremental_step_batches(self) -> float:
+        return self.ledger_incremental_per_step(batches=True)
 
 
 def breakdown(bench: Bench) -> dict[str, float]:
@@ -274,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                 "ledger, release per request": bench.ledger_whole,
                 "ledger, collect_releasable per step": bench.ledger_whole_collect,
                 "ledger, acquire_and_grant + collect per step": bench.ledger_whole_few_calls,
+                "ledger, + finish_many, apply_many per step": bench.ledger_whole_step_batches,
             },
         ),
         "incremental": (
@@ -282,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
                 "pool": bench.pool_incremental,
                 "ledger, acquire per block": bench.ledger_incremental,
                 "ledger, acquire_many per step": bench.ledger_incremental_per_step,
+                "ledger, + apply_many, finish_many per step": (
+                    bench.ledger_incremental_step_batches
+                ),
             },
         ),
     }
