@@ -84,6 +84,11 @@ def test_parse_pan_reads_a_pass_and_a_violation() -> None:
     assert spin_anchor.invariant_of(bad.assertion) == "isolation"
 
 
+def test_parse_pan_reads_large_counts_in_e_notation() -> None:
+    text = _PAN_PASS.replace("50383 transitions", "2.3532038e+08 transitions")
+    assert spin_anchor.parse_pan(text).transitions == 235_320_380
+
+
 def test_parse_pan_refuses_what_is_no_report() -> None:
     with pytest.raises(spin_anchor.AnchorError):
         spin_anchor.parse_pan("spin: kvlifetime.pml:12, Error: syntax error")
