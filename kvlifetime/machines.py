@@ -3,9 +3,12 @@
 The contract they encode, with the reasons and the precise rules where the pictures leave a
 choice, is docs/contract.md (#request-lifecycle, #block-lifecycle, #precise-rules).
 
-These classes are the one source of truth. ``table.py`` compiles them into plain data that the
-ledger's fast path runs; ``diagrams.py`` draws them; ``BlockLedger(checked=True)`` mirrors every
-request transition into a ``RequestLifecycle`` and fails loudly when the two disagree.
+The classes (``RequestLifecycle``, ``BlockLifecycle``, defined in ``kvlifetime.lifecycles`` and
+named here, loaded on first use) are the one source of truth. ``table.py`` compiles them into
+plain data that the ledger's fast path runs (committed as ``table_data.py`` and checked against
+them); ``diagrams.py`` draws them; ``BlockLedger(checked=True)`` mirrors every request
+transition into a ``RequestLifecycle`` and fails loudly when the two disagree. This module holds
+what they are made of and the fast path needs too: the states, the events and the guards.
 
 Guards are named conditions over *facts*: what has been proven about each grant (``GrantProof``)
 and, for blocks, how many holders and grants touch it. The caller updates the facts first, then
