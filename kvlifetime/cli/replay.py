@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from kvlifetime.cli.output import bounded_int
+from kvlifetime.cli.output import bounded_int, progress
 
 EXIT_ILLEGAL = 1
 EXIT_NOTHING_TO_CHECK = 3
@@ -51,7 +51,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     log.info("replay_read", path=args.log_path, records=len(records))
     try:
-        report = replay(records, context=args.context, log=log)
+        last_line = records[-1][0] if records else 0
+        with progress(last_line, "replay", "lines", show=args.progress) as bar:
+            report = replay(records, context=args.context, log=log, on_step=bar.set)
     except NothingToCheck as e:
         log.warning("replay_nothing_to_check", path=args.log_path, records=len(records))
         print(f"kvlifetime replay: refused: {e}", file=sys.stderr)

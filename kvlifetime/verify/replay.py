@@ -25,7 +25,7 @@ ids are mapped to a dense range, so a block id of 2,000,000,000 costs one slot, 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any
 
 import attrs
@@ -173,11 +173,16 @@ _FULL_EVENTS = frozenset({"grant_opened", "evidence_applied", "evidence_refused"
 
 
 def replay(
-    records: list[tuple[int, dict[str, Any]]], *, context: int = 10, log: Any = None
+    records: list[tuple[int, dict[str, Any]]],
+    *,
+    context: int = 10,
+    log: Any = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> ReplayReport:
     """Check ``records`` (from ``read_log``); see the module docstring.
 
-    ``log``: a structlog logger that gets one ``replay_step`` (debug) per step checked.
+    ``log``: a structlog logger that gets one ``replay_step`` (debug) per step checked;
+    ``on_step(line)``: told the log line of each step checked (a progress bar's count).
     Raises ``NothingToCheck`` when no record is a kvlifetime event."""
     if not any(r.get("event") in KNOWN_EVENTS for _, r in records):
         raise NothingToCheck(len(records))
@@ -188,6 +193,8 @@ def replay(
         reason = checker.check(i, rec, relevant)
         if log is not None:
             log.debug("replay_step", line=n, step=rec.get("event"), legal=reason is None)
+        if on_step is not None:
+            on_step(n)
         if reason is not None:
             before = tuple(relevant[max(0, i - context) : i])
             return ReplayReport(checker.MODE, i + 1, Illegal(n, rec, reason, before))
