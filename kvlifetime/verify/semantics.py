@@ -322,7 +322,8 @@ def _do(s: _Step, ev: Event) -> bool:
         s.set_grant(ev.a, transfers=(*g.transfers, IN_FLIGHT))
         s.notes.append(
             f"{peer_name(g.peer)} posts transfer {len(g.transfers) + 1} of grant "
-            f"#{g.grant.id.serial} (writes blocks {g.grant.blocks.tolist()} at generations "
+            f"#{g.grant.id.serial} ({_verb(s.config)}s blocks {g.grant.blocks.tolist()} at "
+            "generations "
             f"{g.grant.generations.tolist()})"
         )
         return False
