@@ -64,3 +64,20 @@ def test_every_kvlifetime_name_the_readme_uses_bare_is_exported() -> None:
 def test_the_readme_never_calls_checked_ledger_a_plain_fixture() -> None:
     # It is the plugin's factory fixture: `def test(checked_ledger): led = checked_ledger(64)`.
     assert "a `checked_ledger` fixture," not in README
+
+
+def test_the_plugin_example_passes_under_pytest_with_no_conftest(tmp_path: Path) -> None:
+    """The README's plugin example is a test file: run it as an engine's suite would (the
+    fixtures come from the installed ``pytest11`` entry point, not from a conftest)."""
+    (example,) = [b for b in _blocks("python") if "def test_abort_waits_for_proof" in b]
+    (tmp_path / "test_engine.py").write_text(example, encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_engine.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 passed" in proc.stdout
