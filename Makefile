@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Debian packages some tests need: graphviz (svg diagrams), libibverbs1 & co (Mooncake's
-# import). Installed when running as root with apt-get; otherwise install them yourself
+# import), spin (the model-checker anchor), chromium (the report's browser test). Installed when running as root with apt-get; otherwise install them yourself
 # (the tests that need them say which package is missing).
 DEBS := graphviz libibverbs1 librdmacm1 libnuma1 spin chromium
 system-deps:
