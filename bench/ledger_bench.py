@@ -6,10 +6,12 @@ Run: ``make bench`` (or ``python -m bench``). Targets (issue "BlockLedger"):
    <= 1.5x that allocator's own alloc+free of the same blocks; the same with ``allocate``;
 2. batches of 1024 blocks: <= 15 ns per block per ledger operation;
 3. one piece of evidence that fires a request transition: <= 2 us median, and the ratio to
-   python-statemachine's ``send()`` on the same transition;
+   python-statemachine's ``send()`` on the same transition; per piece in one ``apply_many`` of a
+   step's evidence, and per request in one ``finish_many`` (1000 a call);
 3b. one block at a time, as decode grows a request: ``acquire`` of one block (median, each
    counts mode), and a decode step of 1000 running requests in one ``acquire_many`` (us per
-   request); the few-calls variant of 1. (``acquire_and_grant``) runs beside the others there;
+   request); the few-calls variant of 1. (``acquire_and_grant``) and the per-step batches
+   (``reject_many``, ``apply_many``) run beside the others there;
 4. ledger memory <= 16 bytes per block, for 1M blocks;
 5. (issue 10) a shared acquire costs O(batch), whatever the number of live sharers: a 16-block
    batch with 10, 1,000 and 10,000 live sharers, as ratios against the 10-sharer case.
@@ -29,6 +31,7 @@ import numpy as np
 from examples.vllm_style_allocator import BlockPool
 from kvlifetime.evidence import (
     CancelReceived,
+    Evidence,
     SchedulingStopped,
     TransferCompleted,
     TransferQuiesced,
@@ -131,6 +134,29 @@ def guarded_few_calls() -> float:
     for ids in ledger.collect_releasable().values():
         pool.free_blocks(ids)
     dt = time.perf_counter() - t0
+    assert pool.free_queue.num_free == REQUESTS * BLOCKS
+    return dt
+
+
+def guarded_step_batches() -> float:
+    """The per-step batches on the same allocator: ``acquire_and_grant`` per request, then the
+    step's ends in one ``reject_many``, the peers' proofs in one ``apply_many``, one
+    ``collect_releasable``."""
+    ledger = BlockLedger(REQUESTS * BLOCKS)
+    pool = BlockPool(REQUESTS * BLOCKS)
+    t0 = time.perf_counter()
+    grants = []
+    for r in range(REQUESTS):
+        _, ids = pool.get_new_blocks(r, BLOCKS)
+        grants.append(ledger.acquire_and_grant(r, ids, "prefill-0", Access.WRITE))
+    ended = ledger.reject_many(range(REQUESTS), "abort")
+    proofs: list[Evidence] = [SchedulingStopped.of(g, 3) for g in grants]
+    proofs += [TransferQuiesced.of(g, 3) for g in grants]
+    proven = ledger.apply_many(proofs)
+    for ids in ledger.collect_releasable().values():
+        pool.free_blocks(ids)
+    dt = time.perf_counter() - t0
+    assert ended.ok and proven.ok
     assert pool.free_queue.num_free == REQUESTS * BLOCKS
     return dt
 
@@ -309,7 +335,42 @@ def evidence_latency(samples: int = 5000) -> dict[str, float]:
         CancelReceived.of(g)
         build.append(time.perf_counter() - t0)
     out["building the evidence object"] = statistics.median(build) * 1e6
+    out.update(evidence_batch_latency())
     return out
+
+
+def evidence_batch_latency(requests: int = 1000, steps: int = 7) -> dict[str, float]:
+    """us per piece of ``apply_many`` (each fires one transition, cancel_received) and per
+    request of ``finish_many``: a step of ``requests`` requests, median of ``steps`` steps."""
+    applied, finished = [], []
+    gc.disable()
+    try:
+        for _ in range(steps):
+            ledger = BlockLedger(requests * 2)
+            grants = [ledger.grant(r, "p", ledger.allocate(r, 1)) for r in range(requests)]
+            evs = [CancelReceived.of(g) for g in grants]
+            ledger.reject_many(range(requests))
+            t0 = time.perf_counter()
+            out = ledger.apply_many(evs)
+            applied.append(time.perf_counter() - t0)
+            assert out.ok and len(out.transitions) == requests
+            keys = [f"f{r}" for r in range(requests)]
+            for k in keys:
+                ledger.admit(k)
+            t0 = time.perf_counter()
+            ended = ledger.finish_many(keys)
+            finished.append(time.perf_counter() - t0)
+            assert ended.ok
+    finally:
+        gc.enable()
+    return {
+        f"apply_many, fires 1 transition, per piece ({requests} a call)": (
+            statistics.median(applied) / requests * 1e6
+        ),
+        f"finish_many, per request ({requests} a call)": (
+            statistics.median(finished) / requests * 1e6
+        ),
+    }
 
 
 SHARERS = (10, 1_000, 10_000)
@@ -419,6 +480,7 @@ def main() -> None:
         "per_req": per_request_release,
         "allocate": guarded_allocate,
         "few": guarded_few_calls,
+        "batches": guarded_step_batches,
     }
     rounds: list[dict[str, float]] = []
     for _ in range(REPEATS):
@@ -441,6 +503,7 @@ def main() -> None:
         ("per_req", "guarded, acquire + release per req ", ""),
         ("allocate", "ledger owns free list (allocate)   ", "   (target <= 1.5x)"),
         ("few", "few calls: acquire_and_grant+collect", ""),
+        ("batches", "+ reject_many, apply_many per step", ""),
     ):
         lo, hi = spread[key]
         print(

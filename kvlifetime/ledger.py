@@ -207,6 +207,8 @@ class BlockLedger:
         self._open_writes = 0  # open write grants counted in _unsettled (while tracking)
         self._open_reads = 0  # open read grants counted in _readers (while tracking)
         self._tracking = engine  # engine mode reads them on every acquire and grant
+        # Inside apply_many: grants closed whose counts are not yet taken off (see there).
+        self._uncounted: list[GrantRecord] | None = None
         self._generation = np.zeros(num_blocks, dtype=np.uint32)
         self._free_stack: npt.NDArray[np.int32] | None = None
         self._free_top = 0
@@ -788,12 +790,22 @@ class BlockLedger:
         fired: list[Transition] = []
         refused: list[Refusal] = []
         with self._lock:
-            for i, ev in enumerate(items):
-                try:
-                    fired += self._apply(ev)
-                except EvidenceError as e:
-                    self._refuse(e, ev)
-                    refused.append(Refusal(i, ev, e))
+            # Closing a grant takes it off the per-block open-grant counters; evidence never
+            # reads them (only acquire, grant and open_access do, which cannot run while the
+            # lock is held), so the batch takes every closed grant off in one write at its end
+            # instead of one per grant: the same counts when the lock is let go.
+            self._uncounted = [] if self._tracking else None
+            try:
+                for i, ev in enumerate(items):
+                    try:
+                        fired += self._apply(ev)
+                    except EvidenceError as e:
+                        self._refuse(e, ev)
+                        refused.append(Refusal(i, ev, e))
+            finally:
+                closed, self._uncounted = self._uncounted, None
+                if closed:
+                    self._uncount_all(closed)
         return BatchOutcome(tuple(fired), tuple(refused))
 
     def _refuse(self, e: EvidenceError, evidence: object) -> None:
@@ -1348,6 +1360,7 @@ class BlockLedger:
             new._open_writes = self._open_writes
             new._open_reads = self._open_reads
             new._tracking = self._tracking
+            new._uncounted = None  # never set outside an apply_many (which holds the lock)
             new._generation = self._generation.copy()
             new._free_stack = None if self._free_stack is None else self._free_stack.copy()
             new._free_top = self._free_top
@@ -1506,12 +1519,30 @@ class BlockLedger:
             self._open_reads += 1
 
     def _uncount_open(self, rec: GrantRecord) -> None:
+        if self._uncounted is not None:
+            self._uncounted.append(rec)  # apply_many takes them all off at its end
+            return
         if rec.grant.access is Access.WRITE:
             self._unsettled[rec.grant.blocks] -= 1
             self._open_writes -= 1
         else:
             self._readers[rec.grant.blocks] -= 1
             self._open_reads -= 1
+
+    def _uncount_all(self, recs: Sequence[GrantRecord]) -> None:
+        """``_uncount_open`` of every record, one write per access kind (a block may be in
+        several of the grants: counted once per grant)."""
+        for access in Access:
+            arrs = [r.grant.blocks for r in recs if r.grant.access is access]
+            if not arrs:
+                continue
+            ids = arrs[0] if len(arrs) == 1 else np.concatenate(arrs)
+            if access is Access.WRITE:
+                np.subtract.at(self._unsettled, ids, 1)
+                self._open_writes -= len(arrs)
+            else:
+                np.subtract.at(self._readers, ids, 1)
+                self._open_reads -= len(arrs)
 
     def _free_pattern(self, n: int) -> bytes:
         p = self._free_patterns.get(n)

@@ -32,7 +32,17 @@ ids_st = st.lists(st.integers(0, N - 1), min_size=1, max_size=3, unique=True)
 
 
 def _state(led: BlockLedger) -> tuple[Any, ...]:
-    return (led.fingerprint(), led.stats().refused_evidence, led.stats().requests_by_state)
+    """The whole state: ``fingerprint()``, the refusal counters, and the per-block open-grant
+    counters (``apply_many`` takes closed grants off them in one write at its end)."""
+    counters = (
+        led._tracking,
+        led._unsettled.tolist(),
+        led._readers.tolist(),
+        led._open_writes,
+        led._open_reads,
+    )
+    stats = led.stats()
+    return led.fingerprint(), stats.refused_evidence, stats.requests_by_state, counters
 
 
 def _history_step(led: BlockLedger, grants: list[Grant], draw: Any) -> None:
@@ -243,3 +253,31 @@ def test_reject_many_with_a_bad_reason_is_refused_whole(reason: Any) -> None:
     with pytest.raises(errors.InvalidField):
         led.reject_many(["a"], reason=reason)
     assert _state(led) == before
+
+
+@pytest.mark.parametrize("counts", COUNTS)
+def test_grants_closed_in_one_batch_are_each_taken_off_the_block_counters(
+    counts: Counts,
+) -> None:
+    """Several grants over one block closed by one apply_many: the block is counted once per
+    grant, and each is taken off, as apply would one by one."""
+    led = BlockLedger(4, counts=counts)
+    led.acquire("a", [0, 1])
+    led.acquire("b", [0], shared=True)
+    grants = [
+        led.grant("a", "p", [0, 1], Access.READ),
+        led.grant("b", "q", [0], Access.READ),
+        led.grant("a", "q", [0], Access.READ),
+    ]
+    assert led.open_access([0, 1, 2]).tolist() == [1, 1, 0]
+    one_by_one = led.copy()
+    for g in grants:
+        one_by_one.apply(TransferCompleted.of(g, 0))
+    assert led.apply_many([TransferCompleted.of(g, 0) for g in grants]).ok
+    assert _state(led) == _state(one_by_one)
+    assert led.open_access([0, 1, 2]).tolist() == [0, 0, 0]
+    # Settled and uncovered again: a's write grant on both blocks is allowed where b lets go.
+    led.finish("b")
+    led.release("b")
+    led.grant("a", "p", [0, 1], Access.WRITE)
+    assert led.open_access([0, 1]).tolist() == [2, 2]
