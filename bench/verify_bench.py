@@ -1,12 +1,14 @@
 """Benchmark of ``kvlifetime verify`` (run by hand, not part of the test suite).
 
     .venv/bin/python bench/verify_bench.py [--requests 3 --peers 2 --blocks 3 --faults all]
-        [--max-faults K] [--max-states N] [--no-plain]
+        [--max-faults K] [--max-states N] [--no-plain] [--access read] [--ranks N] [--restarts 1]
 
 Explores the configuration with the proof policy: with both reductions, without the
 partial-order reduction, and without any reduction (each capped at ``--max-states``), and
 prints states, states/s and the reductions' factors. Refutations of naive and timeout are timed
-too. The machine's core count is printed: the explorer is single-threaded.
+too, and with ``--ranks`` / ``--restarts`` the refutation of first-rank / fresh-restart. The
+machine's core count is printed: the explorer is single-threaded. The depth targets are timed by
+``bench/verify_depth.py``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import os
 import time
 
+from kvlifetime.grant import Access
 from kvlifetime.verify import Config, Policy, explore, parse_faults
 
 
@@ -27,6 +30,9 @@ def main() -> None:
     ap.add_argument("--max-states", type=int, default=None)
     ap.add_argument("--max-faults", type=int, default=None, help="total fault budget")
     ap.add_argument("--no-plain", action="store_true", help="skip the unreduced run")
+    ap.add_argument("--access", choices=("write", "read"), default="write")
+    ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--restarts", type=int, default=0)
     args = ap.parse_args()
     cfg = Config(
         args.requests,
@@ -34,9 +40,15 @@ def main() -> None:
         args.blocks,
         faults=parse_faults(args.faults),
         max_faults=args.max_faults,
+        access=Access(args.access),
+        ranks=args.ranks,
+        restarts=args.restarts,
     )
     print(f"cores: {os.cpu_count()}  config: {cfg.describe()}")
-    for policy in (Policy.NAIVE, Policy.TIMEOUT):
+    unsafe = [Policy.NAIVE, Policy.TIMEOUT]
+    unsafe += [Policy.FIRST_RANK] if args.ranks > 1 else []
+    unsafe += [Policy.FRESH_RESTART] if args.restarts else []
+    for policy in unsafe:
         r = explore(cfg, policy)
         print(
             f"{policy.value:>8}: {r.verdict} ({r.violation.invariant if r.violation else '-'}), "
