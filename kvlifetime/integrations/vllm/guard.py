@@ -210,6 +210,9 @@ class ConnectorGuard:
             if live:
                 self._recv_seen.add(request)
                 recving.add(request)
+        # The step's remote reads that ended: every proof in one apply_many (each applied or
+        # refused on its own, as one apply each would be).
+        sent: list[TransferCompleted] = []
         for request in finished_sending or ():
             if request in self._reaped_ids:
                 # Withheld: a reaped lease is not a completion. A later membership is another
@@ -220,7 +223,11 @@ class ConnectorGuard:
                 if self._passed_through(request, passed):
                     self._live.discard(request)  # vLLM frees it on this id
                 continue
-            self._complete(self._reads[request])
+            sent.append(TransferCompleted.of(self._reads[request], 0))
+        if sent:
+            for refusal in self.ledger.apply_many(sent).refused:
+                ev = sent[refusal.position]
+                self._refused("evidence_refused", str(ev.request), refusal.error)
             applied = True
         if applied:
             self._collect()
