@@ -1530,18 +1530,26 @@ class BlockLedger:
             self._open_reads -= 1
 
     def _uncount_all(self, recs: Sequence[GrantRecord]) -> None:
-        """``_uncount_open`` of every record, one write per access kind (a block may be in
-        several of the grants: counted once per grant)."""
+        """``_uncount_open`` of every record, one write per access kind. A block in several of
+        the grants was counted once per grant and is taken off as many times."""
         for access in Access:
             arrs = [r.grant.blocks for r in recs if r.grant.access is access]
             if not arrs:
                 continue
-            ids = arrs[0] if len(arrs) == 1 else np.concatenate(arrs)
+            counts = self._unsettled if access is Access.WRITE else self._readers
+            if len(arrs) == 1:
+                counts[arrs[0]] -= 1  # a grant's blocks are distinct
+            else:
+                ids = np.sort(np.concatenate(arrs))
+                if np.count_nonzero(ids[1:] == ids[:-1]):
+                    # np.subtract.at would do, at ~100 ns an id here: 7 ms for 64k ids.
+                    ids, times = np.unique(ids, return_counts=True)
+                    counts[ids] -= times.astype(counts.dtype)
+                else:
+                    counts[ids] -= 1
             if access is Access.WRITE:
-                np.subtract.at(self._unsettled, ids, 1)
                 self._open_writes -= len(arrs)
             else:
-                np.subtract.at(self._readers, ids, 1)
                 self._open_reads -= len(arrs)
 
     def _free_pattern(self, n: int) -> bytes:
