@@ -573,6 +573,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     }
                 )
                 print(f"  -> {erow.verdict} / {srow.verdict}: {checks[-1]}", file=sys.stderr)
+                # Each row as it comes, so that a run stopped early keeps what it did.
+                build.mkdir(parents=True, exist_ok=True)
+                (build / "rows.json").write_text(json.dumps(details, indent=2) + "\n")
     except AnchorError as e:
         print(f"spin_anchor: error: {e}", file=sys.stderr)
         return 2
