@@ -503,7 +503,7 @@ def main() -> None:
         ("per_req", "guarded, acquire + release per req ", ""),
         ("allocate", "ledger owns free list (allocate)   ", "   (target <= 1.5x)"),
         ("few", "few calls: acquire_and_grant+collect", ""),
-        ("batches", "+ reject_many, apply_many per step", ""),
+        ("batches", "+ reject_many, apply_many per step  ", ""),
     ):
         lo, hi = spread[key]
         print(
