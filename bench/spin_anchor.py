@@ -178,7 +178,7 @@ def parse_pan(text: str) -> PanRun:
         vector_bytes=int(vec.group(1)),
         assertion=assertion.group(1) if assertion else None,
         memory_mb=float(memory.group(1)) if memory else None,
-        approximate="+ Hash-Compact" in text,
+        approximate="Hash-Compact" in text,
     )
 
 

@@ -94,6 +94,13 @@ def test_parse_pan_refuses_what_is_no_report() -> None:
         spin_anchor.parse_pan("spin: kvlifetime.pml:12, Error: syntax error")
 
 
+def test_hash_compaction_is_reported_approximate() -> None:
+    text = _PAN_PASS.replace("+ Breadth-First Search", "Hash-Compact 4 search for:")
+    run = spin_anchor.parse_pan(text)
+    assert run.approximate
+    assert not spin_anchor.parse_pan(_PAN_PASS).approximate
+
+
 def test_a_memory_bound_is_no_pass() -> None:
     text = _PAN_PASS.replace("pan: elapsed", "pan: reached -DMEMLIM bound\npan: elapsed")
     assert not spin_anchor.parse_pan(text).complete
