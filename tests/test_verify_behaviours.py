@@ -129,3 +129,20 @@ def test_restart_quarantine_holds_the_arena_and_a_fence_reclaims_it() -> None:
         cfg, Policy.PROOF, [*evs, Event("reclaim", 0), Event("admit"), Event("land", 0, 0)]
     )
     assert v is None and "touches nothing" in notes[-1][-1]
+
+
+def test_cli_takes_the_new_options_and_reports_them(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from kvlifetime.cli import main
+
+    shape = ["--requests", "2", "--peers", "1", "--blocks", "1", "--faults", "none"]
+    assert main(["verify", *shape, "--restarts", "1", "--policy", "fresh-restart"]) == 1
+    out = capsys.readouterr().out
+    assert "1 restart" in out and "restart" in out.split("shortest counterexample")[1]
+    args = [*shape, "--access", "read", "--ranks", "2", "--format", "json"]
+    assert main(["verify", *args, "--policy", "first-rank"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["config"]["access"] == "read" and doc["config"]["ranks"] == 2
+    assert main(["verify", *shape, "--ranks", "9"]) == 2
+    assert "ranks=9" in capsys.readouterr().err
