@@ -66,7 +66,8 @@ _EXPORTS: dict[str, str] = {
     ),
     **dict.fromkeys(("Access", "Grant", "GrantId"), "kvlifetime.grant"),
     **dict.fromkeys(
-        ("BlockLedger", "LedgerStats", "QuarantineInfo", "Transition"), "kvlifetime.ledger"
+        ("BatchOutcome", "BlockLedger", "LedgerStats", "QuarantineInfo", "Refusal", "Transition"),
+        "kvlifetime.ledger",
     ),
     **dict.fromkeys(
         ("BlockLifecycle", "BlockState", "RequestLifecycle", "RequestState"),
@@ -115,7 +116,14 @@ if TYPE_CHECKING:  # what the names are, for mypy and editors; at run time __get
     )
     from kvlifetime.extras import MissingExtra
     from kvlifetime.grant import Access, Grant, GrantId
-    from kvlifetime.ledger import BlockLedger, LedgerStats, QuarantineInfo, Transition
+    from kvlifetime.ledger import (
+        BatchOutcome,
+        BlockLedger,
+        LedgerStats,
+        QuarantineInfo,
+        Refusal,
+        Transition,
+    )
     from kvlifetime.machines import BlockLifecycle, BlockState, RequestLifecycle, RequestState
     from kvlifetime.source import LOCAL, Source, SourceKind
 
@@ -138,6 +146,7 @@ __all__ = [
     "LOCAL",
     "Access",
     "AccessRevoked",
+    "BatchOutcome",
     "BlockError",
     "BlockLedger",
     "BlockLifecycle",
@@ -169,6 +178,7 @@ __all__ = [
     "OutOfBlocks",
     "PeerLost",
     "QuarantineInfo",
+    "Refusal",
     "RequestLifecycle",
     "RequestState",
     "SchedulingStopped",

@@ -105,7 +105,6 @@ from kvlifetime.machines import (
     ENDED_STATES,
     PROOF_CHAIN,
     BlockState,
-    RequestLifecycle,
     RequestState,
 )
 from kvlifetime.proof import GrantProof
@@ -1388,6 +1387,10 @@ class BlockLedger:
                         req.open[serial] = rec
                         new._by_peer.setdefault(rec.grant.peer, {})[serial] = rec
                 if self.checked:
+                    # The specification loads only for a checked ledger (an unchecked one
+                    # never imports python-statemachine).
+                    from kvlifetime.lifecycles import RequestLifecycle
+
                     req.machine = RequestLifecycle(req, start_value=req.state)
                 new._requests[key] = req
                 new._by_slot[req.slot] = req
@@ -1443,6 +1446,8 @@ class BlockLedger:
         self._next_slot = (slot + 1) & 0x7FFFFFFF
         req = RequestRecord(request, slot, None)
         if self.checked:
+            from kvlifetime.lifecycles import RequestLifecycle
+
             req.machine = RequestLifecycle(req)
         self._requests[request] = req
         self._by_slot[slot] = req

@@ -23,12 +23,6 @@ def test_the_committed_data_is_the_compiled_specification(machine: str, table: o
     assert set(got.guards) == set(want.guards)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kvlifetime/ledger.py imports RequestLifecycle at module level (from "
-    "kvlifetime.machines, which loads it lazily); importing it inside the two checked-mode "
-    "branches makes this pass: then remove this marker",
-)
 def test_an_unchecked_ledger_does_not_import_python_statemachine() -> None:
     code = (
         "import sys, json\n"
