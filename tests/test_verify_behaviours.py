@@ -146,3 +146,23 @@ def test_cli_takes_the_new_options_and_reports_them(capsys: pytest.CaptureFixtur
     assert doc["config"]["access"] == "read" and doc["config"]["ranks"] == 2
     assert main(["verify", *shape, "--ranks", "9"]) == 2
     assert "ranks=9" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ prefix sharing
+
+
+def test_untracked_share_is_refuted_the_pool_hands_out_a_block_a_prefix_hit_still_holds() -> None:
+    cfg = Config(3, 1, 1, faults=frozenset(), share=True)
+    r = explore(cfg, Policy.UNTRACKED_SHARE)
+    assert r.violation is not None and r.violation.invariant == "exclusivity"
+    assert [s.event.kind for s in r.trace] == ["admit", "share", "finish", "admit"]
+    _s, _n, again = run_events(cfg, Policy.UNTRACKED_SHARE, [s.event for s in r.trace])
+    assert again == r.violation
+
+
+@pytest.mark.parametrize("access", [Access.WRITE, READ])
+def test_prefix_sharing_proof_passes_and_matches_the_unreduced_search(access: Access) -> None:
+    cfg = Config(3, 1, 1, faults=frozenset(), share=True, access=access)
+    red = explore(cfg, Policy.PROOF)
+    plain = explore(cfg, Policy.PROOF, reduce=False, por=False)
+    assert red.verdict == plain.verdict == "pass" and red.states < plain.states

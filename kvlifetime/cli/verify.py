@@ -57,14 +57,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--policy",
-        choices=("naive", "timeout", "proof", "trusting", "first-rank", "fresh-restart"),
+        choices=(
+            "naive",
+            "timeout",
+            "proof",
+            "trusting",
+            "first-rank",
+            "fresh-restart",
+            "untracked-share",
+        ),
         default="proof",
         help="when the engine frees blocks: naive (on reject), timeout (lease reaper), proof "
         "(only what the evidence proves), trusting (proof, with a receiver that stamps wire "
         "evidence as local: no provenance; refuted with --faults lie), first-rank (proof, but "
         "one closed grant per peer frees the request; refuted with --ranks 2), fresh-restart "
-        "(proof, but a restart starts with every block free; refuted with --restarts 1) "
-        "(default: proof)",
+        "(proof, but a restart starts with every block free; refuted with --restarts 1), "
+        "untracked-share (proof, but a prefix hit is kept in the engine's cache only, not told "
+        "to the ledger; refuted with --share) (default: proof)",
     )
     p.add_argument(
         "--access",
@@ -81,6 +90,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=bounded_int(0),
         default=0,
         help="times the owner's process restarts over the same arena (0 or 1)",
+    )
+    p.add_argument(
+        "--share",
+        action="store_true",
+        help="prefix sharing: a new request may take a live request's settled blocks shared "
+        "(a prefix-cache hit) instead of allocating",
     )
     p.add_argument(
         "--transfers", type=bounded_int(0), default=1, help="transfers a peer posts per grant"
@@ -140,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
             access=Access(args.access),
             ranks=args.ranks,
             restarts=args.restarts,
+            share=args.share,
         )
     except ValueError as e:
         args.log.info("verify_refused", error=str(e))

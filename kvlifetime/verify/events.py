@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvlifetime.grant import Access
 from kvlifetime.verify.state import (
     FAILED,
     FINISHED,
@@ -131,20 +132,38 @@ def enabled(state: State, config: Config) -> list[Event]:
         if env.delays_left and not m.delayed:
             out.append(Event("delay", i))
     snap = state.snap
-    if env.incarnation:
+    if env.incarnation or config.share:
         # After a restart the ledger alone knows what is free (it may hold the arena for the
-        # previous incarnation).
+        # previous incarnation); with sharing, blocks have several holders.
         free = snap.ledger.free_count()
     else:
         free = config.blocks - sum(len(r.blocks) for r in env.reqs if r.phase != RELEASED)
     if env.admitted < config.requests and free >= config.blocks_per_request:
         out.append(Event("admit"))
+    if config.share and env.admitted < config.requests:
+        # A prefix hit on a live request whose blocks are settled (every grant closed).
+        for ri, r in enumerate(env.reqs):
+            if (
+                r.phase == LIVE
+                and not r.shared
+                and ri not in blocked
+                and all(snap.proof(env.grants[gi].grant)[-1] for gi in r.grants)
+            ):
+                out.append(Event("share", ri))
     for ri, r in enumerate(env.reqs):
         if r.phase == LIVE and ri not in blocked:
             granted = [0] * config.peers
             for gi in r.grants:
                 granted[env.grants[gi].peer] += 1
-            for p in range(config.peers):
+            # A request on a prefix hit is served from the cache: it grants nothing. A write
+            # grant on a block with another holder is refused (its content is settled), so
+            # its source then grants only reads.
+            no_grant = r.shared or (
+                config.share
+                and config.access is Access.WRITE
+                and any(o.shared and o.phase != RELEASED and o.blocks == r.blocks for o in env.reqs)
+            )
+            for p in range(0 if no_grant else config.peers):
                 if granted[p] < config.ranks and not (
                     env.peers[p].lost_reported or env.peers[p].fenced
                 ):

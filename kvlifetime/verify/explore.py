@@ -356,7 +356,8 @@ class Result:
             + (",".join(sorted(f.value for f in c.faults)) or "none")
             + (f", {c.access.value} grants" if c.access is not Access.WRITE else "")
             + (f", {c.ranks} ranks" if c.ranks > 1 else "")
-            + (f", {c.restarts} restart" if c.restarts else ""),
+            + (f", {c.restarts} restart" if c.restarts else "")
+            + (", prefix sharing" if c.share else ""),
             f"states explored: {self.states} ({self.transitions} transitions, depth "
             f"{self.max_depth}, reduction {'on' if self.reduced else 'off'})",
             f"time: {self.seconds:.2f} s, {self.states_per_second:,.0f} states/s",
@@ -561,6 +562,10 @@ def canonical_key(state: State, config: Config) -> Any:
         )
         if best is None or key < best:
             best = key
+    if config.share:
+        # Which requests share which blocks is not in the anonymous key: add it concretely
+        # (more detail in a key splits states, never merges them: sound, less reduced).
+        best = (best, tuple((r.phase, r.blocks, r.shared) for r in env.reqs))
     return best
 
 

@@ -56,10 +56,11 @@ def stubborn(
         # A believed lie is a peer-wide event that may close or quarantine any request's grant
         # at any moment: no request is isolated (explore.py, "lies").
         return events
-    if config.restarts:
+    if config.restarts or config.share:
         # A restart replaces the whole ledger, and after one the restarted owner's fencings and
         # the previous incarnation's transfers meet every request: no request is isolated
-        # (expanded in full, trivially sound; see "restart" in explore.py).
+        # (expanded in full, trivially sound; see "restart" in explore.py). A prefix hit reads
+        # its source request's phase and proofs: it commutes with none of that request's events.
         return events
     mine: dict[int, list[Event]] = {}
     for e in events:

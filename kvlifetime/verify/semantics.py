@@ -469,6 +469,25 @@ def _do(s: _Step, ev: Event) -> bool:
         )
         s.apply(AccessRevoked(peer_name(ev.a)), f"AccessRevoked({peer_name(ev.a)})")
         return True
+    if k == "share":
+        src = env.reqs[ev.a]
+        key = f"r{env.admitted + 1}"
+        if s.policy is Policy.UNTRACKED_SHARE:
+            s.call(f"admit({key!r})", s.ledger.admit, key)
+            how = "kept in the engine's prefix cache only (the ledger is not told)"
+        else:
+            ids = np.array(src.blocks, dtype=np.int64)
+            s.call(f"acquire({key!r}, shared=True)", s.ledger.acquire, key, ids, shared=True)
+            how = "acquire(shared=True)"
+        s.env = attrs.evolve(
+            env,
+            reqs=(*env.reqs, ReqSide(key, LIVE, src.blocks, (), shared=True)),
+            admitted=env.admitted + 1,
+        )
+        s.notes.append(
+            f"{key} admitted on a prefix hit: shares {src.key}'s blocks {list(src.blocks)}, {how}"
+        )
+        return True
     if k == "reclaim":
         s.set_peer(ev.a, fenced=True)
         s.notes.append(
@@ -625,6 +644,8 @@ def describe_event(state: State, event: Event, config: Config) -> str:
         return f"grant {env.reqs[event.a].key} -> {peer_name(event.b)}"
     if k in ("finish", "reject"):
         return f"{k} {env.reqs[event.a].key}"
+    if k == "share":
+        return f"admit r{env.admitted + 1} sharing {env.reqs[event.a].key}'s blocks"
     if k in ("land", "fail"):
         g = env.grants[event.a]
         return f"{k} transfer {event.b + 1} of grant #{g.grant.id.serial}"

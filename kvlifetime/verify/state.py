@@ -36,6 +36,10 @@ class Policy(enum.Enum):
     # As proof, but a restart (Config.restarts) starts a fresh ledger with every block free,
     # as if no peer of the old process could still reach the arena. Refuted with restarts=1.
     FRESH_RESTART = "fresh-restart"
+    # As proof, but a prefix-cache hit is kept in the engine's own cache only: the ledger is
+    # never told that the new request holds the shared blocks, so it frees them when their
+    # first holder lets go. Refuted with Config.share.
+    UNTRACKED_SHARE = "untracked-share"
 
     @property
     def believes_the_wire(self) -> bool:
@@ -140,6 +144,9 @@ class Config:
     # Times the owner's process restarts over the same arena (0 or 1): its ledger is replaced,
     # the old process's grants live on at the peers (see "restart" in docs/verification.md).
     restarts: int = 0
+    # Prefix sharing: a new request may take a live request's blocks shared (a prefix-cache
+    # hit) instead of allocating, once their content is settled (every grant on them closed).
+    share: bool = False
 
     def __attrs_post_init__(self) -> None:
         for name in ("requests", "peers", "blocks", "blocks_per_request", "ranks"):
@@ -190,6 +197,7 @@ class Config:
             "access": self.access.value,
             "ranks": self.ranks,
             "restarts": self.restarts,
+            "share": self.share,
         }
 
 
@@ -213,6 +221,7 @@ class ReqSide:
     phase: str  # LIVE / FINISHED / REJECTED / RELEASED
     blocks: tuple[int, ...]  # what allocate returned
     grants: tuple[int, ...]  # env grant indices, one per peer granted
+    shared: bool = False  # its blocks were taken shared (a prefix hit): it grants nothing
 
 
 @attrs.frozen(slots=True)
