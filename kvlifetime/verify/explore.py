@@ -202,6 +202,11 @@ state of a configuration with restarts in full (trivially sound); the key counts
 left, the incarnation and each grant's "old" flag, and an old grant's staleness is "would land
 on a block the new ledger no longer holds for the previous incarnation" (``Snap.stale_old``).
 
+**Prefix sharing** (``Config.share``): a ``share`` event reads its source request's phase and
+proofs, so it commutes with none of that request's events; ``model.stubborn`` expands every
+state of such a configuration in full, and the key adds which requests hold which blocks and
+which are prefix hits, concretely (block anonymity does not see sharing; a finer key is sound).
+
 **Hash compaction** (``compact=True``, ``--hash-compaction``): ``parents`` stores a 64-bit hash
 of each key instead of the key, and links hashes. A collision merges two distinct states, so a
 state may be missed: the result is never complete (never a pass), and states the bound
