@@ -11,7 +11,17 @@ the wire — and the *release policy* of the engine around it:
   ``force_release`` of every quarantined request);
 - ``proof``: the engine frees only what ``collect_releasable()`` returns;
 - ``trusting``: as ``proof``, but its receiver has no provenance: it stamps the evidence it
-  decodes from the wire as local (it believes whatever a peer says, about anyone).
+  decodes from the wire as local (it believes whatever a peer says, about anyone);
+- ``first-rank``: as ``proof``, but a request is freed once one grant (rank) of each of its
+  peers is closed (refuted with ``Config.ranks`` >= 2);
+- ``fresh-restart``: as ``proof``, but a restart of the owner (``Config.restarts``) starts a
+  ledger with every block free (refuted with ``restarts=1``);
+- ``untracked-share``: as ``proof``, but a prefix hit (``Config.share``) is kept in the
+  engine's own cache, never told to the ledger (refuted with ``share=True``).
+
+The options ``Config.access`` (READ grants: the pull direction), ``Config.ranks``,
+``Config.restarts`` and ``Config.share`` add the library's newer behaviours; none of them
+changes what the fault kinds or the first four policies mean.
 
 Evidence a peer sends carries the transport's identity of its connection
 (``Source.peer("p1")``) under every policy but ``trusting``; what the process makes itself (a
