@@ -1,6 +1,6 @@
 """The anchor: the same protocol checked by SPIN and by ``kvlifetime verify``, side by side.
 
-    .venv/bin/python -m bench.spin_anchor [--configs 2x2x2,3x2x3/k1,3x2x3/k2]
+    .venv/bin/python -m bench.spin_anchor [--configs 1x1x1,2x1x2,2x2x2,3x2x3/k1,3x2x3/k2]
         [--policies naive,timeout,proof,trusting] [--explorer-timeout S] [--out out]
 
 For each configuration and policy it builds SPIN's verifier from ``bench/spin/kvlifetime.pml``
@@ -496,7 +496,9 @@ def markdown(rows: Sequence[Row], checks: Sequence[str]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--configs", default="2x2x2,3x2x3/k1,3x2x3/k2", help=f"of {list(CONFIGS)}")
+    ap.add_argument(
+        "--configs", default="1x1x1,2x1x2,2x2x2,3x2x3/k1,3x2x3/k2", help=f"of {list(CONFIGS)}"
+    )
     ap.add_argument("--policies", default="naive,timeout,proof,trusting")
     ap.add_argument(
         "--explorer-timeout",
