@@ -223,7 +223,7 @@ def test_demo_rejects_unknown_backend(capsys: Capsys, tmp_path: Path) -> None:
 
 def test_run_demo_writes_to_given_stream(tmp_path: Path) -> None:
     buf = io.StringIO()
-    assert run_demo(tmp_path, "inproc", buf, harness_requests=100) == 0
+    assert run_demo(tmp_path, "inproc", buf, harness_requests=20) == 0
     assert "==== evidence and claims ====" in buf.getvalue()
 
 
