@@ -364,7 +364,15 @@ def run_explorer(config: Config, policy: Policy, *, timeout_s: float) -> Explore
     code = "import sys; from kvlifetime.cli import main; sys.exit(main(sys.argv[1:]))"
     argv = [sys.executable, "-c", code, *explorer_argv(config, policy)]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT back to its default in the child: a runner started in the background by a shell
+    # inherits SIGINT ignored, and the interrupt below would then never reach the explorer.
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         out, _err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
