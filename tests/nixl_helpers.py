@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from typing import Any
 
@@ -147,6 +149,15 @@ INITIATOR = textwrap.dedent(
 )
 
 
+class InitiatorDied(AssertionError):
+    """The initiator process ended before it answered; ``returncode`` is its exit status
+    (``-signal`` when a signal killed it)."""
+
+    def __init__(self, message: str, returncode: int) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+
+
 class Initiator:
     """The initiator process, driven line by line."""
 
@@ -155,11 +166,13 @@ class Initiator:
         if tls == "":
             env.pop("UCX_TLS")
         args = [bytes(desc["metadata"]).hex(), str(desc["base"]), str(desc["nbytes"])]
+        # Its stderr is kept, so that an initiator that dies says how (see ``read``).
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in close())
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", INITIATOR, *args],
+            [sys.executable, "-X", "faulthandler", "-c", INITIATOR, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=self.stderr,
             text=True,
             env=env,
         )
@@ -167,12 +180,26 @@ class Initiator:
 
     def send(self, line: str) -> None:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise self._died("before it was asked") from None
 
     def read(self) -> str:
+        """The next answer. End of file means the initiator died: that is an error of the
+        experiment, never an answer, so it raises with the exit status and what it printed."""
         assert self.proc.stdout is not None
-        return self.proc.stdout.readline().strip()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise self._died("without answering")
+        return line.strip()
+
+    def _died(self, when: str) -> InitiatorDied:
+        rc = self.proc.wait(timeout=30)
+        self.stderr.seek(0)
+        tail = self.stderr.read()[-2000:]
+        return InitiatorDied(f"the initiator exited ({rc}) {when}; stderr:\n{tail}", rc)
 
     def ask(self, line: str) -> str:
         self.send(line)
@@ -188,4 +215,6 @@ class Initiator:
         self.kill()
         for f in (self.proc.stdin, self.proc.stdout):
             if f is not None:
-                f.close()
+                with contextlib.suppress(BrokenPipeError):  # it died with lines unread
+                    f.close()
+        self.stderr.close()

@@ -9,13 +9,14 @@ skipping.
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from nixl_helpers import Initiator, need_nixl
+from nixl_helpers import Initiator, InitiatorDied, need_nixl
 
 from kvlifetime.adapters import nixl
 from kvlifetime.evidence import TransferCompleted
@@ -184,17 +185,52 @@ def test_deregister_is_not_revocation(big: Any, initiator_of: Any) -> None:
     assert (arena[: 1 << 20] == fill + 1).all()
 
 
-def test_a_disconnect_error_proves_nothing_about_what_landed(big: Any, initiator_of: Any) -> None:
-    ini = initiator_of(big)
-    arena = big.array
-    fill = 0x51
-    assert ini.ask(f"post x 0 {BIG} 1 {fill}") == "posted x PROC"
-    wait_until(lambda: landing(arena, fill), "never started landing")
-    big._agent = None  # the target's agent goes (its UCX worker closes the connections)
-    assert ini.ask("poll x") == "final x raised nixlRemoteDisconnectError"
-    landed = int(np.count_nonzero(arena == fill))
-    # The exception came, and part of that very transfer is in the target's memory.
-    assert 0 < landed < BIG
+# Two outcomes of this experiment prove nothing, and it is repeated (up to DISCONNECT_ATTEMPTS):
+# - NIXL 1.5.1's initiator may itself die when its peer's agent goes mid-transfer (a race in its
+#   disconnect path): SIGSEGV or SIGABRT ("double free") inside ``check_xfer_state``, or the
+#   same before it is polled. Such a run still checks that part of the write landed;
+# - on a loaded machine the write may end (DONE, every byte landed) before the agent has gone.
+# Measured (2 cores): see ``docs/engine-facts.md``.
+CRASHES = frozenset({signal.SIGSEGV, signal.SIGABRT})
+DISCONNECT_ATTEMPTS = 8
+
+
+def disconnect_mid_write(initiator_of: Any) -> tuple[str, int]:
+    """One run: a write of the whole arena in flight, then the target's agent goes. Returns
+    what the initiator's poll answered (or ``"died SIGSEGV"``, ...) and how many bytes landed."""
+    target = nixl.NixlTarget(BIG)
+    try:
+        ini = initiator_of(target)
+        arena = target.array
+        fill = 0x51
+        assert ini.ask(f"post x 0 {BIG} 1 {fill}") == "posted x PROC"
+        wait_until(lambda: landing(arena, fill), "never started landing")
+        target._agent = None  # the target's agent goes (its UCX worker closes the connections)
+        try:
+            answer = ini.ask("poll x")
+        except InitiatorDied as died:
+            assert -died.returncode in CRASHES, died
+            answer = f"died {signal.Signals(-died.returncode).name}"
+        return answer, int(np.count_nonzero(arena == fill))
+    finally:
+        target.close()
+
+
+def test_a_disconnect_error_proves_nothing_about_what_landed(initiator_of: Any) -> None:
+    need_nixl()
+    seen = []
+    for _attempt in range(DISCONNECT_ATTEMPTS):
+        answer, landed = disconnect_mid_write(initiator_of)
+        seen.append((answer, landed))
+        if answer == "final x DONE":
+            assert landed == BIG, seen  # DONE: every byte (the window was missed)
+            continue
+        # Part of that very transfer is in the target's memory, whatever the initiator saw.
+        assert 0 < landed < BIG, seen
+        if not answer.startswith("died"):
+            break
+    # The exception came (and no other answer).
+    assert seen[-1][0] == "final x raised nixlRemoteDisconnectError", seen
 
 
 def test_a_descriptor_outside_the_arena_fails_the_whole_request(
