@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import threading
 
 import pytest
 from harness_helpers import child_processes
@@ -93,6 +94,53 @@ def test_a_peer_that_keeps_crashing_is_reaped(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(peer, "crash_tick", lambda *a: 0)
     with pytest.raises(PeerFailed):
         run(SimConfig(requests=100, max_restarts=2))
+    assert multiprocessing.active_children() == []
+    assert child_processes() == []
+
+
+@pytest.mark.parametrize("direction", ["push", "pull"])
+@pytest.mark.parametrize("where", ["start", "ready"])
+def test_ctrl_c_while_a_peer_starts_ends_the_run(
+    monkeypatch: pytest.MonkeyPatch, direction: str, where: str
+) -> None:
+    """A Ctrl-C while a peer process is being started (``where``: in ``Process.start``, or
+    while waiting for its first message) ends the run at once: every socket closed (a socket
+    left open made the run wait for ever in ``zmq.Context.term``), no process left."""
+    import multiprocessing.context
+
+    from kvlifetime.harness import peer as peer_module
+    from kvlifetime.harness.pull import PullConfig, run_pull
+
+    if where == "start":
+        real_start = multiprocessing.context.SpawnProcess.start
+
+        def start(self: multiprocessing.context.SpawnProcess) -> None:
+            real_start(self)  # the child is started, and then the Ctrl-C comes
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start)
+    else:
+
+        def until_tick_done(*a: object) -> None:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(peer_module.PeerProcess, "until_tick_done", until_tick_done)
+    outcome: list[BaseException] = []
+
+    def go() -> None:
+        try:
+            if direction == "push":
+                run(SimConfig(requests=50))
+            else:
+                run_pull(PullConfig(requests=50))
+        except BaseException as e:  # the KeyboardInterrupt, as data for the test
+            outcome.append(e)
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the interrupted run never returned"
+    assert len(outcome) == 1 and isinstance(outcome[0], KeyboardInterrupt), outcome
     assert multiprocessing.active_children() == []
     assert child_processes() == []
 

@@ -791,7 +791,9 @@ def run(
     finally:
         for p in peers:
             p.close()
-        ctx.term()
+        # destroy, not term: a socket whose peer never got into ``peers`` (a Ctrl-C while
+        # it started) is closed too, where term() would wait for it for ever.
+        ctx.destroy(linger=0)
         wall = time.perf_counter() - t0
         target.close()
     st = worker.ledger.stats()

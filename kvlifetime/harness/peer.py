@@ -68,6 +68,24 @@ def peer_config(
     }
 
 
+def _start_with_sigint_blocked(proc: Any) -> None:
+    """Start ``proc`` (a spawn ``Process``) with SIGINT blocked in it from its first
+    instruction: a Ctrl-C reaches the whole process group, and a peer still importing would
+    print a traceback; once it serves it ignores SIGINT (``serve``), and its owner stops it.
+    The signal mask is inherited across the spawn. SIGINT is blocked in this thread only while
+    the child starts, so a Ctrl-C that comes meanwhile is delivered here right after."""
+    import signal
+    from multiprocessing import resource_tracker
+
+    # Starting the resource tracker unblocks SIGINT in this thread: have it started first.
+    resource_tracker.ensure_running()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        proc.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 class PeerProcess:
     """One peer process and the socket dedicated to it. Every exit path reaps the process."""
 
@@ -83,16 +101,17 @@ class PeerProcess:
 
         self.peer = name
         self.incarnation = incarnation
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind("tcp://127.0.0.1:*")
-        endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        full = {**config, "endpoint": endpoint, "peer": name, "parent_pid": os.getpid()}
-        mp = multiprocessing.get_context("spawn")
-        self.proc = mp.Process(target=main, args=(full,), name=name, daemon=True)
-        self.proc.start()
         self.stats: dict[str, int] = {}
-        try:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.proc: Any = None  # a spawn Process once made
+        try:  # whatever stops the start (a Ctrl-C included) closes what was started
+            self.sock.setsockopt(zmq.LINGER, 0)
+            self.sock.bind("tcp://127.0.0.1:*")
+            endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            full = {**config, "endpoint": endpoint, "peer": name, "parent_pid": os.getpid()}
+            mp = multiprocessing.get_context("spawn")
+            self.proc = mp.Process(target=main, args=(full,), name=name, daemon=True)
+            _start_with_sigint_blocked(self.proc)
             frames = self.until_tick_done(-1, 120.0)
         except BaseException:
             self.close()
@@ -143,6 +162,8 @@ class PeerProcess:
             self.close()
 
     def kill(self) -> None:
+        if self.proc is None or self.proc.pid is None:  # never started
+            return
         if self.proc.is_alive():
             self.proc.terminate()
             self.proc.join(5)
