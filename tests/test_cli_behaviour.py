@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -212,17 +212,36 @@ def _peer_importing(pgid: int) -> bool:
     return False
 
 
-def _ctrl_c_to_simulate(when: Callable[[int], bool], after_s: float) -> tuple[str, str]:
-    """Start ``kvlifetime simulate`` in its own process group, wait until ``when(pgid)``
-    (then ``after_s``), send SIGINT to the whole group as a terminal does, and return its
-    stdout and stderr once it has exited 130 and no process of the group is left."""
-    exe = Path(sys.executable).parent / "kvlifetime"
+def _importing(pgid: int) -> bool:
+    """The command itself is importing: numpy's core is loaded in it, no peer is started."""
+    try:
+        maps = Path(f"/proc/{pgid}/maps").read_text()
+    except OSError:
+        return False
+    return "_multiarray_umath" in maps and _group(pgid) == [pgid]
+
+
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _ctrl_c_to_simulate(
+    when: Callable[[int], bool], after_s: float, command: Sequence[str] | None = None
+) -> tuple[str, str]:
+    """Start ``kvlifetime simulate`` (or ``command`` with its arguments) in its own process
+    group, wait until ``when(pgid)`` (then ``after_s``), send SIGINT to the whole group as a
+    terminal does, and return its stdout and stderr once it has exited 130 and no process of
+    the group is left."""
+    exe = [str(Path(sys.executable).parent / "kvlifetime")] if command is None else command
     proc = subprocess.Popen(
-        [str(exe), "simulate", "--requests", "1000000"],
+        [*exe, "simulate", "--requests", "1000000"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # As a terminal's command gets it: a job started in the background by a shell without
+        # job control (a CI runner, ``nohup ... &``) inherits SIGINT ignored.
+        preexec_fn=_sigint_default,
     )
     try:
         deadline = time.monotonic() + 120
@@ -265,6 +284,37 @@ def test_ctrl_c_while_a_peer_process_starts_is_as_clean() -> None:
     assert "Traceback" not in err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvlifetime simulate: interrupted: push proof:")
+
+
+def test_ctrl_c_while_the_command_imports_is_one_line() -> None:
+    """A Ctrl-C in the first 0.2 s, while the command line is imported (numpy, structlog, the
+    tables): exit 130 and one line, as later (it was a traceback and a death by SIGINT)."""
+    out, err = _ctrl_c_to_simulate(_importing, 0.0)
+    assert out == ""
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvlifetime"), err
+    assert "interrupted: nothing had" in lines[0]
+
+
+def test_the_entry_point_reports_a_ctrl_c_before_the_command_starts(
+    monkeypatch: pytest.MonkeyPatch, capsys: Capsys
+) -> None:
+    import kvlifetime.__main__ as entry
+
+    def interrupted(argv: object = None) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "main", interrupted)
+    assert entry.main(["--version"]) == EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "kvlifetime: interrupted: nothing had started\n"
+
+
+def test_python_dash_m_kvlifetime_is_the_command() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kvlifetime", "--version"], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.strip() == f"kvlifetime {kvlifetime.__version__}"
 
 
 # --------------------------------------------------------------------------- missing extras
