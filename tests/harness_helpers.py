@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 
-def child_processes() -> list[int]:
-    """Processes whose parent is this one (the harness must leave none behind).
-    multiprocessing's own resource tracker lives as long as this process: not the harness's."""
-    me = str(os.getpid())
-    out = []
+def live_processes() -> Iterator[tuple[int, int, int, bytes]]:
+    """Every live (not zombie) process: its pid, parent pid, process group and command line."""
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -19,7 +17,21 @@ def child_processes() -> list[int]:
             cmd = (d / "cmdline").read_bytes()
         except OSError:
             continue
-        if fields[1] != me or fields[0] == "Z" or b"resource_tracker" in cmd:
-            continue
-        out.append(int(d.name))
-    return out
+        if fields[0] != "Z":
+            yield int(d.name), int(fields[1]), int(fields[2]), cmd
+
+
+def child_processes() -> list[int]:
+    """Processes whose parent is this one (the harness must leave none behind).
+    multiprocessing's own resource tracker lives as long as this process: not the harness's."""
+    me = os.getpid()
+    return [
+        pid
+        for pid, ppid, _, cmd in live_processes()
+        if ppid == me and b"resource_tracker" not in cmd
+    ]
+
+
+def group_processes(pgid: int) -> list[int]:
+    """The processes of process group ``pgid``."""
+    return [pid for pid, _, group, _ in live_processes() if group == pgid]

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+from harness_helpers import group_processes, live_processes
 
 import kvlifetime
 from kvlifetime import cli
@@ -166,20 +167,6 @@ def test_ctrl_c_in_demo_says_which_runs_finished(
     assert not (tmp_path / "report.json").exists()
 
 
-def _group(pgid: int) -> list[int]:
-    """The live processes of process group ``pgid``."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                out.append(int(d.name))
-    return out
-
-
 def _ignores_sigint(pid: int) -> bool:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
@@ -193,32 +180,31 @@ def _past_start_up(pgid: int) -> bool:
     """The run is going: a peer process (and multiprocessing's resource tracker) runs, and
     every process of the group but the command itself ignores SIGINT, which a peer does from
     the moment its serving loop begins."""
-    others = [p for p in _group(pgid) if p != pgid]
+    others = [p for p in group_processes(pgid) if p != pgid]
     return len(others) >= 2 and all(_ignores_sigint(p) for p in others)
+
+
+def _numpy_loaded(pid: int) -> bool:
+    """numpy's core is mapped in ``pid``: its imports are under way."""
+    try:
+        return "_multiarray_umath" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
 
 
 def _peer_importing(pgid: int) -> bool:
     """A peer process of the group is still starting, and importing: spawned, numpy's core
-    already loaded in it (its imports are under way), not yet serving."""
-    for pid in _group(pgid):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"spawn_main" not in cmd or _ignores_sigint(pid):
-                continue
-            if "_multiarray_umath" in Path(f"/proc/{pid}/maps").read_text():
-                return True
-        except OSError:
-            continue
-    return False
+    already loaded in it, not yet serving."""
+    return any(
+        b"spawn_main" in cmd and not _ignores_sigint(pid) and _numpy_loaded(pid)
+        for pid, _, group, cmd in live_processes()
+        if group == pgid
+    )
 
 
 def _importing(pgid: int) -> bool:
     """The command itself is importing: numpy's core is loaded in it, no peer is started."""
-    try:
-        maps = Path(f"/proc/{pgid}/maps").read_text()
-    except OSError:
-        return False
-    return "_multiarray_umath" in maps and _group(pgid) == [pgid]
+    return _numpy_loaded(pgid) and group_processes(pgid) == [pgid]
 
 
 def _sigint_default() -> None:
@@ -257,7 +243,7 @@ def _ctrl_c_to_simulate(
         proc.wait(30)
     assert proc.returncode == EXIT_INTERRUPTED, err
     deadline = time.monotonic() + 10
-    while _group(proc.pid):  # the peers are reaped by the owner; give the kernel a moment
+    while group_processes(proc.pid):  # the peers are reaped by the owner; give the kernel a moment
         assert time.monotonic() < deadline, "a process of the group outlived the command"
         time.sleep(0.1)
     return out, err
