@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from structlog.testing import capture_logs
 
 from kvlifetime.cli import main
+from kvlifetime.errors import StaleEvidence
 from kvlifetime.evidence import (
     CancelReceived,
+    Evidence,
     LeaseExpired,
     SchedulingStopped,
     TransferQuiesced,
@@ -20,6 +22,22 @@ from kvlifetime.evidence import (
 from kvlifetime.ledger import BlockLedger
 from kvlifetime.testing import to_jsonl
 from kvlifetime.verify.replay import read_log, replay
+
+
+def _refused_as_stale(led: BlockLedger, evidence: Evidence, logs: list[Any]) -> None:
+    """Evidence for a grant of a released request: ``StaleEvidence``, logged once as refused,
+    counted, nothing else changed."""
+    before, stats, seen = led.fingerprint(), led.stats(), len(logs)
+    with pytest.raises(StaleEvidence) as info:
+        led.apply(evidence)
+    assert info.value.kind == "stale_evidence"
+    assert [(e["event"], e["error"]) for e in logs[seen:]] == [
+        ("evidence_refused", "stale_evidence")
+    ]
+    assert led.fingerprint() == before
+    counted = dict(stats.refused_evidence)
+    counted["stale_evidence"] = counted.get("stale_evidence", 0) + 1
+    assert led.stats() == attrs.evolve(stats, refused_evidence=counted)
 
 
 def _session() -> list[dict[str, Any]]:
@@ -33,8 +51,7 @@ def _session() -> list[dict[str, Any]]:
         led.apply(SchedulingStopped.of(g, 1))
         led.apply(TransferQuiesced.of(g, 1))
         led.collect_releasable()
-        with contextlib.suppress(Exception):
-            led.apply(TransferQuiesced.of(g, 1))
+        _refused_as_stale(led, TransferQuiesced.of(g, 1), logs)
         ids2 = led.allocate("b", 1)
         led.grant("b", "p2", ids2)
         led.finish("b")
@@ -156,8 +173,7 @@ def _rich_session() -> list[dict[str, Any]]:
         led.apply(SchedulingStopped.of(ga, 2))
         led.apply(TransferQuiesced.of(ga, 2))
         led.collect_releasable()
-        with contextlib.suppress(Exception):
-            led.apply(TransferQuiesced.of(ga, 2))  # stale now
+        _refused_as_stale(led, TransferQuiesced.of(ga, 2), logs)  # stale now
         b = led.allocate("b", 2)
         gb = led.grant("b", "p2", b)
         led.finish("b")
