@@ -462,15 +462,22 @@ def test_the_real_holder_limit_is_never_wrapped_by_a_repeat(counts: Counts) -> N
     )
 
 
-def test_acquire_many_refuses_one_block_taken_exclusively_by_two_requests() -> None:
+@pytest.mark.parametrize(
+    "holds",
+    [
+        {"b": [0, 1], "c": [1], "a": [2]},
+        {"a": [0], "b": [0]},
+        {"b": np.array([1], dtype=np.int64), "c": (2, 1)},
+    ],
+    ids=["new-requests", "a-running-request", "arrays-and-tuples"],
+)
+def test_acquire_many_refuses_one_block_taken_exclusively_by_two_requests(
+    holds: dict[str, Any],
+) -> None:
     """The exclusive counterpart (the ledger's counts): a block named by two requests of one
-    batch is refused, not given to the last one."""
+    batch is refused, not given to the last one; the running request keeps just its own."""
     L = ledger("ledger")
     L.acquire("a", [3])
-    refused(
-        L,
-        errors.BlockUnavailable,
-        lambda: L.acquire_many({"b": [0, 1], "c": [1], "a": [2]}),
-        "two requests",
-    )
+    refused(L, errors.BlockUnavailable, lambda: L.acquire_many(holds), "two requests")
     assert_whole_state(L, requests={"a": R.ADMITTED}, blocks=[F, F, F, O], holders=[0, 0, 0, 1])
+    assert L.blocks_of("a").tolist() == [3]
