@@ -188,3 +188,42 @@ def test_a_preempted_request_loads_again_and_is_passed_again() -> None:
     assert g.output(None, {"d1"}).finished_recving == {"d1"}
     assert g.output(None, {"d1"}).finished_recving == set()  # a repeat: dropped
     assert g.stats().dropped == {"duplicate_id": 1}
+
+
+def test_a_receive_never_frees_a_quarantined_read_exposure() -> None:
+    # Issue 20 item 1: a prefill whose lease was reaped must not be freed by a stray
+    # finished_recving (NIXL reports any request it tracks; MultiConnector both channels).
+    g = ConnectorGuard(16)
+    _exposed(g)
+    g.output(None, None, lease_reaped=frozenset({"p1"}))
+    back = g.output(None, {"p1"})
+    assert back.finished_recving == set() and back.finished_sending == set()
+    assert g.ledger.state("p1") is RequestState.QUARANTINED
+    assert g.stats().dropped == {"wrong_channel": 1}
+    # The fence frees it, once.
+    assert g.revoke("fence") == {"p1"}
+    assert g.output(None, None).finished_sending == {"p1"}
+    assert g.output(None, {"p1"}).finished_recving == set()
+
+
+def test_a_send_never_frees_a_load_in_flight_and_the_proof_hands_back_once() -> None:
+    g = ConnectorGuard(16)
+    _loading(g)
+    back = g.output({"d1"}, None)
+    assert back.finished_sending == set() and back.finished_recving == set()
+    assert g.stats().dropped == {"wrong_channel": 1}
+    assert g.stats().exposed == 1
+    # The real proof: the load landed; the id comes back once, on its own channel.
+    back = g.output(None, {"d1"})
+    assert back.finished_recving == {"d1"} and back.finished_sending == set()
+
+
+def test_a_receive_for_a_read_exposure_proves_nothing_about_the_reads() -> None:
+    g = ConnectorGuard(16)
+    _exposed(g)
+    assert g.output(None, {"p1"}).finished_recving == set()
+    assert g.stats().exposed == 1 and g.stats().withheld == 1
+    # The reads' own proof hands it back once.
+    assert g.output({"p1"}, None).finished_sending == {"p1"}
+    assert g.output({"p1"}, {"p1"}) == type(g.output(None, None))(set(), set())
+    assert g.stats().handed_back == 1

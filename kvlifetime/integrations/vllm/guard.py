@@ -16,7 +16,10 @@ comes back in ``finished_sending`` / ``finished_recving``. The guard sits on tha
   the deployment has fenced the peers (NIXL: the agent recreated).
 
 Duplicate and unknown ids never reach vLLM (its scheduler asserts on them): they are dropped with
-a typed error logged (``DoubleRelease`` / ``UnknownRequest``) and counted.
+a typed error logged (``DoubleRelease`` / ``UnknownRequest``) and counted. So is an id on the
+other channel (``wrong_channel``): a ``finished_recving`` membership proves only a WRITE
+exposure's load, a ``finished_sending`` one only a READ exposure's reads; an id the guard holds
+an exposure for, of either kind, reaches vLLM only once the ledger has released it.
 
 This module is sans-IO: ``connector.py`` calls it from vLLM's hooks; tests drive it directly.
 """
@@ -193,6 +196,11 @@ class ConnectorGuard:
                 self._drop("duplicate_id", request)
                 continue
             if request not in self._writes:
+                if self._guarded(request):
+                    # A READ exposure (or a withheld request): a receive proves nothing about
+                    # a remote read. The id reaches vLLM only once the ledger releases it.
+                    self._drop("wrong_channel", request)
+                    continue
                 if self._passed_through(request, recving):
                     self._recv_seen.add(request)
                 continue
@@ -220,6 +228,11 @@ class ConnectorGuard:
                 # prove the reaped rank's reads over either. Only a fence (revoke) ends it.
                 continue
             if request not in self._reads:
+                if self._guarded(request):
+                    # A WRITE exposure only (a load in flight, or a failed one withheld): a
+                    # send proves nothing about it. Handed back once the ledger releases it.
+                    self._drop("wrong_channel", request)
+                    continue
                 if self._passed_through(request, passed):
                     self._live.discard(request)  # vLLM frees it on this id
                 continue
@@ -298,6 +311,10 @@ class ConnectorGuard:
                 ):
                     out.append(request)
         return out
+
+    def _guarded(self, request: str) -> bool:
+        """The guard holds an exposure for the request (of either kind) or withholds it."""
+        return request in self._reads or request in self._writes or request in self._ended
 
     def _passed_through(self, request: str, into: set[str]) -> bool:
         """An id with no exposure: vLLM's own business while vLLM holds the request (passed on
