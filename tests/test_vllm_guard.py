@@ -227,3 +227,15 @@ def test_a_receive_for_a_read_exposure_proves_nothing_about_the_reads() -> None:
     assert g.output({"p1"}, None).finished_sending == {"p1"}
     assert g.output({"p1"}, {"p1"}) == type(g.output(None, None))(set(), set())
     assert g.stats().handed_back == 1
+
+
+def test_ids_of_requests_vllm_has_not_finished_never_reach_its_free_path() -> None:
+    # Issue 20 item 2: vLLM frees blocks on an id only for a finished request (it asserts
+    # is_finished()); a receive for a request waiting for remote KVs is how a load completes.
+    where = {"run": "running", "load": "waiting_for_remote_kvs", "done": "finished"}
+    g = ConnectorGuard(16, holds=where.__contains__)
+    g.phase = where.get  # as the connector binds it from vLLM's request table
+    back = g.output({"run", "load", "done"}, {"run", "load"})
+    assert back.finished_sending == {"done"}
+    assert back.finished_recving == {"load"}
+    assert g.stats().dropped == {"not_finished": 3}

@@ -159,6 +159,7 @@ class GuardedConnector(KVConnectorBase_V1):
             and getattr(owner, "kv_cache_manager", None) is kv_cache_manager
         ):
             self.guard.holds = requests.__contains__
+            self.guard.phase = _phase_in(requests)
 
     def on_new_request(self, request: Any) -> None:
         super().on_new_request(request)
@@ -251,6 +252,23 @@ class GuardedConnector(KVConnectorBase_V1):
         meta = GuardWorkerMeta(inner, frozenset(self._kvl_reaped))
         self._kvl_reaped.clear()
         return meta
+
+
+def _phase_in(requests: dict[str, Any]) -> Any:
+    """Where vLLM's scheduler has a request, as the guard names it (see ``ConnectorGuard``)."""
+    from vllm.v1.request import RequestStatus
+
+    def phase(request: str) -> str | None:
+        req = requests.get(request)
+        if req is None:
+            return None
+        if RequestStatus.is_finished(req.status):
+            return "finished"
+        if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            return "waiting_for_remote_kvs"
+        return "running"
+
+    return phase
 
 
 def _new_blocks(scheduler_output: Any) -> list[int]:

@@ -33,7 +33,7 @@ import attrs
 import numpy as np
 import structlog
 
-from kvlifetime.errors import DoubleRelease, KVLifetimeError, UnknownRequest
+from kvlifetime.errors import DoubleRelease, KVLifetimeError, UnknownRequest, UsageError
 from kvlifetime.evidence import AccessRevoked, LeaseExpired, TransferCompleted
 from kvlifetime.grant import Access, Grant
 from kvlifetime.ledger import BlockLedger, LedgerStats
@@ -75,6 +75,7 @@ class ConnectorGuard:
         peer: str = "vllm-kv-peer",
         incarnation: str | None = None,
         holds: Callable[[str], bool] | None = None,
+        phase: Callable[[str], str | None] | None = None,
     ) -> None:
         self.ledger = BlockLedger(num_blocks, counts="engine", incarnation=incarnation)
         self.peer = peer
@@ -84,6 +85,11 @@ class ConnectorGuard:
         # Whether vLLM still holds a request (its scheduler's own table, where the connector
         # found it); otherwise the guard's own view: on_new_request until vLLM frees it.
         self.holds: Callable[[str], bool] = holds if holds is not None else self._live.__contains__
+        # Where vLLM's scheduler has the request (bound by the connector from its request
+        # table): None (not held), "finished", "waiting_for_remote_kvs" or "running". vLLM frees
+        # blocks on an id only for a finished request (it asserts is_finished()); a receive for
+        # a request waiting for remote KVs is how a load completes. Unbound: not checked.
+        self.phase: Callable[[str], str | None] | None = phase
         self._ended: dict[str, None] = {}  # ended requests vLLM keeps until the guard says
         self._ready: dict[str, None] = {}  # released, to hand back at the next output
         self._recv_seen: set[str] = set()  # live requests whose finished_recving was passed
@@ -201,7 +207,7 @@ class ConnectorGuard:
                     # a remote read. The id reaches vLLM only once the ledger releases it.
                     self._drop("wrong_channel", request)
                     continue
-                if self._passed_through(request, recving):
+                if self._passed_through(request, recving, receive=True):
                     self._recv_seen.add(request)
                 continue
             live = request not in self._ended
@@ -233,7 +239,7 @@ class ConnectorGuard:
                     # send proves nothing about it. Handed back once the ledger releases it.
                     self._drop("wrong_channel", request)
                     continue
-                if self._passed_through(request, passed):
+                if self._passed_through(request, passed, receive=False):
                     self._live.discard(request)  # vLLM frees it on this id
                 continue
             sent.append(TransferCompleted.of(self._reads[request], 0))
@@ -316,10 +322,16 @@ class ConnectorGuard:
         """The guard holds an exposure for the request (of either kind) or withholds it."""
         return request in self._reads or request in self._writes or request in self._ended
 
-    def _passed_through(self, request: str, into: set[str]) -> bool:
-        """An id with no exposure: vLLM's own business while vLLM holds the request (passed on
-        unchanged); otherwise a duplicate or an unknown id (dropped)."""
+    def _passed_through(self, request: str, into: set[str], *, receive: bool) -> bool:
+        """An id with no exposure: vLLM's own business while vLLM holds the request and the
+        signal is one vLLM accepts for it (passed on unchanged); otherwise a duplicate, an
+        unknown id, or one for a request vLLM has not finished (an early notification, or a
+        stale one for a reused request id): dropped."""
         if self.holds(request):
+            where = self.phase(request) if self.phase is not None else "finished"
+            if where != "finished" and not (receive and where == "waiting_for_remote_kvs"):
+                self._drop("not_finished", request)
+                return False
             into.add(request)
             return True
         self._drop("duplicate_id" if request in self._handed else "unknown_id", request)
@@ -366,6 +378,8 @@ class ConnectorGuard:
         err = (
             DoubleRelease(f"request {request!r} was already handed back to vLLM")
             if kind == "duplicate_id"
+            else UsageError(f"request {request!r}: a {kind} id vLLM would assert on")
+            if kind in ("not_finished", "wrong_channel")
             else UnknownRequest(request)
         )
         _log.warning("vllm_id_dropped", kind=kind, request=request, error=str(err))
