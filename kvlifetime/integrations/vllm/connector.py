@@ -133,6 +133,8 @@ class GuardedConnector(KVConnectorBase_V1):
         self._kvl_reaped: set[str] = set()
         self._kvl_pending: list[tuple[Any, list[int], int]] = []
         self._kvl_null: int | None = None
+        self._kvl_requests: dict[str, Any] | None = None
+        self._kvl_free: Any = None
         if role == KVConnectorRole.SCHEDULER:
             num_blocks = _num_blocks(cfg, kv_cache_config)
             extra = (vllm_config.kv_transfer_config.kv_connector_extra_config or {}).get(
@@ -160,6 +162,8 @@ class GuardedConnector(KVConnectorBase_V1):
         ):
             self.guard.holds = requests.__contains__
             self.guard.phase = _phase_in(requests)
+            self._kvl_requests = requests
+            self._kvl_free = getattr(owner, "_free_blocks", None)
 
     def on_new_request(self, request: Any) -> None:
         super().on_new_request(request)
@@ -182,7 +186,16 @@ class GuardedConnector(KVConnectorBase_V1):
                 waiting = request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
                 self.guard.allocated(request.request_id, ids, n, load_async=waiting)
             self._kvl_pending.clear()
-        return super().build_connector_meta(scheduler_output)
+        meta = super().build_connector_meta(scheduler_output)
+        if self.guard is not None and self._kvl_requests is not None and self._kvl_free:
+            # Every step, whatever the model runner returns: what a fence released (revoke)
+            # goes back to vLLM's pool now, not at a step that carries connector output (an
+            # idle single-worker engine returns EMPTY_MODEL_RUNNER_OUTPUT and none comes).
+            for request_id in self.guard.take_released():
+                req = self._kvl_requests.get(request_id)
+                if req is not None and req.is_finished():
+                    self._kvl_free(req)
+        return meta
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         delay, params = super().request_finished(request, block_ids)

@@ -250,19 +250,27 @@ class ConnectorGuard:
             applied = True
         if applied:
             self._collect()
-        sending = set(self._ready)
+        return Handback(self.take_released() | passed, recving)
+
+    def take_released(self) -> set[str]:
+        """The ended requests the ledger has released and vLLM has not been handed yet (each
+        once). ``output`` returns them; the connector also takes them at every scheduler step
+        (``build_connector_meta``), so a fence takes effect even when the model runner returns
+        no connector output (an idle single-worker engine: ``EMPTY_MODEL_RUNNER_OUTPUT``)."""
+        released = set(self._ready)
         self._ready.clear()
-        for request in sending:
+        for request in released:
             self._remember(request)
             self._live.discard(request)
-        self._handed_back += len(sending)
-        return Handback(sending | passed, recving)
+        self._handed_back += len(released)
+        return released
 
     # ------------------------------------------------------------------ the way out
 
     def revoke(self, fence: str) -> set[str]:
         """The deployment fenced every peer (e.g. NIXL agents recreated): close every open grant
-        and hand the released requests back at the next output. Local evidence only."""
+        and hand the released requests back at the next scheduler step (``take_released``), or
+        the next output. Local evidence only."""
         self.ledger.apply(AccessRevoked(self.peer, fence=fence))
         return self._collect()
 
