@@ -239,3 +239,43 @@ def test_ids_of_requests_vllm_has_not_finished_never_reach_its_free_path() -> No
     assert back.finished_sending == {"done"}
     assert back.finished_recving == {"load"}
     assert g.stats().dropped == {"not_finished": 3}
+
+
+def test_a_handed_back_id_repeated_on_either_channel_is_a_duplicate() -> None:
+    # Item 12: the duplicate drop pinned more than once. vLLM freed p1 on the first hand-back;
+    # a repeat on either channel (MultiConnector, a second rank) must never reach its assert.
+    g = ConnectorGuard(16)
+    _exposed(g)
+    assert g.output({"p1"}, None).finished_sending == {"p1"}
+    with structlog.testing.capture_logs() as logs:
+        back = g.output({"p1"}, {"p1"})
+    assert back.finished_sending == set() and back.finished_recving == set()
+    assert g.stats().dropped == {"duplicate_id": 2} and g.stats().handed_back == 1
+    assert [e["error"] for e in logs if e["event"] == "vllm_id_dropped"] == [
+        "request 'p1' was already handed back to vLLM"
+    ] * 2
+
+
+def test_a_fenced_id_is_handed_back_once_then_a_duplicate() -> None:
+    table = {"p1"}
+    g = ConnectorGuard(16, holds=table.__contains__)
+    _exposed(g)
+    g.output(None, None, lease_reaped=frozenset({"p1"}))
+    g.revoke("fence")
+    assert g.output(None, None).finished_sending == {"p1"}
+    table.discard("p1")  # vLLM freed it
+    assert g.output({"p1"}, None).finished_sending == set()
+    assert g.output({"p1"}, None).finished_sending == set()
+    assert g.stats().dropped == {"duplicate_id": 2} and g.stats().handed_back == 1
+
+
+def test_a_landed_load_reported_again_while_vllm_runs_the_request_is_a_duplicate() -> None:
+    # vLLM still holds d1 (running after its load): only the guard's record of the passed
+    # receive tells the repeat from a new load, and vLLM would assert on it (not finished).
+    table = {"d1"}
+    g = ConnectorGuard(16, holds=table.__contains__)
+    _loading(g)
+    assert g.output(None, {"d1"}).finished_recving == {"d1"}
+    assert g.output(None, {"d1"}).finished_recving == set()
+    assert g.output({"x"}, {"d1"}).finished_recving == set()
+    assert g.stats().dropped == {"duplicate_id": 2, "unknown_id": 1}
