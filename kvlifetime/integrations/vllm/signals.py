@@ -88,6 +88,29 @@ PROFILE = EngineProfile(
             proves="nothing (a repeated or re-delivered report)",
         ),
         StatusRow(
+            "a request id the guard holds an exposure of the other kind for: `finished_recving` "
+            "for a READ exposure (or a withheld request), `finished_sending` for a WRITE one",
+            NOTHING,
+            frozenset(),
+            "anything about the other exposure (NIXL reports any request it tracks; "
+            "MultiConnector one id on both channels): dropped, counted as wrong_channel; the id "
+            "reaches vLLM once, when the ledger releases the request",
+            "code and measured",
+            f"{_GUARD}::test_a_receive_never_frees_a_quarantined_read_exposure",
+            proves="nothing",
+        ),
+        StatusRow(
+            "a request id vLLM holds but has not finished, in `finished_sending`, or in "
+            "`finished_recving` while not waiting for remote KVs",
+            NOTHING,
+            frozenset(),
+            "anything: an early notification or a stale one for a reused request id; vLLM would "
+            "assert is_finished() in `_free_blocks`: dropped, counted as not_finished",
+            "code and measured",
+            f"{_GUARD}::test_ids_of_requests_vllm_has_not_finished_never_reach_its_free_path",
+            proves="nothing",
+        ),
+        StatusRow(
             "a request id the guard never saw exposed, in any `finished_*` set",
             NOTHING,
             frozenset(),
@@ -100,7 +123,9 @@ PROFILE = EngineProfile(
     fence=None,
     fence_note="vLLM has no fence of its own: the deployment fences its transfer engine (NIXL: "
     "the agent recreated, see docs/engine-nixl-ucx.md) and then calls "
-    "`connector.guard.revoke(fence)`, which applies AccessRevoked from the local side",
+    "`connector.guard.revoke(fence)`, which applies AccessRevoked from the local side; what "
+    "it released reaches vLLM's free path at the next scheduler step, whatever the model runner "
+    "returns (`build_connector_meta`)",
     peer_word="transfers_ended from `finished_sending` rests on the remote reader's "
     "notification (the peer's word about its own reads); from `finished_recving` on the local "
     "worker's own transfer status (NIXL: DONE of its READs)",
