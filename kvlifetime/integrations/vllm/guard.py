@@ -19,7 +19,16 @@ Duplicate and unknown ids never reach vLLM (its scheduler asserts on them): they
 a typed error logged (``DoubleRelease`` / ``UnknownRequest``) and counted. So is an id on the
 other channel (``wrong_channel``): a ``finished_recving`` membership proves only a WRITE
 exposure's load, a ``finished_sending`` one only a READ exposure's reads; an id the guard holds
-an exposure for, of either kind, reaches vLLM only once the ledger has released it.
+an exposure for, of either kind, reaches vLLM only once the ledger has released it. And an id
+of a request vLLM holds but has not finished (``not_finished``: an early notification, or a stale
+one for a reused request id) is dropped too, except a receive for a request waiting for remote
+KVs (how a load completes); the connector binds ``phase`` from the scheduler's request table.
+
+``revoke`` takes effect at the next scheduler step whatever the model runner returns: the
+connector takes what it released (``take_released``) in ``build_connector_meta``.
+
+What it cannot see: vLLM's reaction to a failed load (``kv_load_failure_policy="recompute"``
+frees the failed load's blocks in the scheduler before the guard is told; not handled yet).
 
 This module is sans-IO: ``connector.py`` calls it from vLLM's hooks; tests drive it directly.
 """
