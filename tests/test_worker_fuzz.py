@@ -318,7 +318,7 @@ def to_decode(r: Rig, frames: list[bytes], sender: str = PEER) -> None:
             event("decode: refused")
             continue
         event(f"decode: {msg.TYPE}")
-        r.decode.handle(msg)
+        r.decode.handle(msg, sender)
 
 
 def valid_assign(r: Rig, request: int) -> wire.Assign:

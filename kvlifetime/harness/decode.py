@@ -43,6 +43,7 @@ import structlog
 from kvlifetime.errors import (
     BlockUnavailable,
     EvidenceError,
+    KVLifetimeError,
     UnauthorizedEvidence,
     UsageError,
 )
@@ -80,6 +81,7 @@ from kvlifetime.harness.wire import (
     Rejected,
     Tick,
     TransferFailed,
+    UnauthorizedMessage,
     decode,
     encode,
 )
@@ -340,9 +342,12 @@ class DecodeWorker(FencingOwner):
                 "peak_quarantined_blocks",
                 "released_by_late_proof",
                 "prefix_hits",
+                "unknown_refused",
+                "unexpected_refused",
             ),
             0,
         )
+        self._fenced: set[str] = set()  # peers whose access a fence ended: heard no more
 
     # ----------------------------------------------------------------- inbound
 
@@ -383,19 +388,57 @@ class DecodeWorker(FencingOwner):
                 if structlog.is_configured():
                     log.error("message_refused", worker="decode", error=str(e), size=len(frame))
                 continue
-            self.handle(msg)
+            self.handle(msg, sender)
 
-    def handle(self, msg: Message) -> None:
+    def handle(self, msg: Message, sender: str) -> None:
+        """Act on one message that came in on the connection of peer ``sender`` (the
+        transport's identity). A control message about a grant is acted on only when it comes
+        from that grant's peer on its own connection, and never from a fenced one: anything
+        else is refused (``UnauthorizedMessage``), logged, counted and changes nothing."""
         if isinstance(msg, EvidenceMsg):
+            if sender in self._fenced:  # its evidence is the ledger's to judge; it is counted
+                self._refuse_unauthorized(msg, sender, "its connection was fenced")
+                return
             self._evidence(msg)
         elif isinstance(msg, Rejected | TransferFailed):
             r = self._live(msg.request, msg.grant)
-            if r is not None and r.ended is None and not r.consumed:
+            if r is None:
+                self.count["unknown_refused"] += 1
+                return
+            why = self._not_from_peer(r, msg.grant, sender)
+            if why is not None:
+                self._refuse_unauthorized(msg, sender, why)
+                return
+            if r.ended is None and not r.consumed:
                 r.last_news = self.now
                 key = "rejected" if isinstance(msg, Rejected) else "transfer_failed"
                 self.end(int(msg.request), key)
-        elif structlog.is_configured():
-            log.error("message_refused", worker="decode", error=f"unexpected {msg.TYPE}")
+        else:
+            self.count["unexpected_refused"] += 1
+            if structlog.is_configured():
+                log.error("message_refused", worker="decode", error=f"unexpected {msg.TYPE}")
+
+    def _not_from_peer(self, r: _Req, grant: GrantId, sender: str) -> str | None:
+        """Why ``sender`` may not speak about ``grant`` of ``r`` (None: it may)."""
+        if sender in self._fenced:
+            return "its connection was fenced"
+        g = r.grants[r.rank_of(grant) or 0]
+        if g.peer != sender:
+            return f"grant {g.id} is to {g.peer!r}"
+        return None
+
+    def _refuse_unauthorized(self, msg: Message, sender: str, why: str) -> None:
+        e = UnauthorizedMessage(f"{msg.TYPE} from {sender!r} refused: {why}")
+        self.count["unauthorized_refused"] += 1
+        if structlog.is_configured():
+            log.error(
+                "message_refused",
+                worker="decode",
+                kind=e.kind,
+                message=msg.TYPE,
+                sender=sender,
+                error=str(e),
+            )
 
     def _live(self, request: int | str, grant: object) -> _Req | None:
         # Exact match on both: a message about another grant of a reused key acts on nothing.
@@ -411,8 +454,10 @@ class DecodeWorker(FencingOwner):
         except UnauthorizedEvidence:
             self.count["unauthorized_refused"] += 1
             return  # a claim this peer may not make: refused, logged and counted
-        except EvidenceError:
-            return  # refused, logged and counted by the ledger; the worker goes on
+        except KVLifetimeError:
+            # Refused, logged and counted by the ledger; the worker goes on, and its own
+            # bookkeeping follows the ledger's verdict: a refused message changes nothing here.
+            return
         gid = getattr(ev, "grant_id", None)
         req = getattr(ev, "request", None)
         if req is None or gid is None:
@@ -493,8 +538,16 @@ class DecodeWorker(FencingOwner):
             self.ledger.set_deadline(key, self.now + self.cfg.proof_lease)
 
     def _release(self, key: int | str, ids: npt.NDArray[np.int64]) -> None:
-        self.oracle.freed(ids)  # back in the pool: from here, any landing in them is late
         r = self.reqs.pop(key, None) if isinstance(key, int) else None
+        if r is not None:
+            # Every block it held, shared prefix included: the oracle learns each holder that
+            # lets go, not only the blocks that go back to the pool (a block its writer let go
+            # of while a sharer keeps it takes no write on time any more).
+            held = (
+                r.grant.blocks if r.shared is None else np.concatenate([r.shared, r.grant.blocks])
+            )
+            self.oracle.let_go(int(key), held)
+        self.oracle.freed(ids)  # back in the pool: from here, any landing in them is late
         if r is None:
             return  # the previous incarnation's blocks after a guarded restart: no request
         if r.quarantined and not self._fencing:
@@ -577,6 +630,8 @@ class DecodeWorker(FencingOwner):
             gs = [self.ledger.grant(key, peer, ids) for peer in peers]
             g = gs[0]
             self.oracle.granted(key, ids, pattern.words(key, ids, g.generations))
+            if shared is not None:
+                self.oracle.shared(key, shared)  # one more holder of the prefix's blocks
             self.reqs[key] = _Req(
                 p, g, n, last_news=n, shared=shared, shared_words=shared_words, more=tuple(gs[1:])
             )
@@ -645,6 +700,7 @@ class DecodeWorker(FencingOwner):
         by this process): its live requests that still wait for KV are ended, and the local
         ``AccessRevoked`` closes every grant to it, quarantined ones included."""
         self.observe()  # what landed before the fence, while the blocks are still held
+        self._fenced.add(peer)
         for key, r in list(self.reqs.items()):
             if r.to(peer) and r.ended is None and not r.finished and not r.consumed:
                 self.end(key, "lost_to_fence")

@@ -12,11 +12,17 @@ or one landing after the reader finished are invisible to it. The oracle sees ea
   landing. It cannot see a write of the word a block already holds (it changes nothing there).
   On the in-process engine both run on the same seed, and the tests require equal counts.
 
-A landing is *late* when its word is not the word of the block's current owner at its
-generation: "into another owner's block" when the block is held by another request (that
-request computes from someone else's data), "into a free block" when it is in the pool (its next
-owner gets it dirty unless it overwrites every byte first). A block held by a previous
-incarnation after a guarded restart accepts any word: nobody will read it before a fence.
+A landing is *late* when its word is not the word of the block's writer, the request that
+acquired it exclusively and granted it, while that request still holds the block: "into another
+owner's block" when the block is held by other requests (they compute from someone else's data),
+"into a free block" when it is in the pool (its next owner gets it dirty unless it overwrites
+every byte first). With prefix sharing a block has several holders: once its writer lets go
+while sharers keep it, no landing is on time any more, its writer's word included (the writer's
+grant is over; the block is the sharers'). So the oracle is told every change of a block's
+holders (``granted``, ``shared``, ``let_go``, ``freed``), not only the return to the pool, and
+``hit_requests`` names the requests holding the block at the landing. A block held by a
+previous incarnation after a guarded restart accepts any word: nobody will read it before a
+fence.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ import numpy.typing as npt
 
 FREE = np.uint64(0)  # the pattern never produces 0: a zero word is nobody's
 ANY = np.uint64(0xFFFFFFFFFFFFFFFF)  # held by a previous incarnation: any word is its holder's
+# held by sharers only, its writer gone: no word is on time. The pattern could produce this
+# value (one in 2**64); ``landed`` tells it apart by the block's writer, not by the word alone.
+NOBODY = np.uint64(0xFFFFFFFFFFFFFFFE)
 
 
 class OracleOverflow(RuntimeError):
@@ -61,9 +70,11 @@ class OracleCounts:
 class TransportOracle:
     """Who owns each block right now, and what every landing did to it.
 
-    Decode tells it what it grants (``granted``: the words its peers will write) and what goes
-    back to the pool (``freed``); the transport tells it what landed (``landed``) and what was
-    read (``read``).
+    Decode tells it every change of a block's holders: what it grants (``granted``: an
+    exclusive acquire, and the words its peers will write), a prefix shared (``shared``), a
+    request letting go of its blocks (``let_go``: they go back to the pool when nobody else
+    holds them) and blocks dropped whatever holds them (``freed``: a naive restart); the
+    transport tells it what landed (``landed``) and what was read (``read``).
     """
 
     def __init__(self, num_blocks: int, block_bytes: int, method: str) -> None:
@@ -71,7 +82,8 @@ class TransportOracle:
         self.block_bytes = block_bytes
         self.method = method
         self.expected = np.zeros(num_blocks, dtype=np.uint64)  # owner's word; FREE; ANY
-        self.owner = np.full(num_blocks, -1, dtype=np.int64)  # owner request; -1: none
+        self.owner = np.full(num_blocks, -1, dtype=np.int64)  # writer request; -1: none
+        self.holders: dict[int, set[int]] = {}  # block -> the requests holding it (none: absent)
         self._writer: dict[int, int] = {}  # word -> the request it was granted to
         self.writes = 0
         self.late_into_owned = 0
@@ -88,21 +100,53 @@ class TransportOracle:
     # ----------------------------------------------------------------- what decode does
 
     def granted(self, request: int, blocks: npt.ArrayLike, words: npt.NDArray[np.uint64]) -> None:
+        """``request`` acquired ``blocks`` exclusively and granted them: its peer writes
+        ``words`` into them (the writer's word is the only one on time)."""
         b = np.asarray(blocks, dtype=np.int64)
         self.expected[b] = words
         self.owner[b] = request
+        for blk in b.tolist():
+            self.holders[blk] = {request}
         for w in words.tolist():
             self._writer[w] = request
 
+    def shared(self, request: int, blocks: npt.ArrayLike) -> None:
+        """``request`` acquired ``blocks`` shared (a prefix-cache hit): one more holder; the
+        word on time stays the writer's while the writer holds them."""
+        for blk in np.asarray(blocks, dtype=np.int64).tolist():
+            self.holders.setdefault(blk, set()).add(request)
+
+    def let_go(self, request: int, blocks: npt.ArrayLike) -> None:
+        """``request`` let go of ``blocks`` (released, forced or not): those nobody else
+        holds are back in the pool; those that stay shared lose their writer if it was
+        ``request`` (from here every landing in them is late, into the sharers' block)."""
+        b = np.asarray(blocks, dtype=np.int64)
+        for blk in b.tolist():
+            held = self.holders.get(blk)
+            if held is not None:
+                held.discard(request)
+            if not held:
+                self.holders.pop(blk, None)
+                self.expected[blk] = FREE
+                self.owner[blk] = -1
+            elif self.owner[blk] == request:
+                self.expected[blk] = NOBODY
+                self.owner[blk] = -1
+
     def freed(self, blocks: npt.ArrayLike) -> None:
+        """``blocks`` are back in the pool, whoever held them."""
         b = np.asarray(blocks, dtype=np.int64)
         self.expected[b] = FREE
         self.owner[b] = -1
+        for blk in b.tolist():
+            self.holders.pop(blk, None)
 
     def held_by_previous(self, blocks: npt.ArrayLike) -> None:
         b = np.asarray(blocks, dtype=np.int64)
         self.expected[b] = ANY
         self.owner[b] = -1
+        for blk in b.tolist():
+            self.holders.pop(blk, None)
 
     # ----------------------------------------------------------------- what the transport saw
 
@@ -122,7 +166,9 @@ class TransportOracle:
         exp = self.expected[b]
         previous = exp == ANY
         self.into_previous += int(np.count_nonzero(previous))
-        late = (w != exp) & ~previous
+        # On time: the word of the block's writer, while it holds the block. A free block or
+        # one only sharers hold has no writer (NOBODY is never matched by value).
+        late = ((w != exp) | (self.owner[b] < 0)) & ~previous
         for kind, mask in (kinds or {}).items():
             self.by_kind[kind][0] += int(np.count_nonzero(mask))
             self.by_kind[kind][1] += int(np.count_nonzero(mask & late))
@@ -133,7 +179,8 @@ class TransportOracle:
         self.late_into_free += int(np.count_nonzero(free))
         self.late_into_owned += int(np.count_nonzero(~free))
         self._late_blocks.update(lb.tolist())
-        self._hit.update(self.owner[lb[~free]].tolist())
+        for blk in lb[~free].tolist():
+            self._hit.update(self.holders.get(blk, ()))
         for word in lw.tolist():
             writer = self._writer.get(word)
             if writer is not None:

@@ -45,7 +45,13 @@ import numpy.typing as npt
 import structlog
 
 from kvlifetime.adapters.mooncake import GrantTransfers
-from kvlifetime.errors import EvidenceError, UnauthorizedEvidence, UsageError
+from kvlifetime.errors import (
+    EvidenceError,
+    KVLifetimeError,
+    StaleEvidence,
+    UnauthorizedEvidence,
+    UsageError,
+)
 from kvlifetime.evidence import (
     Evidence,
     PeerLost,
@@ -80,6 +86,7 @@ from kvlifetime.harness.wire import (
     Tick,
     TickDone,
     TransferFailed,
+    UnauthorizedMessage,
     decode,
     encode,
 )
@@ -474,6 +481,8 @@ class SourceOwner(FencingOwner):
         self.next_request = 0
         self.last_admitted = 0
         self.reader_pending = 0  # the reader's last ReaderPending
+        self.reader = ""  # the current reader's connection (the peer ticked last)
+        self._fenced: set[str] = set()  # readers whose access a fence ended: heard no more
         self._reaper: list[tuple[int, int]] = []  # (deadline, request): lease policy
         self._ending: list[int] = []  # admitted this tick: prefill ends them at the next
         self._init_fencing()
@@ -503,6 +512,8 @@ class SourceOwner(FencingOwner):
                 "admission_stalls",
                 "peak_quarantined_blocks",
                 "released_by_late_proof",
+                "contradictory_after_release",
+                "unknown_refused",
             ),
             0,
         )
@@ -527,26 +538,46 @@ class SourceOwner(FencingOwner):
         elif isinstance(msg, EvidenceMsg):
             self._evidence(msg.evidence, sender)
         elif isinstance(msg, TransferFailed):
-            r = self._about(msg.request, msg.grant, sender)
+            r = self._about(msg.request, msg.grant, sender, msg.TYPE)
             if r is not None:
                 r.last_news = self.now
                 self._outcome(r, "transfer_failed")
         elif isinstance(msg, ReaderPending):
+            if sender != self.reader:
+                # Only the current reader's count says whether reads are still to come.
+                self.count["unauthorized_refused"] += 1
+                if structlog.is_configured():
+                    e = UnauthorizedMessage(f"reader_pending from {sender!r}, not the reader")
+                    log.error("message_refused", worker="prefill", kind=e.kind, error=str(e))
+                return
             self.reader_pending = msg.grants
         else:
             self.count["unexpected_refused"] += 1
             if structlog.is_configured():
                 log.error("message_refused", worker="prefill", error=f"unexpected {msg.TYPE}")
 
-    def _about(self, request: int | str, grant: GrantId, sender: str) -> _Src | None:
-        # Exact match on grant, request and the connection's identity.
+    def _about(
+        self, request: int | str, grant: GrantId, sender: str, what: str = ""
+    ) -> _Src | None:
+        """The request ``grant`` is of, when a message about it from connection ``sender``
+        may be acted on: exact match on grant and request, sent by the grant's peer on its own
+        connection, not fenced. A message from another connection is refused as unauthorized
+        (logged and counted); one about a grant this owner never issued, as unknown."""
         r = self.grants.get(grant)
-        if r is None or r.grant.request != request or r.grant.peer != sender:
+        if r is None or r.grant.request != request:
+            self.count["unknown_refused"] += 1
+            return None
+        if r.grant.peer != sender or sender in self._fenced:
+            why = "its connection was fenced" if sender in self._fenced else "not the grant's peer"
+            e = UnauthorizedMessage(f"{what or 'message'} about {grant} from {sender!r}: {why}")
+            self.count["unauthorized_refused"] += 1
+            if structlog.is_configured():
+                log.error("message_refused", worker="prefill", kind=e.kind, error=str(e))
             return None
         return r
 
     def _reads(self, m: ReadsChecked, sender: str) -> None:
-        r = self._about(m.request, m.grant, sender)
+        r = self._about(m.request, m.grant, sender, m.TYPE)
         pos = {int(b): i for i, b in enumerate(r.grant.blocks.tolist())} if r is not None else {}
         if r is None or not all(b in pos for b in m.blocks):
             self.count["reads_refused"] += 1
@@ -566,15 +597,31 @@ class SourceOwner(FencingOwner):
         self.oracle.read(np.asarray(m.blocks, dtype=np.int64), r.words[idx])
 
     def _evidence(self, ev: Evidence, sender: str) -> None:
+        gid = getattr(ev, "grant_id", None)
+        req = getattr(ev, "request", None)
         try:
             self.ledger.apply(ev)
         except UnauthorizedEvidence:
             self.count["unauthorized_refused"] += 1
             return
-        except EvidenceError:
-            pass  # refused and counted by the ledger (e.g. stale: the blocks were freed)
-        gid = getattr(ev, "grant_id", None)
-        req = getattr(ev, "request", None)
+        except StaleEvidence:
+            # The ledger forgot the grant because this owner released the request itself
+            # (naive, lease, or a late proof after release): it has no verdict left to give.
+            # What the grant's own peer says then only tells when its reads ended - never a
+            # second, different stop (the first one stands).
+            r = None if gid is None or req is None else self._about(req, gid, sender)
+            if r is None or not r.released:
+                return
+            if isinstance(ev, SchedulingStopped | TransferCompleted) and r.stopped_at not in (
+                None,
+                ev.last_seq,
+            ):
+                self.count["contradictory_after_release"] += 1
+                return
+        except KVLifetimeError:
+            # Refused, logged and counted by the ledger (contradictory, mismatched, ...): the
+            # owner's bookkeeping follows the ledger's verdict, never the message.
+            return
         if gid is None or req is None:
             return
         r = self._about(req, gid, sender)
@@ -582,6 +629,7 @@ class SourceOwner(FencingOwner):
             return
         r.last_news = self.now
         if isinstance(ev, TransferCompleted):
+            r.stopped_at = ev.last_seq
             self._outcome(r, "completed")
             self._concluded(r)
         elif isinstance(ev, SchedulingStopped):
@@ -641,6 +689,7 @@ class SourceOwner(FencingOwner):
 
     def tick(self, n: int, peer: str, admit_more: bool) -> list[bytes]:
         self.now = n
+        self.reader = peer
         out: list[bytes] = []
         self._end_prefill(n)
         if self.cfg.policy == "proof":
@@ -734,6 +783,7 @@ class SourceOwner(FencingOwner):
         self.reader_lost(peer, "lost_to_crash")
 
     def fenced(self, peer: str, fence: str) -> None:
+        self._fenced.add(peer)
         self.reader_lost(peer, "lost_to_fence")
         self._revoked(peer, fence)
 

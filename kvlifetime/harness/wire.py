@@ -25,7 +25,7 @@ from kvlifetime.extras import needs
 with needs("harness", "kvlifetime.harness"):  # the wire format is msgpack: the harness extra
     import msgpack
 
-from kvlifetime.errors import MalformedEvidence
+from kvlifetime.errors import MalformedEvidence, UnauthorizedEvidence
 from kvlifetime.evidence import Evidence, from_dict, to_wire
 from kvlifetime.grant import GrantId
 from kvlifetime.source import Source
@@ -53,6 +53,18 @@ class MalformedMessage(MalformedEvidence):
     """
 
     kind = "malformed_message"
+
+
+class UnauthorizedMessage(UnauthorizedEvidence):
+    """A well-formed control message about a grant (a rejection, a transfer failure, a read
+    report, a reader's pending count) from a connection that is not that grant's peer: a
+    stranger, another prefill, another tensor rank, or an incarnation already fenced. Decided
+    by the transport's identity of the connection, never by a name inside the message.
+
+    Whose fault: the sender. State left: unchanged; the message is dropped, logged, counted.
+    """
+
+    kind = "unauthorized_message"
 
 
 # --------------------------------------------------------------------------- field checks
