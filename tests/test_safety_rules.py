@@ -1,4 +1,4 @@
-"""The sharing rules of DESIGN §3 "Block lifecycle", each pinned by several fixed tests.
+"""The sharing rules of the block lifecycle (docs/contract.md), each pinned by several fixed tests.
 
 Found by mutating the ledger (issue 20, item 12): with the refusal of a write grant on blocks
 ``acquire_and_grant(..., shared=True)`` would share removed, only a random test failed (about one
