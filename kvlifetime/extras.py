@@ -73,6 +73,12 @@ EXTRAS: Mapping[str, Extra] = {
             ("vllm",),
             also="on a CPU-only machine install vLLM as `make vllm-venv` does",
         ),
+        Extra(
+            "sglang",
+            ("sglang",),
+            ("sglang",),
+            also="on a CPU-only machine install SGLang as `make sglang-venv` does",
+        ),
     )
 }
 """Every extra kvlifetime knows, by name. A new extra is one entry here."""

@@ -374,6 +374,7 @@ _LOADERS: Mapping[str, tuple[str, str | None]] = {
     "mooncake-tcp": ("Mooncake TCP", "kvlifetime.adapters.mooncake"),
     "nixl-ucx": ("NIXL over UCX", "kvlifetime.adapters.nixl"),
     "vllm": ("vLLM's KV-connector signals", "kvlifetime.integrations.vllm.signals"),
+    "sglang": ("SGLang's disaggregation signals", "kvlifetime.integrations.sglang.signals"),
 }
 ENGINES: tuple[str, ...] = tuple(_LOADERS)
 """Every engine a profile is known for, available or not (the CLI's ``--engine`` choices)."""

@@ -56,7 +56,7 @@ def _test_functions(path: Path) -> set[str]:
 
 
 def test_the_registry() -> None:
-    assert ENGINES == ("inproc", "mooncake-tcp", "nixl-ucx", "vllm")
+    assert ENGINES == ("inproc", "mooncake-tcp", "nixl-ucx", "vllm", "sglang")
     assert {"inproc", "mooncake-tcp"} <= set(PROFILES)
     assert list(PROFILES) == [e for e in ENGINES if e in PROFILES]  # a fixed order
     for name in PROFILES:

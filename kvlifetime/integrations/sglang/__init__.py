@@ -1,0 +1,59 @@
+"""kvlifetime inside SGLang 0.5.23's PD disaggregation (extra ``kvlifetime[sglang]``):
+docs/sglang.md "Embedding in SGLang".
+
+SGLang has no connector plugin API: ``install(role=...)``, called once per process before the
+scheduler builds its disaggregation queues, wraps the functions where SGLang decides that a page
+may be reused (``hooks.py``, the only module that imports SGLang, lazily) and returns the
+process's ``SGLangGuard`` (``guard.py``, sans-IO); ``uninstall()`` restores them. ``PROFILE``
+(``signals.py``) says what each SGLang signal proves.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from kvlifetime.integrations.sglang.errors import (
+    AlreadyInstalled,
+    GuardNotBound,
+    UnsupportedEngineSetting,
+    UnsupportedEngineVersion,
+)
+from kvlifetime.integrations.sglang.guard import SGLangGuard, SGLangGuardStats
+from kvlifetime.integrations.sglang.signals import PROFILE, SUPPORTED_VERSION
+
+__all__ = [
+    "PROFILE",
+    "SUPPORTED_VERSION",
+    "AlreadyInstalled",
+    "GuardNotBound",
+    "SGLangGuard",
+    "SGLangGuardStats",
+    "UnsupportedEngineSetting",
+    "UnsupportedEngineVersion",
+    "install",
+    "installed",
+    "uninstall",
+]
+
+
+def install(
+    *, role: Literal["decode", "prefill"], ledger_blocks: int | None = None, **options: Any
+) -> SGLangGuard:
+    """Guard this SGLang process (``role``): see ``hooks.install``."""
+    from kvlifetime.integrations.sglang import hooks
+
+    return hooks.install(role=role, ledger_blocks=ledger_blocks, **options)
+
+
+def uninstall() -> None:
+    """Restore every function ``install`` wrapped (a no-op when nothing is installed)."""
+    from kvlifetime.integrations.sglang import hooks
+
+    hooks.uninstall()
+
+
+def installed() -> SGLangGuard | None:
+    """The guard ``install`` returned, while the hooks are installed."""
+    from kvlifetime.integrations.sglang import hooks
+
+    return hooks.current()

@@ -1,0 +1,520 @@
+"""The thin hooks: SGLang 0.5.23's release points, wrapped so every decision to reuse a page goes
+through the process's ``SGLangGuard``. The only module of kvlifetime that imports SGLang, and
+only inside ``install``.
+
+SGLang has no connector plugin API (its transfer backends are a closed enum), so the hooks
+replace functions on SGLang's own classes and one module attribute, remember each original,
+and ``uninstall`` puts every one back. ``install`` must run before the scheduler (or a driver)
+builds its disaggregation queues: the queues' constructors bind the guard's ledger to the KV
+pool's size, and receivers and senders made before it are not guarded.
+
+Decode (``role="decode"``; ``sglang.srt.disaggregation``):
+
+- ``CommonKVReceiver.send_metadata`` (called by ``DecodePreallocQueue._send_kv_metadata``): the
+  WRITE grants, opened before the page ids and the metadata slot leave the process;
+- ``CommonKVReceiver._send_abort_notification``: the ABORT generation armed for the lifecycle;
+- ``CommonKVManager.note_abort_ack`` (an ABORT_ACK, on the decode thread),
+  ``is_abort_release_safe`` (answered by the guard for the rooms it holds),
+  ``_handle_node_failure`` (heartbeat loss: ``PeerLost``);
+- ``DecodeTransferQueue._commit_transfer_to_req`` (Success), ``_defer_release`` (the hold, its
+  deadline taken over by the guard), ``resolve_deferred_releases`` (the guard's tick first:
+  an overdue unproven entry stays held, quarantined), ``_do_release`` (refused unless the
+  ledger released it), ``_release_request`` (a free outside the deferred path is withheld),
+  ``has_pending_deferred_releases`` / ``num_pending_deferred_releases`` (withheld entries
+  count, so SGLang's idle check stays honest).
+
+Prefill (``role="prefill"``):
+
+- ``CommonKVSender.send``: a READ grant over the chunk's source pages before it is queued;
+- ``sglang.srt.disaggregation.prefill.release_kv_cache`` (every free in prefill.py, the inflight
+  queue's Success and Failed branches among them): held until the room is drained;
+- ``SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue``: the drain
+  check (``_staging_outstanding``, poisoned rooms, the room's status) and the deferred frees,
+  every poll, before SGLang's own.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+import structlog
+
+from kvlifetime.errors import KVLifetimeError
+from kvlifetime.integrations.sglang.errors import (
+    AlreadyInstalled,
+    UnsupportedEngineSetting,
+    UnsupportedEngineVersion,
+)
+from kvlifetime.integrations.sglang.guard import SGLangGuard
+from kvlifetime.integrations.sglang.signals import SUPPORTED_VERSION
+
+_log = structlog.get_logger("kvlifetime.sglang")
+
+_KEY = "_kvl_key"  # the lifecycle key, set on SGLang's receiver / sender objects
+
+_lock = threading.Lock()
+_installed: _Installation | None = None
+
+
+def current() -> SGLangGuard | None:
+    inst = _installed
+    return None if inst is None else inst.guard
+
+
+def install(
+    *,
+    role: Literal["decode", "prefill"],
+    ledger_blocks: int | None = None,
+    drain_timeout: float = 30.0,
+    incarnation: str | None = None,
+) -> SGLangGuard:
+    """Check SGLang's version and settings, build the guard, wrap the release points.
+
+    Refused, with nothing wrapped: another SGLang version (``UnsupportedEngineVersion``),
+    deferred decode KV release turned off (``UnsupportedEngineSetting``), a second install
+    (``AlreadyInstalled``), a bad argument (``InvalidField``)."""
+    global _installed
+    guard = SGLangGuard(
+        role=role, ledger_blocks=ledger_blocks, incarnation=incarnation, drain_timeout=drain_timeout
+    )
+    with _lock:
+        if _installed is not None:
+            raise AlreadyInstalled(f"the {_installed.guard.role} guard is installed")
+        _check_engine()
+        inst = _Installation(guard)
+        try:
+            if role == "decode":
+                inst.decode()
+            else:
+                inst.prefill()
+        except BaseException:
+            inst.restore()
+            raise
+        _installed = inst
+    _log.info("sglang_guard_installed", role=role, version=SUPPORTED_VERSION)
+    return guard
+
+
+def uninstall() -> None:
+    global _installed
+    with _lock:
+        inst, _installed = _installed, None
+    if inst is not None:
+        inst.restore()
+        _log.info("sglang_guard_uninstalled", role=inst.guard.role)
+
+
+def _check_engine() -> None:
+    import importlib
+
+    from kvlifetime.extras import needs
+
+    with needs("sglang", "kvlifetime.integrations.sglang.install"):
+        sglang = importlib.import_module("sglang")
+    version = getattr(sglang, "__version__", None)
+    if version != SUPPORTED_VERSION:
+        raise UnsupportedEngineVersion(
+            f"kvlifetime's SGLang hooks are built and tested for SGLang {SUPPORTED_VERSION}; "
+            f"this is {version!r}: its release points may have moved, so nothing was wrapped"
+        )
+    from sglang.srt.environ import envs
+
+    if not envs.SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE.get():
+        raise UnsupportedEngineSetting(
+            "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE is off: SGLang then frees a "
+            "failed transfer's pages at once and counts no ABORT_ACK; the guard needs it on "
+            "(SGLang's default)"
+        )
+
+
+class _Installation:
+    """What one ``install`` wrapped, to restore it exactly."""
+
+    def __init__(self, guard: SGLangGuard) -> None:
+        self.guard = guard
+        self._saved: list[tuple[Any, str, Any]] = []
+        # Decode: withheld frees (key -> (transfer queue, decode_req)); the rooms a running
+        # resolve_deferred_releases asks about (room -> lifecycle keys).
+        self.withheld: dict[str, tuple[Any, Any]] = {}
+        self.resolving = threading.local()
+        # Prefill: held frees (key -> (release_kv_cache args)), and each lifecycle's manager.
+        self.pending: dict[str, tuple[Any, Any, bool]] = {}
+        self.managers: dict[str, Any] = {}
+
+    def wrap(self, owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
+        original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        self._saved.append((owner, name, original))
+        setattr(owner, name, make(original))
+        return original
+
+    def restore(self) -> None:
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+        self._saved.clear()
+
+    def _quiet(self, call: Callable[[], Any]) -> Any:
+        """A guard call from inside SGLang: a refusal is already typed, logged and counted by
+        the guard; SGLang keeps running."""
+        try:
+            return call()
+        except KVLifetimeError:
+            return None
+
+    # ================================================================== decode
+
+    def decode(self) -> None:
+        from sglang.srt.disaggregation import decode as dmod
+        from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVReceiver
+
+        guard = self.guard
+        inst = self
+        tq = dmod.DecodeTransferQueue
+
+        def bind_from_allocator(orig: Any) -> Any:
+            def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+                orig(self, *args, **kwargs)
+                if not guard.bound:
+                    alloc = self.token_to_kv_pool_allocator
+                    guard.bind(int(alloc.size) // int(alloc.page_size) + 2)
+
+            return __init__
+
+        self.wrap(dmod.DecodePreallocQueue, "__init__", bind_from_allocator)
+
+        def send_metadata(orig: Any) -> Any:
+            def wrapped(
+                self: Any, kv_indices: Any, aux_index: Any = None, *a: Any, **kw: Any
+            ) -> Any:
+                infos = getattr(self, "bootstrap_infos", None)
+                device = "destination" not in kw or getattr(kw["destination"], "name", "") in (
+                    "DEVICE",
+                    "",
+                )
+                if infos and device and aux_index is not None:
+                    key = inst._quiet(
+                        lambda: guard.published(
+                            int(self.bootstrap_room),
+                            kv_indices,
+                            slot=int(aux_index),
+                            ranks=_prefill_ranks(self),
+                            prefill=str(self.bootstrap_addr),
+                        )
+                    )
+                    setattr(self, _KEY, key)
+                return orig(self, kv_indices, aux_index, *a, **kw)
+
+            return wrapped
+
+        self.wrap(CommonKVReceiver, "send_metadata", send_metadata)
+
+        def send_abort(orig: Any) -> Any:
+            def wrapped(self: Any, *a: Any, **kw: Any) -> Any:
+                before = getattr(self, "_abort_generation", None)
+                out = orig(self, *a, **kw)
+                after = getattr(self, "_abort_generation", None)
+                key = getattr(self, _KEY, None)
+                if key is not None and after is not None and after != before:
+                    inst._quiet(lambda: guard.armed(key, int(after)))
+                return out
+
+            return wrapped
+
+        self.wrap(CommonKVReceiver, "_send_abort_notification", send_abort)
+
+        def note_ack(orig: Any) -> Any:
+            def wrapped(self: Any, room: Any, rank: Any, generation: Any) -> Any:
+                out = orig(self, room, rank, generation)
+                inst._quiet(lambda: guard.acked(room, rank, generation))
+                return out
+
+            return wrapped
+
+        self.wrap(CommonKVManager, "note_abort_ack", note_ack)
+
+        def release_safe(orig: Any) -> Any:
+            def wrapped(self: Any, room: Any, required_acks: Any) -> Any:
+                keys = getattr(inst.resolving, "rooms", {}).get(room)
+                if not keys:
+                    return orig(self, room, required_acks)
+                # The guard's verdict replaces SGLang's count of ACKs: released by the ledger
+                # (every rank's ACK of this lifecycle's generation, or a fence).
+                return all(guard.releasable(k) for k in keys)
+
+            return wrapped
+
+        self.wrap(CommonKVManager, "is_abort_release_safe", release_safe)
+
+        def node_failure(orig: Any) -> Any:
+            def wrapped(self: Any, failed_bootstrap_addr: Any) -> Any:
+                inst._quiet(lambda: guard.prefill_lost(str(failed_bootstrap_addr)))
+                return orig(self, failed_bootstrap_addr)
+
+            return wrapped
+
+        self.wrap(CommonKVManager, "_handle_node_failure", node_failure)
+
+        def commit(orig: Any) -> Any:
+            def wrapped(self: Any, decode_req: Any) -> Any:
+                key = _key_of(decode_req)
+                if key is not None:
+                    inst._quiet(lambda: guard.transferred(key))
+                return orig(self, decode_req)
+
+            return wrapped
+
+        self.wrap(tq, "_commit_transfer_to_req", commit)
+
+        def defer(orig: Any) -> Any:
+            def wrapped(self: Any, decode_req: Any) -> Any:
+                out = orig(self, decode_req)
+                key = _key_of(decode_req)
+                if key is None or not guard.tracks(key):
+                    return out
+                entry = self._deferred_releases[-1]
+                inst._quiet(lambda: guard.held(key, deadline=float(entry[2])))
+                # SGLang's rule is `drained or now >= deadline`: the guard keeps the deadline
+                # (it quarantines there) and SGLang sees only its verdict.
+                self._deferred_releases[-1] = (entry[0], entry[1], math.inf, *entry[3:])
+                return out
+
+            return wrapped
+
+        self.wrap(tq, "_defer_release", defer)
+
+        def resolve(orig: Any) -> Any:
+            def wrapped(self: Any) -> Any:
+                guard.tick(time.monotonic())
+                inst._free_withheld(self)
+                rooms: dict[Any, list[str]] = {}
+                for entry in self._deferred_releases:
+                    key = _key_of(entry[0])
+                    if key is not None and guard.tracks(key):
+                        rooms.setdefault(entry[0].req.bootstrap_room, []).append(key)
+                inst.resolving.rooms = rooms
+                try:
+                    return orig(self)
+                finally:
+                    inst.resolving.rooms = {}
+
+            return wrapped
+
+        self.wrap(tq, "resolve_deferred_releases", resolve)
+
+        def do_release(orig: Any) -> Any:
+            def wrapped(self: Any, decode_req: Any, idx: Any) -> Any:
+                key = _key_of(decode_req)
+                if key is not None and guard.tracks(key) and not guard.releasable(key):
+                    # Only the guard's verdict frees a guarded entry: keep it held.
+                    _log.error("sglang_release_refused", key=key, where="_do_release")
+                    required = len(getattr(decode_req.kv_receiver, "bootstrap_infos", ()) or ())
+                    self._deferred_releases.append(
+                        (decode_req, time.monotonic(), math.inf, idx, required)
+                    )
+                    return None
+                out = orig(self, decode_req, idx)
+                if key is not None and guard.tracks(key):
+                    inst._quiet(lambda: guard.freed(key))
+                return out
+
+            return wrapped
+
+        self.wrap(tq, "_do_release", do_release)
+
+        def release_request(orig: Any) -> Any:
+            def wrapped(self: Any, decode_req: Any) -> Any:
+                key = _key_of(decode_req)
+                if key is None or not guard.tracks(key) or guard.releasable(key):
+                    return orig(self, decode_req)
+                # A free of pages a prefill rank may still write, outside the deferred path.
+                if inst._quiet(lambda: guard.withheld(key, now=time.monotonic())):
+                    out = orig(self, decode_req)
+                    inst._quiet(lambda: guard.freed(key))
+                    return out
+                inst.withheld[key] = (self, decode_req)
+                return None
+
+            return wrapped
+
+        self.wrap(tq, "_release_request", release_request)
+
+        def pending(orig: Any) -> Any:
+            def wrapped(self: Any) -> Any:
+                return bool(orig(self)) or any(q is self for q, _ in inst.withheld.values())
+
+            return wrapped
+
+        def num_pending(orig: Any) -> Any:
+            def wrapped(self: Any) -> Any:
+                return int(orig(self)) + sum(1 for q, _ in inst.withheld.values() if q is self)
+
+            return wrapped
+
+        self.wrap(tq, "has_pending_deferred_releases", pending)
+        self.wrap(tq, "num_pending_deferred_releases", num_pending)
+
+    def _free_withheld(self, queue: Any) -> None:
+        for key in self.guard.take_released():
+            held = self.withheld.pop(key, None)
+            if held is None:
+                continue
+            q, decode_req = held
+            orig = self._saved_original(type(q), "_release_request")
+            orig(q, decode_req)
+            self._quiet(lambda k=key: self.guard.freed(k))  # type: ignore[misc]
+
+    def _saved_original(self, owner: Any, name: str) -> Any:
+        for o, n, original in self._saved:
+            if n == name and isinstance(o, type) and issubclass(owner, o):
+                return original
+        raise LookupError(name)
+
+    # ================================================================== prefill
+
+    def prefill(self) -> None:
+        from sglang.srt.disaggregation import prefill as pmod
+        from sglang.srt.disaggregation.common.conn import CommonKVSender
+
+        guard = self.guard
+        inst = self
+
+        def bind_from_pool(orig: Any) -> Any:
+            def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+                orig(self, *args, **kwargs)
+                if not guard.bound:
+                    guard.bind(_prefill_pages(self))
+
+            return __init__
+
+        self.wrap(pmod.PrefillBootstrapQueue, "__init__", bind_from_pool)
+
+        def send(orig: Any) -> Any:
+            def wrapped(self: Any, kv_indices: Any, *a: Any, **kw: Any) -> Any:
+                if getattr(self, "conclude_state", None) is None and guard.bound:
+                    key = getattr(self, _KEY, None)
+                    new = inst._quiet(
+                        lambda: guard.sending(key, int(self.bootstrap_room), kv_indices)
+                    )
+                    if new is not None:
+                        setattr(self, _KEY, new)
+                        inst.managers[new] = self.kv_mgr
+                return orig(self, kv_indices, *a, **kw)
+
+            return wrapped
+
+        self.wrap(CommonKVSender, "send", send)
+
+        def release_kv_cache(orig: Any) -> Any:
+            def wrapped(req: Any, tree_cache: Any, *, checkpoint: bool) -> Any:
+                key = getattr(getattr(req, "disagg_kv_sender", None), _KEY, None)
+                if key is None or not guard.tracks(key):
+                    return orig(req, tree_cache, checkpoint=checkpoint)
+                inst._observe(key)
+                if inst._quiet(lambda: guard.ended(key, now=time.monotonic())):
+                    out = orig(req, tree_cache, checkpoint=checkpoint)
+                    inst._freed(key)
+                    return out
+                # Source pages the transfer worker may still read: freed once drained.
+                inst.pending[key] = (req, tree_cache, checkpoint)
+                return None
+
+            return wrapped
+
+        self.wrap(pmod, "release_kv_cache", release_kv_cache)
+
+        def inflight(orig: Any) -> Any:
+            def wrapped(self: Any, *a: Any, **kw: Any) -> Any:
+                for key in list(inst.pending):
+                    inst._observe(key)
+                guard.tick(time.monotonic())
+                for key in guard.take_released():
+                    held = inst.pending.pop(key, None)
+                    if held is not None:
+                        req, tree_cache, checkpoint = held
+                        original = inst._saved_module_original(pmod, "release_kv_cache")
+                        original(req, tree_cache, checkpoint=checkpoint)
+                        inst._freed(key)
+                return orig(self, *a, **kw)
+
+            return wrapped
+
+        self.wrap(
+            pmod.SchedulerDisaggregationPrefillMixin,
+            "process_disagg_prefill_inflight_queue",
+            inflight,
+        )
+
+    def _observe(self, key: str) -> None:
+        """What SGLang's prefill manager shows about the room: drained, or poisoned."""
+        mgr = self.managers.get(key)
+        if mgr is None:
+            return
+        room = int(key.split(":", 1)[1].split("#", 1)[0])
+        if room in getattr(mgr, "_deferred_ack_poisoned_rooms", ()):
+            if self.guard.lifecycle(key)["suspect"] != "poisoned":
+                self._quiet(lambda: self.guard.poisoned(key))
+            return
+        if _drained(mgr, room):
+            self._quiet(lambda: self.guard.drained(key))
+
+    def _freed(self, key: str) -> None:
+        self._quiet(lambda: self.guard.freed(key))
+        self.managers.pop(key, None)
+
+    def _saved_module_original(self, module: Any, name: str) -> Any:
+        for o, n, original in self._saved:
+            if o is module and n == name:
+                return original
+        raise LookupError(name)
+
+
+def _key_of(decode_req: Any) -> str | None:
+    receiver = getattr(decode_req, "kv_receiver", None)
+    key = getattr(receiver, _KEY, None)
+    return key if isinstance(key, str) else None
+
+
+def _prefill_ranks(receiver: Any) -> list[int]:
+    """The prefill ranks that may write, as the ABORT_ACKs name them: SGLang's prefill sends
+    ``attn_tp_rank * (pp_size * attn_cp_size) + pp_rank * attn_cp_size + attn_cp_rank``, and
+    ``bootstrap_infos`` lists the ranks in this order (cp, then tp, then pp reversed)."""
+    info = receiver.prefill_info
+    pp, cp = int(info.pp_size), int(info.attn_cp_size)
+    return [
+        tp * (pp * cp) + p * cp + c
+        for c in receiver.target_cp_ranks
+        for tp in receiver.target_tp_ranks
+        for p in reversed(receiver.target_pp_ranks)
+    ]
+
+
+def _prefill_pages(queue: Any) -> int:
+    alloc = getattr(getattr(queue, "scheduler", None), "token_to_kv_pool_allocator", None)
+    if alloc is not None:
+        return int(alloc.size) // int(alloc.page_size) + 2
+    pool = queue.token_to_kv_pool
+    return int(pool.size) // int(pool.page_size) + 2
+
+
+def _drained(mgr: Any, room: int) -> bool:
+    """No chunk of ``room`` is inside ``send_kvcache`` and none will start: the worker counts a
+    chunk at dequeue (``_staging_outstanding``) and drops the chunks of a Failed (or cleared)
+    room; a Success room has sent its last chunk."""
+    from sglang.srt.disaggregation.base import KVPoll
+
+    if mgr._staging_outstanding.get(room, 0) > 0:
+        return False
+    status = mgr.request_status.get(room)
+    return status is None or status in (KVPoll.Failed, KVPoll.Success)
+
+
+def wrapped_points() -> Iterator[tuple[Any, str]]:
+    """Every (class or module, attribute) the installed hooks replaced (tests check that
+    ``uninstall`` puts each original back)."""
+    inst = _installed
+    if inst is not None:
+        for owner, name, _ in inst._saved:
+            yield owner, name

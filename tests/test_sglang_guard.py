@@ -1,0 +1,516 @@
+"""SGLangGuard, the sans-IO core of the SGLang integration, driven without SGLang: every signal
+becomes exactly the evidence of ``signals.PROFILE``, at every phase of a lifecycle, from every
+rank; a room reused never lets a message of its earlier use act on the new one; every bad input
+is refused with a typed error, logged and counted, and changes nothing (the whole state is
+compared). (tests/in_sglang/ drives the same guard through SGLang's real classes.)"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, MutableMapping
+from functools import partial
+from typing import Any, cast
+
+import numpy as np
+import pytest
+import structlog
+
+from kvlifetime.errors import (
+    BlockOutOfRange,
+    BlockUnavailable,
+    DuplicateBlockIds,
+    InvalidBlockIds,
+    InvalidField,
+    KVLifetimeError,
+    MismatchedEvidence,
+    StaleEvidence,
+    UnknownRequest,
+    UsageError,
+)
+from kvlifetime.integrations.sglang import PROFILE, GuardNotBound, SGLangGuard
+from kvlifetime.machines import RequestState
+from kvlifetime.profiles import NOTHING, profile
+
+P0 = "127.0.0.1:8998"  # a prefill's bootstrap address
+P1 = "127.0.0.1:9998"
+PAGES = np.arange(10, 18)
+
+
+def decode(n: int = 64) -> SGLangGuard:
+    return SGLangGuard(role="decode", ledger_blocks=n)
+
+
+def prefill(n: int = 64, **kw: Any) -> SGLangGuard:
+    return SGLangGuard(role="prefill", ledger_blocks=n, **kw)
+
+
+def publish(
+    g: SGLangGuard,
+    room: int = 7,
+    pages: Any = PAGES,
+    *,
+    slot: int = 3,
+    ranks: tuple[int, ...] = (0,),
+    addr: str = P0,
+) -> str:
+    return g.published(room, pages, slot=slot, ranks=list(ranks), prefill=addr)
+
+
+def state(g: SGLangGuard) -> tuple[Any, ...]:
+    """Everything observable, except the refusal and duplicate counters (which a refusal or a
+    repeat is expected to bump)."""
+    st = g.stats()
+    lives = tuple((k, tuple(sorted(g.lifecycle(k).items()))) for k in g.lifecycles())
+    figures = (st.live, st.held, st.quarantined, st.quarantined_pages, st.releasable)
+    return (
+        lives,
+        figures,
+        st.completed,
+        st.freed,
+        dict(st.quarantine_reasons),
+        g.ledger.fingerprint(),
+        g.ready(),
+    )
+
+
+def refused(
+    g: SGLangGuard, call: Callable[[], object], error: type[KVLifetimeError], kind: str
+) -> list[MutableMapping[str, Any]]:
+    """``call`` raises ``error``, changes nothing, is counted under ``kind`` once and logged."""
+    before = state(g)
+    counted = g.stats().refused.get(kind, 0)
+    with structlog.testing.capture_logs() as logs, pytest.raises(error):
+        call()
+    assert state(g) == before
+    assert g.stats().refused.get(kind, 0) == counted + 1
+    hits = [e for e in logs if e["event"] == "sglang_guard_refused"]
+    assert len(hits) == 1 and hits[0]["kind"] == kind and hits[0]["error"] == error.__name__
+    return logs
+
+
+# =========================================================================== decode: the proofs
+
+
+def test_success_closes_every_rank_and_ends_the_lifecycle() -> None:
+    g = decode()
+    key = publish(g, ranks=(0, 1, 2))
+    assert key == "sglang:7#1"
+    assert g.ledger.open_grants(key) and len(g.ledger.open_grants(key)) == 3
+    assert g.ledger.stats().blocks_by_state["exposed"] == len(PAGES)
+    g.transferred(key)
+    st = g.stats()
+    assert (st.live, st.held, st.completed, st.freed) == (0, 0, 1, 0)
+    assert g.lifecycles() == [] and g.ledger.stats().blocks_by_state["free"] == 64
+    # The pages are the running request's now: a new lifecycle may publish them again.
+    assert publish(g, room=8) == "sglang:8#2"
+    # A repeat of the Success is a duplicate: no-op, counted.
+    before = state(g)
+    g.transferred(key)
+    assert state(g) == before and g.stats().duplicates == 1
+
+
+def test_an_ack_of_the_current_generation_closes_that_rank_only() -> None:
+    g = decode()
+    key = publish(g, ranks=(0, 1))
+    g.armed(key, 1)
+    assert g.acked(7, 1, 1) is True
+    g.held(key, deadline=30.0)
+    assert not g.releasable(key)
+    assert g.lifecycle(key)["acked"] == [1] and g.lifecycle(key)["phase"] == "held"
+    assert g.ledger.state(key) is RequestState.REJECTED
+    assert g.acked(7, 1, 1) is False  # a repeat: a no-op
+    assert g.stats().duplicates == 1
+    assert g.acked(7, 0, 1) is True  # the other rank: every rank proven, released
+    assert g.releasable(key) and g.stats().releasable == 1
+    g.freed(key)
+    assert g.lifecycles() == [] and g.stats().freed == 1
+
+
+def test_ack_before_the_failure_is_kept_and_releases_at_the_hold() -> None:
+    # abort() arms and sends the ABORT from the scheduler; the ACK may land (on the decode
+    # thread) before pop_transferred sees Failed and holds.
+    g = decode()
+    key = publish(g)
+    g.armed(key, 5)
+    assert g.acked(7, 0, 5) is True
+    assert g.lifecycle(key)["phase"] == "live"
+    assert g.held(key, deadline=30.0) is True
+    assert g.releasable(key)
+
+
+def test_two_ranks_one_acks_the_other_is_quarantined_at_the_deadline() -> None:
+    g = decode()
+    key = publish(g, ranks=(0, 1))
+    g.armed(key, 1)
+    g.acked(7, 0, 1)
+    g.held(key, deadline=30.0)
+    assert g.tick(29.9) == []
+    with structlog.testing.capture_logs() as logs:
+        assert g.tick(30.0) == [key]
+    q = [e for e in logs if e["event"] == "sglang_quarantined"]
+    assert q == [
+        {
+            "event": "sglang_quarantined",
+            "log_level": "warning",
+            "key": key,
+            "room": 7,
+            "reason": "deadline",
+            "pages": len(PAGES),
+            "acked": [0],
+            "ranks": [0, 1],
+        }
+    ]
+    assert not g.releasable(key)
+    # Rank 0's grant is closed, rank 1's open: the ledger says what is unproven.
+    unproven = g.ledger.unproven(key)
+    assert len(unproven) == 1 and "rank1" in next(iter(unproven))
+
+
+def test_failed_holds_the_pages_and_proves_nothing() -> None:
+    g = decode()
+    key = publish(g)
+    assert g.held(key, deadline=30.0) is False
+    st = g.stats()
+    assert (st.live, st.held, st.quarantined, st.releasable) == (0, 1, 0, 0)
+    assert g.ledger.stats().blocks_by_state["draining"] == len(PAGES)
+    assert not g.releasable(key)
+    with pytest.raises(UsageError):  # SGLang may not free it
+        g.freed(key)
+    # A second hold of the same lifecycle is a repeat.
+    before = state(g)
+    assert g.held(key, deadline=99.0) is False
+    assert state(g) == before
+    # Success cannot follow a failure SGLang already acted on: refused, nothing changed.
+    refused(g, lambda: g.transferred(key), UsageError, "transferred_refused")
+
+
+def test_the_deadline_quarantines_and_never_releases() -> None:
+    g = decode()
+    key = publish(g)
+    g.armed(key, 1)
+    g.held(key, deadline=30.0)
+    assert g.tick(30.02) == [key]
+    st = g.stats()
+    assert (st.quarantined, st.quarantined_pages, st.quarantine_reasons) == (
+        1,
+        len(PAGES),
+        {"deadline": 1},
+    )
+    assert g.ledger.stats().blocks_by_state["quarantined"] == len(PAGES)
+    for now in (31.0, 1e6):
+        assert g.tick(now) == [] and not g.releasable(key)
+    # The prefill resumed and drained: its ACK (0.71 s after the abort in the measurement)
+    # ends the quarantine.
+    assert g.acked(7, 0, 1) is True
+    assert g.releasable(key)
+    g.freed(key)
+    assert g.stats().quarantined == 0 and g.ledger.stats().blocks_by_state["free"] == 64
+
+
+def test_a_lost_prefill_is_quarantined_until_a_fence() -> None:
+    g = decode()
+    lost = publish(g, room=7, pages=np.arange(0, 4), slot=1, ranks=(0, 1), addr=P0)
+    other = publish(g, room=8, pages=np.arange(4, 8), slot=2, addr=P1)
+    g.armed(lost, 1)
+    g.acked(7, 0, 1)  # rank 0 drained before the loss
+    assert g.prefill_lost(P0) == []  # still running: suspect, not yet quarantined
+    g.held(lost, deadline=30.0)
+    st = g.stats()
+    assert st.quarantined == 1 and st.quarantine_reasons == {"peer_lost": 1}
+    assert g.ledger.state(lost) is RequestState.QUARANTINED
+    assert g.ledger.state(other) is RequestState.ADMITTED  # another prefill: untouched
+    # A fence of the lost prefill releases it, and only it.
+    assert g.revoke("prefill_reaped", prefill=P0) == [lost]
+    assert g.releasable(lost) and not g.releasable(other)
+    assert g.ledger.stats().reclaimed_blocks == {"prefill_reaped": 4}
+    g.freed(lost)
+    g.transferred(other)
+    assert g.lifecycles() == []
+
+
+def test_a_free_outside_the_deferred_path_is_withheld() -> None:
+    g = decode()
+    key = publish(g)
+    with structlog.testing.capture_logs() as logs:
+        assert g.withheld(key, now=5.0) is False
+    assert [e["reason"] for e in logs if e["event"] == "sglang_quarantined"] == ["freed_unproven"]
+    assert g.stats().quarantine_reasons == {"freed_unproven": 1}
+    assert g.take_released() == []
+    assert g.revoke("decode_engine_recreated") == [key]
+    assert g.take_released() == [key] and g.take_released() == []
+    g.freed(key)
+    # Proven before SGLang frees it: withheld returns True (free now).
+    k2 = publish(g, room=9)
+    g.armed(k2, 2)
+    g.acked(9, 0, 2)
+    assert g.withheld(k2, now=6.0) is True
+    assert g.take_released() == []
+
+
+# =========================================================================== decode: rooms reused
+
+
+def test_a_late_ack_of_an_old_generation_never_counts_for_the_new_owner() -> None:
+    g = decode()
+    old = publish(g)
+    g.armed(old, 1)
+    g.held(old, deadline=30.0)
+    g.revoke("decode_engine_recreated")
+    g.freed(old)
+    new = publish(g)  # the same room, the same pages, the same slot: a new owner
+    assert new != old
+    g.armed(new, 2)
+    g.held(new, deadline=60.0)
+    logs = refused(g, lambda: g.acked(7, 0, 1), StaleEvidence, "ack_refused")
+    assert logs[-1]["room"] == 7 and logs[-1]["generation"] == 1
+    assert not g.releasable(new)
+    assert g.acked(7, 0, 2) is True and g.releasable(new)
+
+
+def test_a_room_reused_while_its_old_use_is_held_keeps_each_ack_to_its_own_use() -> None:
+    g = decode()
+    old = publish(g, pages=np.arange(0, 4), slot=1)
+    g.armed(old, 1)
+    g.held(old, deadline=30.0)
+    new = publish(g, pages=np.arange(4, 8), slot=2)  # same room, SGLang still holds the old
+    g.armed(new, 2)
+    assert g.acked(7, 0, 2) is True  # the new use's ACK: not the old one's proof
+    assert not g.releasable(old)
+    assert g.lifecycle(new)["acked"] == [0] and g.lifecycle(old)["acked"] == []
+    assert g.acked(7, 0, 1) is True and g.releasable(old)
+
+
+def test_a_re_armed_lifecycle_counts_only_its_new_generation() -> None:
+    g = decode()
+    key = publish(g, ranks=(0, 1))
+    g.armed(key, 1)
+    g.acked(7, 0, 1)
+    g.armed(key, 2)  # SGLang resets the room's ACK set under a new generation
+    assert g.lifecycle(key)["acked"] == [] and g.lifecycle(key)["generation"] == 2
+    refused(g, lambda: g.acked(7, 1, 1), StaleEvidence, "ack_refused")
+    before = state(g)
+    g.armed(key, 2)  # a repeat
+    assert state(g) == before
+
+
+def test_acks_of_unknown_generations_rooms_and_ranks_are_refused() -> None:
+    g = decode()
+    a = publish(g, room=7, pages=np.arange(0, 4), slot=1, ranks=(0, 1))
+    b = publish(g, room=8, pages=np.arange(4, 8), slot=2)
+    g.armed(a, 1)
+    g.armed(b, 2)
+    g.held(a, deadline=30.0)
+    refused(g, lambda: g.acked(7, 0, 99), MismatchedEvidence, "ack_refused")  # never armed
+    refused(g, lambda: g.acked(8, 0, 1), MismatchedEvidence, "ack_refused")  # another room's
+    refused(g, lambda: g.acked(7, 2, 1), MismatchedEvidence, "ack_refused")  # not a rank of it
+    refused(g, lambda: g.acked(12345, 0, 1), MismatchedEvidence, "ack_refused")  # unknown room
+    g.held(b, deadline=30.0)
+    g.acked(8, 0, 2)
+    g.freed(b)
+    refused(g, lambda: g.acked(7, 0, 2), MismatchedEvidence, "ack_refused")  # b's, freed
+
+
+def test_an_ack_without_a_generation_is_refused() -> None:
+    g = decode()
+    key = publish(g)
+    g.armed(key, 1)
+    bad: Any
+    for bad in (None, "1", 1.0, True, -1, 2**40):
+        refused(g, partial(g.acked, 7, 0, bad), InvalidField, "ack_refused")
+    for bad in (None, "7", 7.0, False, -7, 2**64):
+        refused(g, partial(g.acked, bad, 0, 1), InvalidField, "ack_refused")
+    for bad in (None, "0", 0.0, True, -1):
+        refused(g, partial(g.acked, 7, bad, 1), InvalidField, "ack_refused")
+    zero: Any = np.int64(0)
+    assert g.acked(7, zero, zero + 1) is True  # numpy integers are ints
+
+
+# =========================================================================== decode: bad calls
+
+
+def test_publishes_of_bad_values_are_refused_and_change_nothing() -> None:
+    g = decode(32)
+    publish(g, room=1, pages=np.arange(0, 4), slot=0)
+    bad: list[tuple[dict[str, Any], type[KVLifetimeError]]] = [
+        ({"room": "7"}, InvalidField),
+        ({"room": True}, InvalidField),
+        ({"room": -1}, InvalidField),
+        ({"room": 2**64}, InvalidField),
+        ({"slot": None}, InvalidField),
+        ({"slot": -1}, InvalidField),
+        ({"ranks": ()}, InvalidField),
+        ({"ranks": (0, 0)}, InvalidField),
+        ({"ranks": (0.0,)}, InvalidField),
+        ({"addr": ""}, InvalidField),
+        ({"pages": [1.5, 2.0]}, InvalidBlockIds),
+        ({"pages": ["4"]}, InvalidBlockIds),
+        ({"pages": [31, 32]}, BlockOutOfRange),
+        ({"pages": [5, 5]}, DuplicateBlockIds),
+    ]
+    for kw, error in bad:
+        args = {"room": 7, "pages": np.arange(8, 12), "slot": 1, "ranks": (0,), "addr": P0}
+        args.update(kw)
+        refused(
+            g,
+            lambda a=args: publish(  # type: ignore[misc]
+                g, a["room"], a["pages"], slot=a["slot"], ranks=a["ranks"], addr=a["addr"]
+            ),
+            error,
+            "published_refused",
+        )
+    refused(
+        g,
+        partial(g.published, 7, [9], slot=1, ranks=cast(Any, "0"), prefill=P0),
+        InvalidField,
+        "published_refused",
+    )
+    # The next lifecycle gets the next number: refusals made none.
+    assert publish(g, room=2, pages=[20], slot=5) == "sglang:2#2"
+
+
+def test_a_publish_over_pages_the_guard_still_holds_is_refused_and_counted() -> None:
+    g = decode()
+    key = publish(g, pages=np.arange(0, 4))
+    g.held(key, deadline=1.0)
+    g.tick(2.0)  # quarantined: SGLang keeps these pages
+    refused(g, lambda: publish(g, room=9, pages=[3, 4]), BlockUnavailable, "exposed_page_reused")
+
+
+def test_a_publish_of_a_slot_the_guard_still_holds_is_counted_and_logged() -> None:
+    g = decode()
+    key = publish(g, pages=np.arange(0, 4), slot=3)
+    g.held(key, deadline=1.0)
+    with structlog.testing.capture_logs() as logs:
+        k2 = publish(g, room=9, pages=np.arange(4, 8), slot=3)
+    assert [e for e in logs if e["event"] == "sglang_exposed_slot_reused"] == [
+        {
+            "event": "sglang_exposed_slot_reused",
+            "log_level": "warning",
+            "slot": 3,
+            "key": k2,
+            "held_by": key,
+        }
+    ]
+    assert g.stats().refused == {"exposed_slot_reused": 1}
+
+
+def test_unknown_lifecycles_and_wrong_roles_are_refused() -> None:
+    g = decode()
+    key = publish(g)
+    refused(g, lambda: g.transferred("sglang:7#99"), UnknownRequest, "transferred_refused")
+    refused(g, lambda: g.held("nope", deadline=1.0), UnknownRequest, "end_refused")
+    refused(g, lambda: g.held(key, deadline=float("nan")), InvalidField, "end_refused")
+    refused(g, lambda: g.armed("sglang:1#1", 3), UnknownRequest, "armed_refused")
+    refused(g, lambda: g.armed(key, -3), InvalidField, "armed_refused")
+    refused(g, lambda: g.freed(key), UsageError, "freed_refused")
+    refused(g, lambda: g.withheld(7, now=1.0), InvalidField, "withheld_refused")  # type: ignore[arg-type]
+    refused(g, lambda: g.revoke(""), InvalidField, "revoke_refused")
+    refused(g, lambda: g.prefill_lost(""), InvalidField, "prefill_lost_refused")
+    g.armed(key, 1)
+    refused(g, lambda: g.armed(key, 0), MismatchedEvidence, "armed_refused")  # counter only grows
+    for call in (lambda: g.sending(None, 7, [1]), lambda: g.drained(key), lambda: g.poisoned(key)):
+        before = state(g)
+        with pytest.raises(UsageError, match="prefill call"):
+            call()
+        assert state(g) == before
+    with pytest.raises(UsageError, match="decode call"):
+        prefill().published(7, [1], slot=1, ranks=[0], prefill=P0)
+
+
+def test_before_bind_the_ledger_is_refused_and_a_tick_is_a_no_op() -> None:
+    g = SGLangGuard(role="decode")
+    assert not g.bound and g.stats().ledger is None and g.tick(1.0) == []
+    with pytest.raises(GuardNotBound):
+        _ = g.ledger
+    with pytest.raises(GuardNotBound):
+        publish(g)
+    g.bind(16)
+    g.bind(16)  # the same size: a no-op
+    with pytest.raises(InvalidField):
+        g.bind(17)
+    assert publish(g, pages=[1, 2]) == "sglang:7#1"
+    for bad in ({"role": "router"}, {"role": "decode", "ledger_blocks": 0}):
+        with pytest.raises(InvalidField):
+            SGLangGuard(**bad)
+
+
+# =========================================================================== prefill
+
+
+def test_prefill_failed_proves_nothing_the_free_waits_for_the_drain() -> None:
+    g = prefill()
+    key = g.sending(None, 7, np.arange(0, 4))
+    assert g.sending(key, 7, np.arange(4, 8)) == key  # a second chunk: another READ grant
+    assert len(g.ledger.open_grants(key)) == 2
+    # poll() says Failed with a chunk still in flight; SGLang frees: held.
+    assert g.ended(key, now=100.0, reason="transfer_failed") is False
+    assert g.take_released() == [] and not g.releasable(key)
+    assert g.ledger.stats().blocks_by_state["draining"] == 8
+    # The worker finished the chunk: outstanding 0 -> drained; the free goes ahead.
+    assert g.drained(key) is True
+    assert g.take_released() == [key]
+    g.freed(key)
+    assert g.lifecycles() == [] and g.ledger.stats().blocks_by_state["free"] == 64
+
+
+def test_prefill_drained_releases_the_source_pages() -> None:
+    g = prefill()
+    key = g.sending(None, 7, np.arange(0, 4))
+    assert g.drained(key) is False  # still live: the proof is kept
+    assert g.drained(key) is False  # a repeat
+    assert g.ended(key, now=1.0) is True  # Success: drained first, freed at once
+    assert g.ledger.stats().requests_by_state["transfer_quiesced"] == 0
+    g.freed(key)
+    assert g.drained(key) is False and g.stats().duplicates >= 2
+
+
+def test_a_poisoned_prefill_room_is_quarantined() -> None:
+    g = prefill()
+    key = g.sending(None, 7, np.arange(0, 4))
+    g.poisoned(key)
+    assert g.ended(key, now=1.0, reason="transfer_failed") is False
+    st = g.stats()
+    assert st.quarantined == 1 and st.quarantine_reasons == {"poisoned": 1}
+    assert g.tick(1e9) == [] and g.take_released() == []
+    assert g.revoke("prefill_transfer_engine_recreated") == [key]
+    assert g.take_released() == [key]
+
+
+def test_prefill_drain_timeout_quarantines_and_a_late_drain_releases() -> None:
+    g = prefill(drain_timeout=5.0)
+    key = g.sending(None, 7, np.arange(0, 4))
+    g.ended(key, now=10.0, reason="transfer_failed")
+    assert g.tick(14.9) == []
+    assert g.tick(15.0) == [key]
+    assert g.stats().quarantine_reasons == {"deadline": 1}
+    assert g.drained(key) is True and g.take_released() == [key]
+
+
+def test_prefill_shares_cached_prefix_pages_between_rooms() -> None:
+    g = prefill()
+    a = g.sending(None, 7, np.arange(0, 8))
+    b = g.sending(None, 8, np.arange(0, 4))  # a prefix-cache hit: the same source pages
+    assert a != b
+    g.drained(a)
+    assert g.ended(a, now=1.0) is True
+    g.freed(a)
+    assert g.ledger.holders(np.arange(0, 4)).tolist() == [1, 1, 1, 1]
+    refused(g, lambda: g.sending(b, 9, [9]), InvalidField, "sending_refused")  # another room
+    refused(g, lambda: g.sending(a, 7, [9]), UnknownRequest, "sending_refused")  # freed
+
+
+# =========================================================================== the profile
+
+
+def _rows() -> Iterator[str]:
+    for row in PROFILE.rows:
+        yield row.test.split("::")[1]
+
+
+def test_the_profile_is_registered_and_pinned_here() -> None:
+    assert profile("sglang") is PROFILE
+    names = set(globals())
+    assert [t for t in _rows() if t not in names] == []
+    assert PROFILE.fence is None
+    nothing = [r.status for r in PROFILE.rows if r.evidence == NOTHING]
+    assert any("KVPoll.Failed" in s for s in nothing)
+    assert any("earlier generation" in s for s in nothing)
