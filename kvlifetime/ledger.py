@@ -259,6 +259,10 @@ class BlockLedger:
 
         Evidence about the previous incarnation's grants stays refused (``MismatchedEvidence``:
         another incarnation) and counted: a late report of the old process proves nothing here.
+        So does every claim about the quarantine grants themselves (a ``TransferCompleted``,
+        ``SchedulingStopped``, ``TransferQuiesced``, ``CancelReceived`` or ``LeaseExpired``,
+        from the peer or from this process): they stand for the old access, which only a fence
+        ends. Refused before anything changes, logged and counted like any refused evidence.
         ``counts`` as in the constructor (with ``"engine"``, ``request`` holds the blocks by the
         engine's counts; the engine keeps its own references to them until they are returned).
         """
@@ -279,6 +283,8 @@ class BlockLedger:
             held = req.all_blocks()
             for peer in dict.fromkeys(peers):
                 led._open_grant(req, peer, held, Access.WRITE, None)
+            for rec in req.open.values():
+                rec.fence_only = True
         led.reject(request, reason=cls.PREVIOUS_INCARNATION)
         with led._lock:
             for rec in req.open.values():
@@ -834,6 +840,8 @@ class BlockLedger:
             rec = self._grants.get(gid.serial) if gid.incarnation == self.incarnation else None
             if rec is None or ev.request != rec.grant.request or ev.peer != rec.peer:
                 rec = self._grant_record(ev)  # raises the precise error
+            if rec.fence_only:
+                _check_fence(rec, ev)
             rec.check(ev)
             # A closed grant of a live request: checked for contradictions above, else a no-op.
             changed = rec.is_open and rec.record(ev)
@@ -1381,6 +1389,7 @@ class BlockLedger:
                     rec = GrantRecord(orec.grant, req, orec.deadline)
                     rec.assign(orec)
                     rec.is_open = orec.is_open
+                    rec.fence_only = orec.fence_only
                     req.grants[serial] = rec
                     new._grants[serial] = rec
                     if serial in old.open:
@@ -1711,6 +1720,22 @@ class BlockLedger:
                     f"a read grant on blocks another request's open write grant covers: "
                     f"{arr[foreign][:16].tolist()}"
                 )
+
+
+def _check_fence(rec: GrantRecord, ev: GrantEvidence | AccessRevoked) -> None:
+    """A restart's quarantine grant stands for what a previous incarnation's peer may still do
+    (``after_restart``): only a fence the memory owner's side completed (a local
+    ``AccessRevoked``) ends it. Any claim about it - from the peer, whose new connection may
+    have learnt the grant id, or from this process - is about that old access, which no word
+    can prove over: refused as evidence about another incarnation."""
+    if type(ev) is AccessRevoked and ev.source.kind is SourceKind.LOCAL:
+        return
+    raise MismatchedEvidence(
+        f"{ev.kind} from {ev.source} is about grant {rec.label}, the quarantine of a previous "
+        "incarnation's access to the arena: only a completed fence (a local AccessRevoked) "
+        "ends it",
+        evidence=ev,
+    )
 
 
 def _concat_ids(parts: Sequence[BlockIds | list[int]], num_blocks: int) -> BlockIds:

@@ -25,7 +25,7 @@ class GrantRecord(GrantProof):
     """A live grant and what has been proven about it (the record *is* its proof, so the
     guards can read a request's open records directly)."""
 
-    __slots__ = ("deadline", "grant", "is_open", "label", "peer", "req")
+    __slots__ = ("deadline", "fence_only", "grant", "is_open", "label", "peer", "req")
 
     def __init__(self, grant: Grant, req: RequestRecord, deadline: float | None) -> None:
         super().__init__()
@@ -35,6 +35,9 @@ class GrantRecord(GrantProof):
         self.label = str(grant.id)  # formatted once: every transition it causes names it
         self.peer = grant.peer
         self.is_open = True  # False once closed; then it is only in req.grants
+        # True for a restart's quarantine grant (``BlockLedger.after_restart``): it stands for a
+        # previous incarnation's access, so no claim about it is believed, only a local fence.
+        self.fence_only = False
 
 
 class RequestRecord:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import attrs
 import numpy as np
 import pytest
 
@@ -12,8 +16,16 @@ from kvlifetime.errors import (
     OutOfBlocks,
     UnauthorizedEvidence,
 )
-from kvlifetime.evidence import AccessRevoked, TransferCompleted
-from kvlifetime.grant import Access
+from kvlifetime.evidence import (
+    AccessRevoked,
+    CancelReceived,
+    Evidence,
+    LeaseExpired,
+    SchedulingStopped,
+    TransferCompleted,
+    TransferQuiesced,
+)
+from kvlifetime.grant import Access, Grant
 from kvlifetime.harness.decode import SimConfig, run
 from kvlifetime.harness.transfer import InprocEngine, InprocTarget, Status
 from kvlifetime.ledger import BlockLedger
@@ -134,3 +146,126 @@ def test_decode_restart_naive_vs_guarded() -> None:
     assert guarded.contaminated_blocks == 0
     assert guarded.reclaimed_blocks["inproc_initiator_reaped"] >= 2048  # the whole arena
     assert guarded.quarantined_blocks == 0 and guarded.leaked_blocks == 0
+
+
+# --------------------------------------------------------------------------- only a fence ends it
+
+# Every claim but a fence's, about the restart's quarantine grant. The old peer's new connection
+# can read the grant id off an ``Assign`` (the incarnation is this ledger's): it must still not
+# be able to lift the quarantine by saying its transfers are over.
+CLAIMS: list[tuple[str, Callable[[Grant], Evidence]]] = [
+    ("CancelReceived", CancelReceived.of),
+    ("SchedulingStopped-0", lambda g: SchedulingStopped.of(g, 0)),
+    ("SchedulingStopped-5", lambda g: SchedulingStopped.of(g, 5)),
+    ("TransferQuiesced", lambda g: TransferQuiesced.of(g, through_seq=5)),
+    ("TransferCompleted-0", lambda g: TransferCompleted.of(g, 0)),
+    ("TransferCompleted-5", lambda g: TransferCompleted.of(g, 5)),
+    ("LeaseExpired", LeaseExpired.of),
+]
+# Who says it: the process itself, the old peer over its own connection, another peer.
+SOURCES: list[tuple[str, Source | None, type[Exception]]] = [
+    ("local", None, MismatchedEvidence),
+    ("the-grants-peer", Source.peer("p0"), MismatchedEvidence),
+    ("another-peer", Source.peer("p1"), UnauthorizedEvidence),
+]
+
+
+def _restarted() -> tuple[BlockLedger, Grant]:
+    led = BlockLedger.after_restart(6, peers=["p0", "p1"], exposed=[0, 1, 2, 3])
+    led.allocate("new", 1)  # a live request beside the quarantine, that nothing may touch
+    (g,) = [g for g in led.grants_of(OLD) if g.peer == "p0"]
+    return led, g
+
+
+def _whole(led: BlockLedger) -> tuple[Any, ...]:
+    """Everything a refusal must leave as it was, evidence counters aside."""
+    st = led.stats(now=1.0)
+    return (
+        led.fingerprint(),
+        attrs.evolve(st, refused_evidence={}),
+        led.free_count(),
+        {str(g.id): led.proof_of(g).key() for g in led.grants_of(OLD)},
+        led.unproven(OLD),
+    )
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["apply", "apply_many"])
+@pytest.mark.parametrize(("who", "source", "exc"), SOURCES, ids=[s[0] for s in SOURCES])
+@pytest.mark.parametrize(("kind", "make"), CLAIMS, ids=[c[0] for c in CLAIMS])
+def test_no_claim_lifts_a_restart_quarantine_only_a_fence_does(
+    kind: str,
+    make: Callable[[Grant], Evidence],
+    who: str,
+    source: Source | None,
+    exc: type[Exception],
+    batch: bool,
+) -> None:
+    led, g = _restarted()
+    ev = make(g)
+    if source is not None:
+        ev = attrs.evolve(ev, source=source)
+    if kind == "LeaseExpired" and source is not None:
+        exc = UnauthorizedEvidence  # a peer may never claim time passed, about any grant
+    before = _whole(led)
+    if batch:
+        out = led.apply_many([ev])
+        assert out.transitions == ()
+        assert [(r.position, r.item, type(r.error)) for r in out.refused] == [(0, ev, exc)]
+    else:
+        with pytest.raises(exc):
+            led.apply(ev)
+    assert led.collect_releasable() == {}
+    assert _whole(led) == before
+    assert led.stats().refused_evidence == {exc.kind: 1}  # type: ignore[attr-defined]
+    assert led.state(OLD) is RequestState.QUARANTINED
+    # The fences of both peers still end it (a claim of p0 did not get in their way).
+    led.apply(AccessRevoked("p0", fence="f"))
+    assert led.collect_releasable() == {}
+    p1 = next(r for r in led.grants_of(OLD) if r.peer == "p1")
+    led.apply(AccessRevoked.of(p1, fence="f"))
+    assert led.collect_releasable()[OLD].tolist() == [0, 1, 2, 3]
+
+
+def test_every_claim_at_once_does_not_lift_it_either() -> None:
+    """A whole batch of them, from the grant's own peer and locally, both of its grants: the
+    quarantine holds, every piece refused and counted, and nothing else changed."""
+    led, _ = _restarted()
+    before = _whole(led)
+    batch: list[Evidence] = []
+    for g in led.grants_of(OLD):
+        for _, make in CLAIMS:
+            batch += [make(g), attrs.evolve(make(g), source=Source.peer(g.peer))]
+    out = led.apply_many(batch)
+    assert out.transitions == () and len(out.refused) == len(batch)
+    # A peer may never claim time passed, whatever the grant: unauthorized before anything else.
+    peers_lease = [
+        r for r in out.refused if isinstance(r.item, LeaseExpired) and not r.item.source.is_local
+    ]
+    assert {type(r.error) for r in peers_lease} == {UnauthorizedEvidence}
+    assert {type(r.error) for r in out.refused if r not in peers_lease} == {MismatchedEvidence}
+    assert led.collect_releasable() == {}
+    assert _whole(led) == before
+    assert led.stats().refused_evidence == {
+        "mismatched_evidence": len(batch) - len(peers_lease),
+        "unauthorized_evidence": len(peers_lease),
+    }
+
+
+def test_a_fence_of_one_grant_from_the_local_side_ends_that_grant_only() -> None:
+    led, g = _restarted()
+    led.apply(AccessRevoked.of(g, fence="f"))
+    assert led.proof_of(g).closed
+    assert led.state(OLD) is RequestState.QUARANTINED
+    # Closed by the fence: a later claim about it is still the previous incarnation's word.
+    with pytest.raises(MismatchedEvidence):
+        led.apply(TransferCompleted.of(g, 0))
+    led.apply(AccessRevoked("p1", fence="f"))
+    assert led.collect_releasable()[OLD].tolist() == [0, 1, 2, 3]
+
+
+def test_a_copy_keeps_the_restart_rule() -> None:
+    led, g = _restarted()
+    twin = led.copy()
+    with pytest.raises(MismatchedEvidence):
+        twin.apply(TransferCompleted.of(g, 0))
+    assert twin.collect_releasable() == {}
