@@ -196,6 +196,15 @@ class TransportOracle:
         self.stale_reads += int(np.count_nonzero(stale))
         self._stale_read_blocks.update(b[stale].tolist())
 
+    def hit_request_keys(self) -> frozenset[int]:
+        """The requests ``hit_requests`` counts: each held a block when a late write landed
+        in it (a request that had let go of the block before the landing is never one)."""
+        return frozenset(self._hit)
+
+    def late_writer_keys(self) -> frozenset[int]:
+        """The requests ``late_writers`` counts: whose granted words landed late."""
+        return frozenset(self._late_writers)
+
     def counts(self) -> OracleCounts:
         return OracleCounts(
             method=self.method,
