@@ -114,10 +114,46 @@ def test_failed_load_of_an_aborted_request_is_withheld() -> None:
 def test_failed_load_by_invalid_blocks_delays_the_end() -> None:
     g = ConnectorGuard(16)
     _loading(g)
-    # A live request: vLLM must see finished_recving to recompute or fail it.
-    assert g.output(None, {"d1"}, invalid_block_ids={5}).finished_recving == {"d1"}
+    # A live request (kv_load_failure_policy="recompute"): on this receive vLLM would free the
+    # blocks or recompute into them. Held: the failed transfer proves nothing about what lands.
+    assert g.output(None, {"d1"}, invalid_block_ids={5}).finished_recving == set()
+    assert g.stats().failed_loads_held == 1
+    # Aborted while held: vLLM itself waits for the receive; the guard delays and quarantines.
     assert g.finished("d1", (4, 5), delay=False, aborted=True) is True
     assert g.ledger.state("d1") is RequestState.QUARANTINED
+    assert g.stats().failed_loads_held == 0 and g.stats().withheld == 1
+    assert g.revoke("nixl_agent_recreated") == {"d1"}
+    back = g.output(None, None)
+    assert back.finished_sending == {"d1"} and back.finished_recving == set()
+
+
+def test_a_live_failed_load_is_held_until_a_fence_then_received_once() -> None:
+    # Issue 20 item 4: kv_load_failure_policy="recompute" freed the failed load's blocks (vLLM
+    # frees them in _update_waiting_for_remote_kv once it sees the receive) while the write was
+    # unproven, and the guard then delayed the request's new, never-exposed blocks at its end.
+    g = ConnectorGuard(16)
+    _loading(g, "d1", (4, 5))
+    with structlog.testing.capture_logs() as logs:
+        back = g.output(None, {"d1"}, failed_recving={"d1"})
+    assert back.finished_recving == set() and back.finished_sending == set()
+    assert [e["request"] for e in logs if e["event"] == "vllm_failed_load_held"] == ["d1"]
+    st = g.stats()
+    assert st.load_failed == 1 and st.failed_loads_held == 1 and st.withheld == 0
+    assert g.ledger.stats().blocks_by_state["free"] == 14  # blocks 4, 5 still guarded
+    # The worker reports the receive again (a sibling handle ending later): a duplicate.
+    assert g.output(None, {"d1"}).finished_recving == set()
+    assert g.stats().dropped == {"duplicate_id": 1}
+    # The fence: the receive goes to vLLM once (at the next scheduler step or output).
+    assert g.revoke("nixl_agent_recreated") == {"d1"}
+    assert g.stats().failed_loads_held == 0 and g.stats().exposed == 0
+    assert g.output(None, None).finished_recving == {"d1"}
+    assert g.take_fenced_loads() == set()
+    assert g.ledger.stats().blocks_by_state["free"] == 16
+    # vLLM recomputes into new blocks, never exposed: at the end nothing is delayed.
+    assert g.finished("d1", (7, 8, 9), delay=False, aborted=False) is False
+    assert g.stats().withheld == 0 and g.ledger.stats().blocks_by_state["quarantined"] == 0
+    # A late receive for the request is a duplicate, never vLLM's assert.
+    assert g.output(None, {"d1"}).finished_recving == set()
 
 
 def test_duplicate_and_unknown_ids_are_dropped_and_logged() -> None:

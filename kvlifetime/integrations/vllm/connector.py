@@ -135,6 +135,7 @@ class GuardedConnector(KVConnectorBase_V1):
         self._kvl_null: int | None = None
         self._kvl_requests: dict[str, Any] | None = None
         self._kvl_free: Any = None
+        self._kvl_received: Any = None
         if role == KVConnectorRole.SCHEDULER:
             num_blocks = _num_blocks(cfg, kv_cache_config)
             extra = (vllm_config.kv_transfer_config.kv_connector_extra_config or {}).get(
@@ -164,6 +165,7 @@ class GuardedConnector(KVConnectorBase_V1):
             self.guard.phase = _phase_in(requests)
             self._kvl_requests = requests
             self._kvl_free = getattr(owner, "_free_blocks", None)
+            self._kvl_received = _receive_in(owner)
 
     def on_new_request(self, request: Any) -> None:
         super().on_new_request(request)
@@ -195,6 +197,18 @@ class GuardedConnector(KVConnectorBase_V1):
                 req = self._kvl_requests.get(request_id)
                 if req is not None and req.is_finished():
                     self._kvl_free(req)
+            # A fence ended a held failed load: vLLM gets the receive it waits for, as its
+            # own _update_from_kv_xfer_finished would take it, and recovers at its next step.
+            fenced = self.guard.take_fenced_loads()
+            if fenced and self._kvl_received is not None:
+                for request_id in fenced:
+                    req = self._kvl_requests.get(request_id)
+                    if req is None:
+                        continue
+                    if req.is_finished():
+                        self._kvl_free(req)  # aborted while held: vLLM waited for this
+                    else:
+                        self._kvl_received(req)
         return meta
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
@@ -282,6 +296,28 @@ def _phase_in(requests: dict[str, Any]) -> Any:
         return "running"
 
     return phase
+
+
+def _receive_in(scheduler: Any) -> Any:
+    """What vLLM's scheduler does with a ``finished_recving`` id of a request waiting for remote
+    KVs (``_update_from_kv_xfer_finished``): the id joins ``finished_recving_kv_req_ids`` and the
+    next ``schedule()`` moves the request on. None when the scheduler has no such set."""
+    done = getattr(scheduler, "finished_recving_kv_req_ids", None)
+    if not isinstance(done, set):
+        return None
+    stage = getattr(scheduler, "_set_kv_fetch_stage", None)
+    try:
+        from vllm.v1.metrics.stats import KV_FETCH_COMPLETED_WAITING
+    except ImportError:  # an older vLLM: no fetch stages
+        stage = None
+
+    def received(req: Any) -> None:
+        if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            done.add(req.request_id)
+            if stage is not None:
+                stage(req, KV_FETCH_COMPLETED_WAITING)
+
+    return received
 
 
 def _new_blocks(scheduler_output: Any) -> list[int]:

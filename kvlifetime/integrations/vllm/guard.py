@@ -24,11 +24,31 @@ of a request vLLM holds but has not finished (``not_finished``: an early notific
 one for a reused request id) is dropped too, except a receive for a request waiting for remote
 KVs (how a load completes); the connector binds ``phase`` from the scheduler's request table.
 
-``revoke`` takes effect at the next scheduler step whatever the model runner returns: the
-connector takes what it released (``take_released``) in ``build_connector_meta``.
+A failed asynchronous load proves nothing about what still lands (``LeaseExpired`` on its WRITE
+grant). When the request has ended (aborted, or failed by ``kv_load_failure_policy="fail"``) its
+blocks are withheld and quarantined. When it lives on (``"recompute"``) vLLM waits for its
+``finished_recving`` before it frees the failed load's blocks or recomputes into them: the guard
+withholds that receive (``failed_loads_held``), so the request keeps its blocks, waiting for
+remote KVs, until a fence closes the grant; then the receive goes to vLLM and vLLM recovers as
+it would have. The request's later blocks were never exposed: they are freed as vLLM decides.
 
-What it cannot see: vLLM's reaction to a failed load (``kv_load_failure_policy="recompute"``
-frees the failed load's blocks in the scheduler before the guard is told; not handled yet).
+``revoke`` takes effect at the next scheduler step whatever the model runner returns: the
+connector takes what it released (``take_released``, ``take_fenced_loads``) in
+``build_connector_meta``.
+
+What it cannot see:
+
+- blocks vLLM frees without asking the connector. A preemption frees a running request's
+  blocks inside ``schedule()`` and may hand them to another request in the same step;
+  ``request_finished`` is not called, and the connector learns of it only from
+  ``preempted_req_ids`` when that step's metadata is built. A connector's asynchronous save
+  still reading those blocks (vLLM #52360) is the worker's to fence (vLLM calls the worker
+  connector's ``handle_preemptions`` before the step's forward pass); the guard records no
+  exposure for a running request and neither sees nor counts it;
+- transfers its connector never reports: a save whose free it is not asked to delay, a lease
+  the worker never reaps (the request stays exposed, ``stats()``, until a report or a fence);
+- whether a reported transfer really ended: a membership is taken as the evidence of
+  ``signals.PROFILE`` and nothing more.
 
 This module is sans-IO: ``connector.py`` calls it from vLLM's hooks; tests drive it directly.
 """
@@ -63,6 +83,7 @@ class GuardStats:
     handed_back: int  # ids handed to vLLM after the ledger released them; only grows
     lease_reaped: int  # reaped send leases turned into LeaseExpired; only grows
     load_failed: int  # failed loads turned into LeaseExpired on the WRITE grant; only grows
+    failed_loads_held: int  # live requests whose failed load's receive waits for a fence
     dropped: dict[str, int]  # "duplicate_id" / "unknown_id" -> ids kept from vLLM; only grow
 
 
@@ -103,6 +124,11 @@ class ConnectorGuard:
         self._ready: dict[str, None] = {}  # released, to hand back at the next output
         self._recv_seen: set[str] = set()  # live requests whose finished_recving was passed
         self._load_failed: set[str] = set()
+        # Live requests whose load failed: their finished_recving is withheld (vLLM would free
+        # or recompute into the blocks on it) until a fence closes the WRITE grant; then it is
+        # handed to vLLM once (_fenced_loads), at the next scheduler step or output.
+        self._held_recv: dict[str, None] = {}
+        self._fenced_loads: dict[str, None] = {}
         self._reaped_ids: set[str] = set()  # exposed requests whose lease a worker reaped
         self._handed: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._handed_back = 0
@@ -164,6 +190,8 @@ class ConnectorGuard:
         grant). A request with an exposure still unproven is delayed whatever the inner said.
         """
         self._recv_seen.discard(request)
+        # An ended request whose failed load was held: a fence hands it back as an ended one.
+        self._held_recv.pop(request, None)
         if delay:
             ids = np.fromiter(block_ids, dtype=np.int64)
             if len(ids):
@@ -230,6 +258,12 @@ class ConnectorGuard:
                     self._end(request, aborted=False)
             elif not live:
                 continue  # an ended request's failed load: withheld (quarantined)
+            else:
+                # A live request's failed load (kv_load_failure_policy="recompute"): on this
+                # receive vLLM frees the blocks or recomputes into them, while the failed
+                # transfer proves nothing about what still lands. Held until a fence.
+                self._hold_failed_load(request)
+                continue
             if live:
                 self._recv_seen.add(request)
                 recving.add(request)
@@ -259,7 +293,7 @@ class ConnectorGuard:
             applied = True
         if applied:
             self._collect()
-        return Handback(self.take_released() | passed, recving)
+        return Handback(self.take_released() | passed, recving | self.take_fenced_loads())
 
     def take_released(self) -> set[str]:
         """The ended requests the ledger has released and vLLM has not been handed yet (each
@@ -274,14 +308,34 @@ class ConnectorGuard:
         self._handed_back += len(released)
         return released
 
+    def take_fenced_loads(self) -> set[str]:
+        """The live requests whose failed load a fence has ended: their withheld receive, for
+        vLLM to go on as its failure policy says (each once). ``output`` returns them in
+        ``finished_recving``; the connector also takes them at every scheduler step."""
+        fenced = set(self._fenced_loads)
+        self._fenced_loads.clear()
+        self._recv_seen.update(fenced)
+        return fenced
+
     # ------------------------------------------------------------------ the way out
 
     def revoke(self, fence: str) -> set[str]:
         """The deployment fenced every peer (e.g. NIXL agents recreated): close every open grant
-        and hand the released requests back at the next scheduler step (``take_released``), or
-        the next output. Local evidence only."""
+        and hand the released requests back at the next scheduler step (``take_released``,
+        ``take_fenced_loads``), or the next output. Local evidence only. Returns the ended
+        requests released and the live ones whose held failed load the fence ended."""
         self.ledger.apply(AccessRevoked(self.peer, fence=fence))
-        return self._collect()
+        released = self._collect()
+        fenced = [r for r in self._held_recv if not self.ledger.open_grants(r)]
+        for request in fenced:
+            del self._held_recv[request]
+            # The exposure is over (fenced): its record ends, as a landed load's does; vLLM's
+            # counts keep the blocks for the request until its recovery frees them.
+            self._end(request, aborted=False)
+            self._fenced_loads[request] = None
+        if fenced:
+            self._collect()
+        return released | set(fenced)
 
     def stats(self) -> GuardStats:
         return GuardStats(
@@ -291,6 +345,7 @@ class ConnectorGuard:
             handed_back=self._handed_back,
             lease_reaped=self._reaped,
             load_failed=self._failed,
+            failed_loads_held=len(self._held_recv),
             dropped=dict(self._dropped),
         )
 
@@ -321,6 +376,17 @@ class ConnectorGuard:
             self._refused("finish_refused", request, e)
             return False
         return True
+
+    def _hold_failed_load(self, request: str) -> None:
+        if request in self._held_recv:
+            self._drop("duplicate_id", request)  # the worker reported the receive again
+            return
+        self._held_recv[request] = None
+        _log.warning(
+            "vllm_failed_load_held",
+            request=request,
+            why="a failed load proves nothing about what still lands; held until a fence",
+        )
 
     def _failed_loads(self, failed: Iterable[str], invalid: Iterable[int]) -> list[str]:
         out = [r for r in failed if r in self._writes and r not in self._load_failed]
