@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 NIXL_PKGS := nixl==1.5.1 nixl-cu13==1.5.1
 
 .PHONY: demo demo-mooncake demo-nixl soak test lint typecheck bench docs clean system-deps \
-	vllm-venv vllm-src vllm-hf vllm-baseline test-vllm clean-vllm spin-anchor verify-depth
+	vllm-venv vllm-src vllm-hf vllm-baseline test-vllm clean-vllm spin-anchor verify-depth \
+	sglang-venv test-sglang clean-sglang
 
 # Python packages: the library with every extra (the harness, Prometheus, Mooncake, the
 # report's plots), NIXL and the test tools, in a local virtual environment.
@@ -123,3 +124,23 @@ test-vllm: $(VLLM_STAMPS)
 
 clean-vllm:
 	rm -rf $(VLLM_VENV) $(VLLM_SRC) $(VLLM_HF)
+
+# SGLang 0.5.23's disaggregation classes (decode/prefill queues, KV pools, radix cache, the
+# Mooncake backend) on CPU, in a venv of their own (sglang-tests/setup-venv.sh: torch's CPU build,
+# SGLang without its CUDA dependencies), driven by tests/in_sglang/ in two processes over
+# Mooncake TCP on loopback.
+SGLANG_VENV := .venv-sglang
+
+$(SGLANG_VENV)/.installed: sglang-tests/setup-venv.sh sglang-tests/requirements.txt \
+		sglang-tests/constraints.txt sglang-tests/torchvision_shim.py pyproject.toml
+	PY=$(PY) bash sglang-tests/setup-venv.sh $(SGLANG_VENV)
+	touch $@
+
+sglang-venv: $(SGLANG_VENV)/.installed
+
+# The scenarios, each with SGLang alone and with the guard installed.
+test-sglang: system-deps $(SGLANG_VENV)/.installed
+	$(SGLANG_VENV)/bin/pytest -p no:cacheprovider tests/in_sglang -q
+
+clean-sglang:
+	rm -rf $(SGLANG_VENV)

@@ -1,0 +1,163 @@
+"""The test's side of the two-process rig: starts a decode and a prefill process (each one of
+``sglang_rig``'s sides), sends them commands over a pipe, freezes or kills the prefill.
+
+Processes come from a fork server that imported SGLang once (about 10 s on 2 cores), so each
+scenario starts from two fresh processes in well under a second.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The fork server is a fresh interpreter: it finds sglang_rig through PYTHONPATH (Python 3.11's
+# fork server ignores the parent's sys.path), and a preload it cannot import is dropped silently.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [HERE, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+)
+_CTX = multiprocessing.get_context("forkserver")
+_CTX.set_forkserver_preload(["sglang_rig"])
+
+
+class SideFailed(RuntimeError):
+    """A command raised in the child; the message is its traceback."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    def __init__(self, role: str, options: dict[str, Any]) -> None:
+        import sglang_rig
+
+        self.role = role
+        self.conn, child = _CTX.Pipe()
+        self.process = _CTX.Process(
+            target=sglang_rig.serve, args=(role, child, options), name=f"sglang-{role}"
+        )
+        self.process.start()
+        child.close()
+        self.pid: int = self._reply(60.0)["pid"]
+        self.frozen = False
+
+    def _reply(self, timeout: float) -> Any:
+        if not self.conn.poll(timeout):
+            raise TimeoutError(f"{self.role}: no answer in {timeout} s")
+        status, value = self.conn.recv()
+        if status != "ok":
+            raise SideFailed(f"{self.role}:\n{value}")
+        return value
+
+    def call(self, command: str, timeout: float = 30.0, **kwargs: Any) -> Any:
+        assert not self.frozen, f"{self.role} is frozen (SIGSTOP); it cannot answer"
+        self.conn.send((command, kwargs))
+        return self._reply(timeout)
+
+    def freeze(self) -> None:
+        os.kill(self.pid, signal.SIGSTOP)
+        self.frozen = True
+
+    def thaw(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+        self.frozen = False
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            os.kill(self.pid, signal.SIGKILL)
+        self.process.join(10)
+        self.frozen = False
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            if self.frozen:
+                self.thaw()
+            try:
+                self.conn.send(("close", {}))
+                self.conn.poll(5.0)
+            except (BrokenPipeError, OSError):
+                pass
+            self.process.join(5)
+        if self.process.is_alive():
+            self.kill()
+        self.conn.close()
+
+
+class Rig:
+    """A decode and a prefill process of SGLang 0.5.23 over Mooncake TCP on loopback."""
+
+    def __init__(
+        self,
+        *,
+        guarded: bool,
+        pool_tokens: int,
+        env: dict[str, str] | None = None,
+        prefill_pool_tokens: int | None = None,
+    ) -> None:
+        self.guarded = guarded
+        self.port = free_port()
+        common = {"bootstrap_port": self.port, "guarded": guarded, "env": dict(env or {})}
+        self.prefill = Proc(
+            "prefill", {**common, "pool_tokens": prefill_pool_tokens or pool_tokens}
+        )
+        try:
+            self.decode = Proc("decode", {**common, "pool_tokens": pool_tokens})
+        except BaseException:
+            self.prefill.close()
+            raise
+        self.ticks = 0
+
+    def close(self) -> None:
+        self.decode.close()
+        self.prefill.close()
+
+    # -- the steps a scenario is made of
+
+    def start(self, rid: str, room: int, tokens: int) -> None:
+        """Both sides receive the request (as the router sends it to both)."""
+        self.prefill.call("admit", rid=rid, room=room, tokens=tokens)
+        self.decode.call("admit", rid=rid, room=room, tokens=tokens)
+
+    def tick(self) -> dict[str, Any]:
+        self.ticks += 1
+        result: dict[str, Any] = self.decode.call("tick")
+        return result
+
+    def tick_until(
+        self, rid: str, places: set[str], timeout: float = 10.0, pause: float = 0.005
+    ) -> dict[str, Any]:
+        """Tick the decode until ``rid`` is in one of ``places``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.tick()
+            if state["places"].get(rid) in places:
+                return state
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{rid} never reached {places}: {state}")
+            time.sleep(pause)
+
+    def bootstrap_prefill(self, rid: str, timeout: float = 10.0) -> None:
+        """Tick the decode (which sends the destination pages) and poll the prefill's
+        bootstrap queue until the prefill has the request ready for its forward."""
+        deadline = time.monotonic() + timeout
+        while rid not in self.prefill.call("bootstrap"):
+            self.tick()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"prefill never bootstrapped {rid}")
+            time.sleep(0.005)
+
+    def until(self, check: Callable[[], bool], timeout: float = 10.0, what: str = "") -> float:
+        start = time.monotonic()
+        while not check():
+            if time.monotonic() - start > timeout:
+                raise TimeoutError(f"timed out waiting for {what}")
+            time.sleep(0.01)
+        return time.monotonic() - start
