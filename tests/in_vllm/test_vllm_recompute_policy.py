@@ -21,8 +21,10 @@ from vllm.v1.request import Request, RequestStatus
 from kvlifetime.integrations.vllm.connector import GuardedConnector
 from kvlifetime.integrations.vllm.guard import ConnectorGuard
 from kvlifetime.integrations.vllm.testing import (
+    advance,
     blocks_of,
     free_in_pool,
+    moved_on,
     output,
     request,
     scheduler,
@@ -55,32 +57,18 @@ def _fail_load(s: Any, r: Request, ids: list[int], how: str) -> None:
         step(s, output(invalid_block_ids={ids[1]}, finished_recving={r.request_id}))
 
 
-def moved_on(s: Any, ids: list[int]) -> list[int]:
-    """Those of a failed load's blocks vLLM no longer keeps aside: back in its pool, or held by
-    a request it runs (a local recompute writes into them while the transfer may still land)."""
-    pool = s.kv_cache_manager.block_pool
-    running = {b for q in s.running for b in blocks_of(s, q)}
-    return [b for b in ids if pool.blocks[b].ref_cnt == 0 or b in running]
-
-
-def tick(s: Any, r: Request) -> None:
-    """One engine step; the worker samples a token for ``r`` if vLLM scheduled it."""
-    so = s.schedule()
-    s.update_from_output(so, output([r] if r.request_id in so.num_scheduled_tokens else []))
-
-
 def _run_to_end(s: Any, r: Request) -> None:
     for _ in range(20):
         if r.is_finished():
             return
-        tick(s, r)
+        advance(s, r)
     raise AssertionError(f"{r.request_id} did not finish: {r.status}")
 
 
 def _after_failure(guarded: bool, how: str) -> tuple[Any, Request, list[int]]:
     s, r, ids = _loading(guarded)
     _fail_load(s, r, ids, how)
-    tick(s, r)  # vLLM's next schedule() acts on the receive (_update_waiting_for_remote_kv)
+    advance(s, r)  # vLLM's next schedule() acts on the receive (_update_waiting_for_remote_kv)
     return s, r, ids
 
 
@@ -105,13 +93,13 @@ def test_guard_holds_a_failed_loads_blocks_until_a_fence() -> None:
         assert blocks_of(s, r) == ids and moved_on(s, ids) == [], how
         st = g.stats()
         assert st.load_failed == 1 and st.failed_loads_held == 1, how
-        tick(s, r)
+        advance(s, r)
         assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS, how
         # The fence: at the next scheduler step vLLM gets the receive and recovers as its
         # policy says (no connector output needed: the connector hands it over itself).
         assert g.revoke("nixl_agent_recreated") == {r.request_id}
-        tick(s, r)  # this schedule() hands the receive over
-        tick(s, r)  # and vLLM's next one recovers
+        advance(s, r)  # this schedule() hands the receive over
+        advance(s, r)  # and vLLM's next one recovers
         assert r.status == RequestStatus.RUNNING, how
         assert g.stats().failed_loads_held == 0 and g.stats().exposed == 0, how
 
@@ -138,9 +126,9 @@ def test_abort_while_held_waits_for_the_fence() -> None:
     s, r, ids = _after_failure(True, "failed_recving")
     g = _guard(s)
     s.finish_requests([r.request_id], RequestStatus.FINISHED_ABORTED)
-    tick(s, r)
+    advance(s, r)
     assert r.request_id in s.requests and free_in_pool(s, ids) == []
     assert g.stats().withheld == 1 and g.stats().failed_loads_held == 0
     assert g.revoke("nixl_agent_recreated") == {r.request_id}
-    tick(s, r)
+    advance(s, r)
     assert r.request_id not in s.requests and free_in_pool(s, ids) == ids

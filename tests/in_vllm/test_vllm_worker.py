@@ -7,11 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from reaping_connector import report, worker
 from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
-from kvlifetime.integrations.vllm.connector import GuardedConnector, GuardWorkerMeta
+from kvlifetime.integrations.vllm.connector import GuardWorkerMeta
 from kvlifetime.integrations.vllm.testing import (
     blocks_of,
     config,
@@ -27,25 +26,7 @@ INNER: dict[str, Any] = {"inner": "ReapingConnector", "inner_module": "reaping_c
 
 
 def _worker(guarded: bool) -> Any:
-    cfg = config(guarded=guarded, **INNER)
-    if guarded:
-        return GuardedConnector(cfg, KVConnectorRole.WORKER, kv_cache_config())
-    from reaping_connector import ReapingConnector
-
-    return ReapingConnector(cfg, KVConnectorRole.WORKER, kv_cache_config())
-
-
-def _report(w: Any) -> ModelRunnerOutput:
-    """What vLLM's model runner builds from the worker's connector after a step."""
-    results = w.get_transfer_results(set())
-    kv = KVConnectorOutput(
-        finished_sending=results.finished_sending,
-        finished_recving=results.finished_recving,
-        kv_connector_worker_meta=w.build_connector_worker_meta(),
-    )
-    out = output()
-    out.kv_connector_output = kv
-    return out
+    return worker(guarded, config(guarded=guarded, **INNER), kv_cache_config())
 
 
 def test_the_reaped_ids_are_named_in_the_worker_metadata() -> None:
@@ -71,9 +52,9 @@ def _two_ranks(guarded: bool) -> list[int]:
     agg = KVOutputAggregator(expected_finished_count=2)
     ranks[0].connector_worker.lease(r.request_id, -1.0)  # rank 0: the lease runs out
     ranks[1].connector_worker.lease(r.request_id, 60.0)
-    step(s, agg.aggregate([_report(w) for w in ranks]))
+    step(s, agg.aggregate([report(w) for w in ranks]))
     ranks[1].notified.add(r.request_id)  # rank 1's reader finishes a step later
-    step(s, agg.aggregate([_report(w) for w in ranks]))
+    step(s, agg.aggregate([report(w) for w in ranks]))
     return free_in_pool(s, ids)
 
 
@@ -97,5 +78,5 @@ def test_every_rank_notified_frees(guarded: bool) -> None:
     for w in ranks:
         w.connector_worker.lease(r.request_id, 60.0)
         w.notified.add(r.request_id)
-    step(s, agg.aggregate([_report(w) for w in ranks]))
+    step(s, agg.aggregate([report(w) for w in ranks]))
     assert free_in_pool(s, ids) == ids

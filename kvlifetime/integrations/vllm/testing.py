@@ -201,6 +201,16 @@ def step(s: Scheduler, out: ModelRunnerOutput | None = None) -> None:
     s.update_from_output(so, out if out is not None else output())
 
 
+def advance(s: Scheduler, *reqs: Request, **sets: Any) -> Any:
+    """One engine step in which the worker samples a token for those of ``reqs`` vLLM scheduled
+    (``sets``: the connector's sets, as ``output`` takes them). Returns the step's
+    ``SchedulerOutput``."""
+    so = s.schedule()
+    ran = [r for r in reqs if r.request_id in so.num_scheduled_tokens]
+    s.update_from_output(so, output(ran, **sets))
+    return so
+
+
 def blocks_of(s: Scheduler, req: Request) -> list[int]:
     (ids,) = s.kv_cache_manager.get_block_ids(req.request_id)
     return list(ids)
@@ -210,3 +220,11 @@ def free_in_pool(s: Scheduler, ids: Iterable[int]) -> list[int]:
     """Those of ``ids`` that vLLM's block pool would hand out again (no reference left)."""
     pool = s.kv_cache_manager.block_pool
     return [b for b in ids if pool.blocks[b].ref_cnt == 0]
+
+
+def moved_on(s: Scheduler, ids: Iterable[int]) -> list[int]:
+    """Those of ``ids`` vLLM no longer keeps aside: back in its pool, or held by a request it
+    runs (a forward pass writes into them, e.g. a local recompute of a failed load)."""
+    pool = s.kv_cache_manager.block_pool
+    running = {b for q in s.running for b in blocks_of(s, q)}
+    return [b for b in ids if pool.blocks[b].ref_cnt == 0 or b in running]
