@@ -24,7 +24,8 @@ PROFILE = EngineProfile(
     version="0.33.0",
     transport="whatever the inner connector uses (NIXL, Mooncake, LMCache, ...)",
     source="read in vLLM 0.33.0: vllm/v1/core/sched/scheduler.py (_update_from_kv_xfer_finished, "
-    "_free_request, _handle_failed_recving, _handle_invalid_blocks), "
+    "_free_request, _handle_failed_recving, _handle_invalid_blocks, "
+    "_update_waiting_for_remote_kv, _preempt_request), "
     "distributed/kv_transfer/kv_connector/v1/base.py, nixl/base_worker.py "
     "(_reap_expired_send_leases); driven through vLLM's real scheduler in "
     "tests/in_vllm/test_vllm_scenarios.py",
@@ -69,11 +70,14 @@ PROFILE = EngineProfile(
             "LeaseExpired",
             {Claim.DEADLINE_PASSED},
             "that nothing lands any more: a failed or timed-out transfer proves nothing about "
-            "what was already handed to the transport. While the request lives vLLM recomputes "
-            "or fails it (its own policy); at its end the guard delays the free and the blocks "
-            "are quarantined",
+            "what was already handed to the transport. A request that ended (aborted, or failed "
+            'by kv_load_failure_policy="fail"): the guard delays the free and the blocks are '
+            'quarantined. A request that lives on ("recompute"): its `finished_recving`, on '
+            "which vLLM would free the blocks or recompute into them, is withheld (counted as "
+            "failed_loads_held); the request keeps its blocks, waiting for remote KVs, until a "
+            "fence, then vLLM gets the receive and recovers; its later blocks were never exposed",
             "code and measured",
-            f"{_GUARD}::test_failed_load_of_an_aborted_request_is_withheld",
+            f"{_GUARD}::test_a_live_failed_load_is_held_until_a_fence_then_received_once",
             proves="only that the load will not complete normally (the local side stopped "
             "waiting); counted as load_failed",
         ),
@@ -134,6 +138,13 @@ PROFILE = EngineProfile(
         "proves one thing about one request, and a repeat proves nothing.",
         "The scheduler handles `failed_recving` and `invalid_block_ids` before it calls the "
         "connector's `update_connector_output`: the guard cannot change vLLM's reaction to a "
-        "failure (recompute or fail), only what happens to the blocks when the request ends.",
+        "failure (recompute or fail), only when it acts on it: vLLM frees or recomputes a "
+        "failed load's blocks only once the request id comes in `finished_recving` "
+        "(`_update_waiting_for_remote_kv`), which the guard withholds until a fence.",
+        "A preemption frees a running request's blocks without asking the connector (no "
+        "`request_finished`, no delay to grant; the connector learns of it from "
+        "`preempted_req_ids` after the step's blocks were handed out): an asynchronous save "
+        "still reading them is the worker connector's to fence (`handle_preemptions`), not the "
+        "guard's (tests/in_vllm/test_vllm_preempted_save.py).",
     ),
 )
