@@ -116,9 +116,10 @@ class GuardCollector(LedgerCollector):
     kept from vLLM. ``REGISTRY.register(GuardCollector(scheduler.connector.guard))``.
 
     ``kvlifetime_vllm_withheld_requests``: ended requests vLLM keeps for the guard (waiting for
-    proof, or quarantined); counters ``kvlifetime_vllm_handed_back``, ``_lease_reaped``,
-    ``_load_failed`` and ``kvlifetime_vllm_dropped_ids`` per kind (duplicate_id, unknown_id,
-    exposed_block_reused, ...)."""
+    proof, or quarantined); ``kvlifetime_vllm_failed_loads_held``: live requests whose failed
+    load keeps their blocks, waiting for a fence; counters ``kvlifetime_vllm_handed_back``,
+    ``_lease_reaped``, ``_load_failed`` and ``kvlifetime_vllm_dropped_ids`` per kind
+    (duplicate_id, unknown_id, exposed_block_reused, ...)."""
 
     def __init__(self, guard: Any, *, name: str = "vllm") -> None:
         super().__init__(guard.ledger, name=name)
@@ -136,6 +137,13 @@ class GuardCollector(LedgerCollector):
         )
         withheld.add_metric([self.name], st.withheld)
         yield withheld
+        held = GaugeMetricFamily(
+            "kvlifetime_vllm_failed_loads_held",
+            "Live requests whose failed load keeps their blocks, waiting for a fence",
+            labels=["ledger"],
+        )
+        held.add_metric([self.name], st.failed_loads_held)
+        yield held
         for metric, doc in (
             ("handed_back", "Request ids handed to vLLM after the ledger released them"),
             ("lease_reaped", "Reaped send leases turned into LeaseExpired (quarantine)"),

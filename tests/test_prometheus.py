@@ -71,3 +71,18 @@ def test_guard_collector_exports_what_the_vllm_guard_kept_from_vllm() -> None:
     assert 'kvlifetime_vllm_lease_reaped_total{ledger="prefill0"} 1.0' in text
     assert 'kvlifetime_vllm_dropped_ids_total{kind="unknown_id",ledger="prefill0"} 1.0' in text
     assert 'kvlifetime_quarantined_blocks{ledger="prefill0",reason="lease_expired"} 2.0' in text
+
+
+def test_guard_collector_exports_the_failed_loads_held() -> None:
+    from kvlifetime.integrations.vllm import ConnectorGuard
+    from kvlifetime.prometheus import GuardCollector
+
+    g = ConnectorGuard(8)
+    g.admitted("d1")
+    g.allocated("d1", (1, 2), num_external_tokens=32, load_async=True)
+    g.output(None, {"d1"}, failed_recving={"d1"})  # a live request: held until a fence
+    reg = CollectorRegistry()
+    reg.register(GuardCollector(g, name="decode0"))
+    text = generate_latest(reg).decode()
+    assert 'kvlifetime_vllm_failed_loads_held{ledger="decode0"} 1.0' in text
+    assert 'kvlifetime_vllm_load_failed_total{ledger="decode0"} 1.0' in text
