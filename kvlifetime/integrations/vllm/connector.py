@@ -17,9 +17,10 @@ from the inner connector's own class (``guarded_class``): the inner connector ru
 block-freeing path:
 
 - scheduler role: ``on_new_request`` (which ids vLLM holds), ``update_state_after_alloc`` /
-  ``build_connector_meta`` (WRITE grants for asynchronous loads), ``request_finished`` (READ
-  grants when the inner delays the free; a delay for anything unproven),
-  ``update_connector_output`` (evidence in, ids out: ``guard.py``);
+  ``build_connector_meta`` (WRITE grants for asynchronous loads; at every step, what a fence
+  released: ended requests freed, held failed loads handed on as the receive vLLM waits for),
+  ``request_finished`` (READ grants when the inner delays the free; a delay for anything
+  unproven), ``update_connector_output`` (evidence in, ids out: ``guard.py``);
 - worker role: the connector's lease reaper is watched (NIXL's ``_reap_expired_send_leases``) and
   the ids it reaped travel to the scheduler in the worker metadata (``GuardWorkerMeta``), so a
   reaped lease is told apart from a completed read where that is known.
