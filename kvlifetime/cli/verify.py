@@ -15,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from kvlifetime.cli.output import bounded_int
+from kvlifetime.verify.state import POLICY_RULES, Policy
 
 if TYPE_CHECKING:
     from kvlifetime.verify.explore import Progress, Result
@@ -57,23 +58,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--policy",
-        choices=(
-            "naive",
-            "timeout",
-            "proof",
-            "trusting",
-            "first-rank",
-            "fresh-restart",
-            "untracked-share",
-        ),
+        choices=tuple(pol.value for pol in Policy),
         default="proof",
-        help="when the engine frees blocks: naive (on reject), timeout (lease reaper), proof "
-        "(only what the evidence proves), trusting (proof, with a receiver that stamps wire "
-        "evidence as local: no provenance; refuted with --faults lie), first-rank (proof, but "
-        "one closed grant per peer frees the request; refuted with --ranks 2), fresh-restart "
-        "(proof, but a restart starts with every block free; refuted with --restarts 1), "
-        "untracked-share (proof, but a prefix hit is kept in the engine's cache only, not told "
-        "to the ledger; refuted with --share) (default: proof)",
+        help="when the engine frees blocks: "
+        + "; ".join(f"{pol.value} ({rule})" for pol, rule in POLICY_RULES.items())
+        + " (default: proof)",
     )
     p.add_argument(
         "--access",

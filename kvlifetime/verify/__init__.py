@@ -10,6 +10,7 @@ from kvlifetime.verify.explore import Result, Step, canonical_key, explore, read
 from kvlifetime.verify.model import (
     ALL_FAULTS,
     INVARIANTS,
+    POLICY_RULES,
     Config,
     Event,
     Fault,
@@ -22,6 +23,7 @@ from kvlifetime.verify.model import (
 __all__ = [
     "ALL_FAULTS",
     "INVARIANTS",
+    "POLICY_RULES",
     "Config",
     "Event",
     "Fault",

@@ -84,16 +84,21 @@ crash. The reduced search (``por=True``) lets only the first ``max_crashes`` pee
 happen commutes with every enabled event of ``r``. Under the timeout policy (PeerLost
 quarantines, the reaper then frees) this is taken in its strict form: no peer ``r`` holds a
 grant on (any peer while ``r`` is live) can still be reported lost or be fenced. Under proof and
-naive, case by case (``model._isolated``; "may" means on some path of other events, within the
-crash budgets). The owner grants to no peer it has seen lost or fenced, so "PeerLost (fencing),
-then grant" is no path and D1 holds vacuously for a grant (it is no key while its peer may
-still be lost or fenced: (c)). A fencing refuses every write that arrives after it, and such a
+naive, case by case (``model._isolated``; "may" means on some path of other events, within
+the crash budgets); also under sglang-0.5.23, where PeerLost and fencing do what they do under
+proof: what frees an aborted ``r`` at its deadline is a lease of ``r``, a member of ``r``'s
+set, and a lease and a PeerLost (or a fencing that leaves the lease's grant open) end with
+``r`` released in either order (the tests compare it with the full search too). The owner
+grants to no peer it has seen lost or fenced, so "PeerLost (fencing), then grant" is no path
+and D1 holds vacuously for a grant (it is no key while its peer may still be lost or fenced:
+(c)). A fencing refuses every write that arrives after it, and such a
 transfer ends as it would have had it landed first, so a landing and a fencing end in the same
 state either way; the landing writes only when it comes first, from the state where it is
 taken (a write that breaks there is found there). PeerLost(``p``) marks ``r``'s *open* grants on
 ``p`` suspect and, if ``r`` has ended, quarantines it; it never closes or frees anything (under
-proof and naive). AccessRevoked(``p``) closes ``r``'s open grants on ``p`` (the evidence after
-it is then a no-op) and may release ``r``. Neither touches a closed grant or a released request.
+proof, naive and sglang-0.5.23). AccessRevoked(``p``) closes ``r``'s open grants on ``p`` (the
+evidence after it is then a no-op) and may release ``r``. Neither touches a closed grant or a
+released request.
 So, once ``r`` has ended: (a4) ``r`` is quarantined iff an open grant of it is suspect (checked,
 else full expansion); (a5) no enabled landing on a peer left unfenced while fencings alone may
 release ``r`` (the write would land after the release in one order, before it in the other);
@@ -247,6 +252,7 @@ from kvlifetime.verify.model import (
     INVARIANTS,
     LANDED,
     LIVE,
+    POLICY_RULES,
     RELEASED,
     Broken,
     Config,
@@ -363,6 +369,7 @@ class Result:
             + (f", {c.ranks} ranks" if c.ranks > 1 else "")
             + (f", {c.restarts} restart" if c.restarts else "")
             + (", prefix sharing" if c.share else ""),
+            f"rule: {POLICY_RULES[self.policy]}",
             f"states explored: {self.states} ({self.transitions} transitions, depth "
             f"{self.max_depth}, reduction {'on' if self.reduced else 'off'})",
             f"time: {self.seconds:.2f} s, {self.states_per_second:,.0f} states/s",
@@ -394,7 +401,10 @@ class Result:
                 )
             return "\n".join(lines) + "\n"
         v = self.violation
-        lines.append(f"verdict: VIOLATION of {v.invariant} ({INVARIANTS[v.invariant]})")
+        lines.append(
+            f"verdict: VIOLATION of {v.invariant} ({INVARIANTS[v.invariant]}): policy "
+            f"{self.policy.value} is refuted in {len(self.trace)} steps"
+        )
         lines.append(f"  {v.message}")
         lines.append(f"shortest counterexample ({len(self.trace)} steps):")
         for s in self.trace:

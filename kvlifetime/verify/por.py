@@ -47,7 +47,8 @@ def stubborn(
     of the others (conditions (g1), (g2)). Candidates are tried oldest request first (a run then
     finishes one request before it turns to the next), smaller sets first within a request; when
     none qualifies, every enabled event is returned. ``policy`` ``None`` or ``TIMEOUT``:
-    condition (a) in its strict form (no peer ``r`` may use can still be lost or fenced).
+    condition (a) in its strict form (no peer ``r`` may use can still be lost or fenced); every
+    other policy (``SGLANG_0_5_23`` included: see (a) in ``explore.py``) the relaxed one.
     """
     env = state.env
     if not env.reqs or len(events) < 2:
@@ -133,7 +134,7 @@ def _isolated(
     evs: list[Event],
     after: Callable[[Event], State | None],
 ) -> bool:
-    """Condition (a), relaxed (policies proof and naive): no peer-wide event that may still
+    """Condition (a), relaxed (every policy but timeout): no peer-wide event that may still
     happen fails to commute with an enabled event of ``r`` (the cases of ``explore.py``)."""
     env = state.env
     snap = state.snap

@@ -308,6 +308,14 @@ def _do(s: _Step, ev: Event) -> bool:
                 f"force_release({req.key!r})", s.ledger.force_release, req.key, "naive: rejected"
             )
             s.release_as(ev.a, ids, "naive policy releases")
+        elif _sglang_frees_at_failed(s):
+            ids = s.call(
+                f"force_release({req.key!r})",
+                s.ledger.force_release,
+                req.key,
+                "sglang-0.5.23: prefill KVPoll.Failed",
+            )
+            s.release_as(ev.a, ids, "sglang-0.5.23's prefill (KVPoll.Failed: release_kv_cache)")
         return True
     if k == "retry":
         g = env.grants[ev.a]
@@ -562,6 +570,21 @@ def _settle(s: _Step) -> None:
                     f"force_release({r.key!r})", led.force_release, r.key, "first rank done"
                 )
                 s.release_as(ri, ids, "first-rank policy (one rank closed per peer) releases")
+    if s.policy is Policy.SGLANG_0_5_23 and s.config.access is Access.WRITE:
+        for ri, r in enumerate(s.env.reqs):
+            if r.phase == REJECTED and _sglang_deadline_passed(s, r):
+                ids = s.call(
+                    f"force_release({r.key!r})",
+                    led.force_release,
+                    r.key,
+                    "sglang-0.5.23: deferred release timed out without a full drain ack",
+                )
+                s.release_as(
+                    ri,
+                    ids,
+                    "sglang-0.5.23's decode (deadline passed without every rank's drain ACK: "
+                    '"releasing anyway") releases',
+                )
     freed = s.call("collect_releasable()", led.collect_releasable)
     for key, ids in freed.items():
         if key == PREVIOUS:
@@ -572,6 +595,21 @@ def _settle(s: _Step) -> None:
             continue
         ri = next(i for i, r in enumerate(s.env.reqs) if r.key == key)
         s.release_as(ri, ids, "collect_releasable releases")
+
+
+def _sglang_frees_at_failed(s: _Step) -> bool:
+    """SGLang 0.5.23's prefill frees the source pages its transfer worker reads (READ grants)
+    as soon as the sender's poll says Failed (``handle_inflight_transfer_failure``), which it
+    does at the abort, with a chunk still in flight."""
+    return s.policy is Policy.SGLANG_0_5_23 and s.config.access is Access.READ
+
+
+def _sglang_deadline_passed(s: _Step, r: ReqSide) -> bool:
+    """SGLang 0.5.23's decode, ``resolve_deferred_releases``: ``ready = drained or now >=
+    deadline``. Drained (every rank's grant closed) is ``collect_releasable``'s; this is the
+    other half: a grant is still open and the held entry's one deadline, started at the abort
+    as every lease of ``r`` is, has passed (the first of ``r``'s leases fired)."""
+    return bool(s.view.open_grants(r.key)) and any(s.env.grants[gi].lease_fired for gi in r.grants)
 
 
 def _one_rank_closed_per_peer(s: _Step, grants: tuple[int, ...]) -> bool:

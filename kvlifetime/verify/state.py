@@ -40,11 +40,43 @@ class Policy(enum.Enum):
     # never told that the new request holds the shared blocks, so it frees them when their
     # first holder lets go. Refuted with Config.share.
     UNTRACKED_SHARE = "untracked-share"
+    # SGLang 0.5.23's own rules (disaggregation/decode.py, prefill.py), as far as the model can
+    # state them. Push (WRITE grants: the prefill ranks write the decode's pages): an aborted
+    # request (every non-success end is a KVPoll.Failed there: a user abort, a prefill failure,
+    # the waiting timeout, a lost heartbeat) is held until each of its grants is closed (each
+    # rank's generation-matched ABORT_ACK: collect_releasable) or its deferred-release deadline
+    # passes (the first lease of its grants), whichever comes first: ``ready = drained or now
+    # >= deadline``; then released anyway. Pull (READ grants: the transfer worker reads the
+    # source pages): the in-flight queue frees them at KVPoll.Failed, at once (naive). A
+    # finish waits for proof (decode runs a request only after KVPoll.Success, every rank
+    # done). Refuted with the timeout fault (an early deadline), and with --access read.
+    SGLANG_0_5_23 = "sglang-0.5.23"
 
     @property
     def believes_the_wire(self) -> bool:
         """Whether the receiver stamps wire evidence as local (no provenance)."""
         return self is Policy.TRUSTING
+
+
+# What each policy frees, in one line: the command line's help and the verdict's header.
+POLICY_RULES: dict[Policy, str] = {
+    Policy.NAIVE: "frees a request's blocks when it rejects / aborts it",
+    Policy.TIMEOUT: "frees a quarantined request at once (a lease reaper)",
+    Policy.PROOF: "frees only what the evidence proves (collect_releasable)",
+    Policy.TRUSTING: "as proof, with a receiver that stamps wire evidence as local (no "
+    "provenance); refuted with --faults lie",
+    Policy.FIRST_RANK: "as proof, but one closed grant per peer frees the request; refuted "
+    "with --ranks 2",
+    Policy.FRESH_RESTART: "as proof, but a restart starts with every block free; refuted with "
+    "--restarts 1",
+    Policy.UNTRACKED_SHARE: "as proof, but a prefix hit is kept in the engine's cache only, "
+    "not told to the ledger; refuted with --share",
+    Policy.SGLANG_0_5_23: "SGLang 0.5.23's decode: an aborted request's pages are held until "
+    "every prefill rank's drain ACK (every grant closed) or the deferred-release deadline (a "
+    "lease), whichever comes first, then released (ready = drained or now >= deadline); with "
+    "--access read, its prefill: source pages freed at KVPoll.Failed; refuted with --faults "
+    "timeout (an early deadline)",
+}
 
 
 class Fault(enum.Enum):
