@@ -18,9 +18,18 @@ from structlog.testing import capture_logs
 
 from kvlifetime.cli import main
 from kvlifetime.report import INDEX, STEPS, ReportInputError, load_results, write_report
-from kvlifetime.report.counterexamples import ENGINE, OWNER, arrows, explore_policies, lanes
+from kvlifetime.report.counterexamples import (
+    ENGINE,
+    OWNER,
+    arrows,
+    explore_policies,
+    lanes,
+    same_shape,
+)
 from kvlifetime.report.tables import inline
 from kvlifetime.table import table_for
+
+REFUTED_POLICIES = ("naive", "timeout", "trusting", "sglang-0.5.23")
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +76,9 @@ def test_report_command_writes_the_page_and_says_each_step(built: Built) -> None
 
 def test_refuted_policies_are_drawn_as_lanes() -> None:
     verdicts = {v.policy: v for v in explore_policies()}
-    assert {p for p, v in verdicts.items() if v.refuted} == {"naive", "timeout", "trusting"}
+    assert {p for p, v in verdicts.items() if v.refuted} == set(REFUTED_POLICIES)
     assert verdicts["proof"].result["verdict"] == "pass"
-    for policy in ("naive", "timeout", "trusting"):
+    for policy in REFUTED_POLICIES:
         trace = verdicts[policy].result["trace"]
         steps = arrows(trace)
         assert [s.number for s in steps] == [t["step"] for t in trace]
@@ -83,6 +92,35 @@ def test_refuted_policies_are_drawn_as_lanes() -> None:
         assert (post.source, post.target) == ("p1", ENGINE)
         assert (steps[-1].source, steps[-1].target, steps[-1].style) == (ENGINE, OWNER, "write")
         assert steps[-1].violation and not any(s.violation for s in steps[:-1])
+
+
+def test_sglang_counterexample_is_drawn_beside_proof_passing_on_the_same_shape() -> None:
+    everything = explore_policies()
+    (v,) = [x for x in everything if x.policy == "sglang-0.5.23"]
+    trace = v.result["trace"]
+    steps = arrows(trace)
+    assert [t["event"][0] for t in trace] == [
+        "admit",
+        "grant",
+        "reject",
+        "deliver",
+        "deliver",
+        "post",
+        "lease",
+        "land",
+    ]
+    # the abort's cancel goes to the rank, its receipt comes back; the deadline passes on the
+    # decode's own lane and sends the page back to the pool; the rank's write lands after it
+    assert [(s.source, s.target) for s in steps[3:5]] == [(OWNER, "p1"), ("p1", OWNER)]
+    assert (steps[6].source, steps[6].target) == (OWNER, OWNER)
+    assert any("releasing anyway" in n and "to the pool" in n for n in steps[6].notes)
+    assert (steps[7].source, steps[7].target, steps[7].style) == (ENGINE, OWNER, "write")
+    proof = same_shape(v, everything)
+    assert proof is not None and proof.policy == "proof" and proof.faults == v.faults
+    assert proof.result["verdict"] == "pass"
+    assert {x.policy: same_shape(x, everything) is not None for x in everything if x.refuted} == {
+        p: True for p in REFUTED_POLICIES
+    }
 
 
 def test_message_arrows_follow_their_direction() -> None:
@@ -130,9 +168,9 @@ def test_page_is_self_contained_and_complete(report_page: Path) -> None:
             assert f"<title>{s}</title>" in text  # every state is a Graphviz node
     for fid in ("fig-naive-vs-proof", "fig-quarantine", "fig-every-run"):
         assert f'id="{fid}" data-kind="plot"' in text
-    for policy in ("naive", "timeout", "trusting"):
+    for policy in REFUTED_POLICIES:
         assert f'id="fig-cx-{policy}" data-kind="sequence"' in text
-    assert text.count('class="lane"') == 9  # three lanes in each of the three
+    assert text.count('class="lane"') == 12  # three lanes in each of the four
     for engine in ("inproc", "mooncake-tcp", "nixl-ucx"):
         assert f'id="engine-{engine}"' in text
     assert "CancelReceived" in text and "access_revoked" in text
@@ -251,6 +289,7 @@ def test_page_renders_in_headless_chromium(report_page: Path) -> None:
         "fig-cx-naive",
         "fig-cx-timeout",
         "fig-cx-trusting",
+        "fig-cx-sglang-0.5.23",
     }
     for f in figs.values():
         assert f["width"] > 100 and f["height"] > 100, f
@@ -259,13 +298,19 @@ def test_page_renders_in_headless_chromium(report_page: Path) -> None:
         assert sorted(f["names"]) == sorted([*table_for(m).states, "__start__"])
         assert f["edges"] > 0
     verdicts = {x.policy: x for x in explore_policies()}
-    for policy in ("naive", "timeout", "trusting"):
+    for policy in REFUTED_POLICIES:
         f = figs[f"fig-cx-{policy}"]
         assert f["parts"] == len(verdicts[policy].result["trace"])
         assert f["lanes"] == 3 and f["arrows"] >= 3
     assert figs["fig-naive-vs-proof"]["parts"] >= 3  # naive, timeout, proof panels
     assert figs["fig-every-run"]["parts"] >= 3
     assert v["ok"] is True and check.ok
+    # each refuted policy is shown beside the proof policy passing on the same shape
+    html = report_page.read_text(encoding="utf-8")
+    for policy in REFUTED_POLICIES:
+        beside = re.search(rf'<p class="beside" id="beside-{re.escape(policy)}">(.*?)</p>', html)
+        assert beside is not None, policy
+        assert '<span class="verdict-pass">PASS</span>' in beside.group(1)
     # a real PNG, the page's full width
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"

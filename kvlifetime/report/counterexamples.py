@@ -1,11 +1,11 @@
 """Each refuted policy's counterexample as a sequence diagram: lanes and arrows, in SVG.
 
-The verifier (``kvlifetime.verify.explore``) refutes the naive, timeout and trusting release
-policies with a shortest trace of numbered steps. A reviewer reads who did what to whom more
-easily as lanes: the decode side (the owner, whose ledger decides what goes back to the pool),
-each prefill peer, and the transfer engine whose writes land in decode's memory. Only the
-verifier's public result is read (``Result.to_dict()``: each step's event, label and notes), so
-the picture shows exactly what ``kvlifetime verify`` prints.
+The verifier (``kvlifetime.verify.explore``) refutes the naive, timeout, trusting and
+sglang-0.5.23 release policies with a shortest trace of numbered steps. A reviewer reads who
+did what to whom more easily as lanes: the decode side (the owner, whose ledger decides what
+goes back to the pool), each prefill peer, and the transfer engine whose writes land in
+decode's memory. Only the verifier's public result is read (``Result.to_dict()``: each step's
+event, label and notes), so the picture shows exactly what ``kvlifetime verify`` prints.
 
 Proves: the drawn steps are the verifier's trace, in order, one row per step, each arrow
 between the lanes its event names. Does not prove: anything the trace does not contain (a
@@ -31,6 +31,9 @@ REFUTED: tuple[tuple[str, str, int, int], ...] = (
     ("naive", "none", 1, 1),
     ("timeout", "timeout", 1, 1),
     ("trusting", "lie", 1, 2),
+    # SGLang 0.5.23's decode rule: the deadline passing early is the incident (a prefill
+    # stalled past the 30 s deferred-release timeout).
+    ("sglang-0.5.23", "timeout", 1, 1),
 )
 PASSING: tuple[tuple[str, str, int, int], ...] = (
     ("proof", "none", 1, 1),
@@ -45,6 +48,10 @@ WHY = {
     "trusting": "waits for proof, but its receiver stamps what arrives on the wire as local: "
     "it believes a peer about anything, even that its own access was revoked",
     "proof": "frees only what the evidence proves (collect_releasable)",
+    "sglang-0.5.23": "is SGLang 0.5.23's decode: on an abort it holds the pages until every "
+    "prefill rank has acknowledged the abort (a drain ACK of the request's generation) or the "
+    "deferred-release deadline passes, whichever comes first (ready = drained or now >= "
+    "deadline), then releases them anyway",
 }
 
 _OWNER_ACTS = frozenset({"admit", "finish", "reject", "lease", "peer_lost"})
@@ -270,6 +277,18 @@ def sequence_svg(figure_id: str, trace: Sequence[Mapping[str, Any]]) -> str:
         parts.append("</g>")
     parts.append("</svg>")
     return "".join(parts)
+
+
+def same_shape(refuted: Verdict, verdicts: Sequence[Verdict]) -> Verdict | None:
+    """The proof policy's verdict on ``refuted``'s configuration, if it was explored."""
+    for v in verdicts:
+        if v.policy == "proof" and (v.faults, v.requests, v.peers) == (
+            refuted.faults,
+            refuted.requests,
+            refuted.peers,
+        ):
+            return v
+    return None
 
 
 @attrs.frozen(slots=True)

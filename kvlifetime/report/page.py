@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from kvlifetime.report.counterexamples import WHY, Verdict, sequence_svg
+from kvlifetime.report.counterexamples import WHY, Verdict, same_shape, sequence_svg
 from kvlifetime.report.lifecycles import Lifecycle
 
 
@@ -267,6 +267,16 @@ def render_page(
             f"</strong> ({e(viol['statement'])}).</p>"
         )
         out.append(_figure(counterexample_figure(v)))
+        proof = same_shape(v, verdicts)
+        if proof is not None:
+            verdict = str(proof.result.get("verdict"))
+            passed = verdict == "pass"
+            mark = '<span class="verdict-pass">PASS</span>' if passed else e(verdict)
+            out.append(
+                f'<p class="beside" id="beside-{e(v.policy)}">Beside it, on the same shape '
+                f"({e(proof.title)}): the proof policy, {mark}, {proof.result.get('states')} "
+                + ("states, every reachable one explored.</p>" if passed else "states.</p>")
+            )
     passing = [v for v in verdicts if not v.refuted]
     if passing:
         out.append("<h3>Policies that hold</h3><ul>")
