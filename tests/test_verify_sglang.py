@@ -135,10 +135,18 @@ def test_a_drained_abort_is_released_as_drained_before_any_deadline() -> None:
     assert s.snap.ledger.stats().unsafe_releases == 0
 
 
-def test_with_every_fault_kind_and_no_total_bound_a_lost_abort_makes_it_7_steps() -> None:
+def test_with_every_fault_kind_one_per_run_the_same_8_steps_at_2x2x2() -> None:
+    r = _refuted(Config(2, 2, 2, faults=parse_faults("all"), max_faults=1))
+    assert [s.event.kind for s in r.trace] == DECODE_TRACE
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 2, 2)])
+def test_with_every_fault_kind_and_no_total_bound_a_lost_abort_makes_it_7_steps(
+    shape: tuple[int, int, int],
+) -> None:
     # Two faults: the ABORT is lost (SGLang's control messages are best effort), the deadline
-    # passes early. The command line's default shape finds the same.
-    r = _refuted(Config(1, 1, 1, faults=parse_faults("all")))
+    # passes early. 2x2x2 with every fault kind is the command line's default shape.
+    r = _refuted(Config(*shape, faults=parse_faults("all")))
     kinds = ["admit", "grant", "reject", "lose", "post", "lease", "land"]
     assert [s.event.kind for s in r.trace] == kinds
 

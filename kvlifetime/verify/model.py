@@ -17,7 +17,10 @@ the wire — and the *release policy* of the engine around it:
 - ``fresh-restart``: as ``proof``, but a restart of the owner (``Config.restarts``) starts a
   ledger with every block free (refuted with ``restarts=1``);
 - ``untracked-share``: as ``proof``, but a prefix hit (``Config.share``) is kept in the
-  engine's own cache, never told to the ledger (refuted with ``share=True``).
+  engine's own cache, never told to the ledger (refuted with ``share=True``);
+- ``sglang-0.5.23``: SGLang 0.5.23's own rules: an aborted request is held until every grant is
+  closed or its deadline passes (its first lease), then ``force_release``d; with READ grants
+  (its prefill) freed at the abort (refuted with the ``timeout`` fault; with READ, with none).
 
 The options ``Config.access`` (READ grants: the pull direction), ``Config.ranks``,
 ``Config.restarts`` and ``Config.share`` add the library's newer behaviours; none of them
