@@ -188,6 +188,16 @@ def _fill(pool: MHATokenToKVPool, pages: list[int], value: float) -> None:
         buf[idx] = value
 
 
+_POLL_NAMES = {
+    getattr(KVPoll, n): n
+    for n in ("Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success")
+}
+
+
+def _poll_name(value: int) -> str:
+    return _POLL_NAMES.get(int(value), f"unknown({value})")
+
+
 def elements_per_page() -> int:
     return 2 * LAYERS * HEADS * HEAD_DIM
 
@@ -437,11 +447,19 @@ class DecodeSide(Side):
     def deferred_rooms(self) -> list[int]:
         return [int(e[0].req.bootstrap_room) for e in self.transfer_queue._deferred_releases]
 
-    def abort_acks(self) -> dict[str, Any]:
+    def status(self, room: int) -> str:
+        """The receiving manager's status of ``room`` (a read: no poll, no side effect)."""
         mgr = self.prealloc_queue.kv_manager
-        return {
-            "generation": int(getattr(mgr, "_deferred_abort_generation", -1)),
-        }
+        if room not in mgr.request_status:
+            return "none"
+        return _poll_name(mgr.check_status(room))
+
+    def acks(self, room: int) -> dict[str, Any] | None:
+        """The ABORT_ACKs recorded for ``room``'s current abort generation (a read)."""
+        state = self.prealloc_queue.kv_manager._deferred_abort_ack_tracker.get(room)
+        if state is None:
+            return None
+        return {"generation": int(state.generation), "ranks": sorted(state.prefill_ranks)}
 
 
 class PrefillSide(Side):
@@ -617,6 +635,9 @@ class PrefillSide(Side):
         self.sched.disagg_prefill_inflight_queue.append(req)
         return pages
 
+    def forwarded_pages(self, rid: str) -> list[int]:
+        return self.pages[rid]
+
     def poll_inflight(self) -> list[str]:
         """One poll of the inflight queue (SGLang's own); the requests it concluded."""
         done = SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue(self.sched)
@@ -626,7 +647,7 @@ class PrefillSide(Side):
         return [r.rid for r in self.sched.disagg_prefill_inflight_queue]
 
     def poll(self, rid: str) -> str:
-        return str(KVPoll(self.reqs[rid].disagg_kv_sender.poll()).name)
+        return _poll_name(self.reqs[rid].disagg_kv_sender.poll())
 
     def outstanding(self, room: int) -> int:
         return int(self.mgr._staging_outstanding.get(room, 0))

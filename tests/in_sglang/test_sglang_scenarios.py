@@ -1,0 +1,220 @@
+"""The hazards of SGLang 0.5.23's PD disaggregation, each run with SGLang alone and guarded, on
+SGLang's own classes in two processes over Mooncake TCP (``sglang_rig``). Bytes are counted in
+the pages: the prefill writes ``MARK`` into its source pages; after a hazard a later owner of
+the freed pages writes its own pattern; every element equal to ``MARK`` found afterwards in the
+later owner's pages is a byte of the old request that landed in someone else's KV.
+
+The deferred-release timeout (``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT``, 30 s
+by default) is set to 0.5 s so a scenario takes seconds; the rule it drives is the same
+(``ready = drained or now >= deadline``). Transfers are split into batches of 64 page indices
+(``SGLANG_MOONCAKE_MAX_TRANSFER_BATCH_INDICES``, an SGLang setting) so the rig can hold one
+mid-flight: 2 of the 4 batches of a 256-token request land, the other 2 wait at the gate.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from sglang_driver import Rig
+from sglang_rig import elements_per_page
+
+MARK = 7.0  # the prefill's bytes for the request under test
+OWNER = -3.0  # the decode's later owner of the freed pages
+PREFILL_OWNER = 5.0  # the prefill's later owner of its freed source pages
+TOKENS = 256
+BATCH = 64
+TIMEOUT_S = 0.5
+ENV = {
+    "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT": str(TIMEOUT_S),
+    "SGLANG_MOONCAKE_MAX_TRANSFER_BATCH_INDICES": str(BATCH),
+}
+PER_PAGE = elements_per_page()
+MODES = pytest.mark.parametrize("guarded", [False, True], ids=["alone", "guarded"])
+
+
+def _rig(rigs: list[Rig], guarded: bool, env: dict[str, str] | None = None) -> Rig:
+    rig = Rig(guarded=guarded, pool_tokens=1024, env={**ENV, **(env or {})})
+    rigs.append(rig)
+    return rig
+
+
+def _published(rig: Rig, rid: str, room: int) -> list[int]:
+    """Request ``rid`` admitted on both sides; the decode has published its destination pages
+    to the prefill (it sits on the transfer queue); returns those pages."""
+    rig.start(rid, room, TOKENS)
+    rig.bootstrap_prefill(rid)
+    rig.tick_until(rid, {"transfer"})
+    pages: list[int] = rig.decode.call("request_pages", rid=rid)
+    assert len(pages) == TOKENS
+    return pages
+
+
+def _stalled(rig: Rig, rid: str, room: int, poison: bool = False) -> list[int]:
+    """The prefill's forward ran and its transfer is held mid-flight: half the batches landed
+    in the decode's pages, the rest wait (and, with ``poison``, the held batch has already
+    returned -1 to SGLang's transfer worker)."""
+    pages = _published(rig, rid, room)
+    rig.prefill.call("hold_transfers", after_batches=2, poison=poison)
+    rig.prefill.call("forward", rid=rid, value=MARK)
+    assert rig.prefill.call("wait_held")
+    landed = rig.decode.call("count", pages=pages, value=MARK)
+    assert landed == TOKENS // 2 * PER_PAGE, "half the request's bytes land before the stall"
+    return pages
+
+
+def _tick_for(rig: Rig, rid: str, seconds: float, until: set[str] | None = None) -> str:
+    """Tick the decode for ``seconds`` (or until ``rid`` reaches a place in ``until``);
+    returns where ``rid`` is."""
+    end = time.monotonic() + seconds
+    place = ""
+    while time.monotonic() < end:
+        place = rig.tick()["places"][rid]
+        if until and place in until:
+            return place
+        time.sleep(0.01)
+    return place
+
+
+def _drain(rig: Rig, room: int) -> None:
+    rig.prefill.call("release_transfers")
+    rig.until(lambda: rig.prefill.call("outstanding", room=room) == 0, what="prefill drained")
+    rig.prefill.call("wait_late_writes")
+
+
+def _late(rig: Rig, old_pages: list[int], owner: str) -> dict[str, Any]:
+    """How many of ``old_pages`` the later owner got, and the old request's elements in them."""
+    owned = set(rig.decode.call("owner_pages", name=owner))
+    taken = sorted(owned & set(old_pages))
+    return {
+        "taken": len(taken),
+        "late_elements": rig.decode.call("count", pages=taken, value=MARK) if taken else 0,
+    }
+
+
+# ------------------------------------------------------------------------- happy paths
+
+
+def _success(rig: Rig) -> dict[str, Any]:
+    pages = _published(rig, "ok", 11)
+    rig.prefill.call("forward", rid="ok", value=MARK)
+    # Tick only once the decode's manager has the prefill's Success, so the tick count does not
+    # depend on how long the bytes took.
+    rig.until(lambda: rig.decode.call("status", room=11) == "Success", what="Success")
+    ticks_before = rig.ticks
+    state = rig.tick_until("ok", {"running"})
+    done: list[str] = []
+    rig.until(lambda: bool(done.extend(rig.prefill.call("poll_inflight")) or done), what="done")
+    return {
+        "ticks": rig.ticks - ticks_before,
+        "received": rig.decode.call("count", pages=pages, value=MARK),
+        "output": rig.decode.call("output", rid="ok"),
+        "free_pages": state["free_pages"],
+        "prefill_done": done,
+        "prefill_free": rig.prefill.call("free_pages"),
+    }
+
+
+@MODES
+def test_success(rigs: list[Rig], guarded: bool) -> None:
+    """A whole transfer: the decode runs the request with every byte the prefill wrote; guarded,
+    the same outputs after as many ticks (a Success poll is the proof that releases nothing
+    early and holds nothing late)."""
+    seen = _success(_rig(rigs, guarded))
+    assert seen["received"] == TOKENS * PER_PAGE
+    assert seen["prefill_done"] == ["ok"]
+    assert seen["free_pages"] == 1024 - TOKENS
+    assert seen["prefill_free"] == 1024  # the prefill freed its source pages after Success
+    assert seen["output"]["output_ids"] == [(11 + TOKENS - 1) % 1000]
+    assert seen["ticks"] == 1
+
+
+def _prompt_ack(rig: Rig) -> dict[str, Any]:
+    pages = _published(rig, "ab", 12)
+    free_before = rig.tick()["free_pages"]
+    ticks_before = rig.ticks
+    start = time.monotonic()
+    rig.decode.call("abort", rid="ab")
+    # The prefill ACKs the abort's generation at once; tick once it is recorded, so the tick
+    # count does not depend on the loopback's latency.
+    rig.until(lambda: bool((rig.decode.call("acks", room=12) or {}).get("ranks")), what="ACK")
+    place = _tick_for(rig, "ab", 5.0, until={"gone"})
+    return {
+        "place": place,
+        "ticks": rig.ticks - ticks_before,
+        "seconds": time.monotonic() - start,
+        "freed": rig.tick()["free_pages"] - free_before,
+        "pages": len(pages),
+        "output": rig.decode.call("output", rid="ab"),
+    }
+
+
+@MODES
+def test_abort_with_prompt_ack(rigs: list[Rig], guarded: bool) -> None:
+    """Abort while the prefill has nothing in flight: it ACKs the abort's generation at once and
+    the decode frees the pages in a few ticks, well before the timeout; guarded, the same."""
+    seen = _prompt_ack(_rig(rigs, guarded))
+    assert seen["place"] == "gone"
+    assert seen["freed"] == TOKENS
+    assert seen["seconds"] < TIMEOUT_S, "released on the ACK, not at the deadline"
+    assert seen["ticks"] == 2  # the first holds the request, the second releases it
+
+
+# ------------------------------------------------------------------------------ hazards
+
+
+@MODES
+def test_stalled_prefill_timeout(rigs: list[Rig], guarded: bool) -> None:
+    """The prefill stalls mid-transfer, the decode aborts. Alone, SGLang releases the pages at
+    its deadline without a drain ACK; a later owner takes them; the stalled transfer then lands
+    in them. Guarded, the pages are quarantined past the deadline: the later owner gets none of
+    them, and the late transfer lands only in pages nobody else holds."""
+    rig = _rig(rigs, guarded)
+    pages = _stalled(rig, "st", 21)
+    start = time.monotonic()
+    rig.decode.call("abort", rid="st")
+    place = _tick_for(rig, "st", 4 * TIMEOUT_S, until={"gone"})
+    waited = time.monotonic() - start
+    rig.decode.call("new_owner", name="later", value=OWNER)
+    _drain(rig, 21)
+    seen = _late(rig, pages, "later")
+    if not guarded:
+        assert place == "gone"
+        assert TIMEOUT_S <= waited < 4 * TIMEOUT_S
+        assert seen["taken"] == TOKENS
+        assert seen["late_elements"] == TOKENS // 2 * PER_PAGE
+    else:
+        assert place == "held"
+        assert seen == {"taken": 0, "late_elements": 0}
+        stats = rig.decode.call("guard_stats")
+        assert stats is not None
+
+
+@MODES
+def test_prefill_failed_with_chunk_in_flight(rigs: list[Rig], guarded: bool) -> None:
+    """The decode aborts while the prefill's transfer worker is inside the request's chunk. The
+    prefill's poll reports Failed at once, and SGLang's Failed branch frees the source pages
+    the worker is still reading; a later prefill request writes its own KV into them, and the
+    worker sends that to the decode. Guarded, the source pages stay held until the worker has
+    drained: the later request gets none of them, and the decode receives only the request's
+    own bytes."""
+    rig = _rig(rigs, guarded)
+    decode_pages = _stalled(rig, "pf", 31)
+    source = set(rig.prefill.call("forwarded_pages", rid="pf"))
+    rig.decode.call("abort", rid="pf")
+    rig.until(lambda: rig.prefill.call("poll", rid="pf") == "Failed", what="prefill Failed")
+    concluded = rig.prefill.call("poll_inflight")
+    assert concluded == ["pf"], "SGLang's inflight queue concludes a Failed request at once"
+    assert rig.prefill.call("outstanding", room=31) == 1, "its chunk is still in flight"
+    later = set(rig.prefill.call("new_owner", name="later", value=PREFILL_OWNER)["pages"])
+    reused = len(later & source)
+    _drain(rig, 31)
+    _tick_for(rig, "pf", 1.0, until={"gone"})
+    foreign = rig.decode.call("count", pages=decode_pages, value=PREFILL_OWNER)
+    if not guarded:
+        assert reused == TOKENS
+        assert foreign == TOKENS // 2 * PER_PAGE
+    else:
+        assert reused == 0
+        assert foreign == 0
