@@ -12,7 +12,10 @@ Decode (``role="decode"``; ``sglang.srt.disaggregation``):
 
 - ``CommonKVReceiver.send_metadata`` (called by ``DecodePreallocQueue._send_kv_metadata``): the
   WRITE grants, opened before the page ids and the metadata slot leave the process;
-- ``CommonKVReceiver._send_abort_notification``: the ABORT generation armed for the lifecycle;
+- ``CommonKVReceiver._send_abort_notification`` and
+  ``CommonKVManager.register_deferred_abort_room``: the ABORT generation armed for the
+  lifecycle, recorded before the ABORT leaves (an ACK can come back before
+  ``_send_abort_notification`` returns);
 - ``CommonKVManager.note_abort_ack`` (an ABORT_ACK, on the decode thread),
   ``is_abort_release_safe`` (answered by the guard for the rooms it holds),
   ``_handle_node_failure`` (heartbeat loss: ``PeerLost``);
@@ -141,6 +144,7 @@ class _Installation:
         # resolve_deferred_releases asks about (room -> lifecycle keys).
         self.withheld: dict[str, tuple[Any, Any]] = {}
         self.resolving = threading.local()
+        self.arming = threading.local()  # the lifecycle whose ABORT is being armed
         # Prefill: held frees (key -> (release_kv_cache args)), and each lifecycle's manager.
         self.pending: dict[str, tuple[Any, Any, bool]] = {}
         self.managers: dict[str, Any] = {}
@@ -213,17 +217,30 @@ class _Installation:
 
         def send_abort(orig: Any) -> Any:
             def wrapped(self: Any, *a: Any, **kw: Any) -> Any:
-                before = getattr(self, "_abort_generation", None)
-                out = orig(self, *a, **kw)
-                after = getattr(self, "_abort_generation", None)
-                key = getattr(self, _KEY, None)
-                if key is not None and after is not None and after != before:
-                    inst._quiet(lambda: guard.armed(key, int(after)))
-                return out
+                # SGLang arms the room (register_deferred_abort_room) and then sends the ABORT;
+                # the ACK may come back on the decode thread before this call returns, so the
+                # generation is recorded where it is made, for this receiver's lifecycle.
+                inst.arming.key = getattr(self, _KEY, None)
+                try:
+                    return orig(self, *a, **kw)
+                finally:
+                    inst.arming.key = None
 
             return wrapped
 
         self.wrap(CommonKVReceiver, "_send_abort_notification", send_abort)
+
+        def register(orig: Any) -> Any:
+            def wrapped(self: Any, bootstrap_room: Any) -> Any:
+                generation = orig(self, bootstrap_room)
+                key = getattr(inst.arming, "key", None)
+                if key is not None:
+                    inst._quiet(lambda: guard.armed(key, int(generation)))
+                return generation
+
+            return wrapped
+
+        self.wrap(CommonKVManager, "register_deferred_abort_room", register)
 
         def note_ack(orig: Any) -> Any:
             def wrapped(self: Any, room: Any, rank: Any, generation: Any) -> Any:

@@ -1,0 +1,149 @@
+"""The hooks on SGLang 0.5.23's real classes (run in the SGLang venv): what ``install`` wraps and
+``uninstall`` restores, what it refuses, and one abort through the whole decode path - SGLang's
+receiver publishing the pages, the ABORT, the prefill's ABORT_ACK over ZeroMQ, the deferred
+release - alone and guarded, with the same outcome. (The hazards, alone and guarded, are the
+scenario tests beside this file.)"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import pytest
+import sglang
+from sglang_driver import Rig
+
+import kvlifetime.integrations.sglang as kv_sglang
+from kvlifetime.integrations.sglang import hooks
+
+Point = tuple[str, str | None, str]  # module, class (None: the module itself), attribute
+POINTS: dict[str, list[Point]] = {
+    "decode": [
+        ("sglang.srt.disaggregation.decode", "DecodePreallocQueue", "__init__"),
+        ("sglang.srt.disaggregation.common.conn", "CommonKVReceiver", "send_metadata"),
+        ("sglang.srt.disaggregation.common.conn", "CommonKVReceiver", "_send_abort_notification"),
+        (
+            "sglang.srt.disaggregation.common.conn",
+            "CommonKVManager",
+            "register_deferred_abort_room",
+        ),
+        ("sglang.srt.disaggregation.common.conn", "CommonKVManager", "note_abort_ack"),
+        ("sglang.srt.disaggregation.common.conn", "CommonKVManager", "is_abort_release_safe"),
+        ("sglang.srt.disaggregation.common.conn", "CommonKVManager", "_handle_node_failure"),
+        ("sglang.srt.disaggregation.decode", "DecodeTransferQueue", "_commit_transfer_to_req"),
+        ("sglang.srt.disaggregation.decode", "DecodeTransferQueue", "_defer_release"),
+        ("sglang.srt.disaggregation.decode", "DecodeTransferQueue", "resolve_deferred_releases"),
+        ("sglang.srt.disaggregation.decode", "DecodeTransferQueue", "_do_release"),
+        ("sglang.srt.disaggregation.decode", "DecodeTransferQueue", "_release_request"),
+        (
+            "sglang.srt.disaggregation.decode",
+            "DecodeTransferQueue",
+            "has_pending_deferred_releases",
+        ),
+        (
+            "sglang.srt.disaggregation.decode",
+            "DecodeTransferQueue",
+            "num_pending_deferred_releases",
+        ),
+    ],
+    "prefill": [
+        ("sglang.srt.disaggregation.prefill", "PrefillBootstrapQueue", "__init__"),
+        ("sglang.srt.disaggregation.common.conn", "CommonKVSender", "send"),
+        ("sglang.srt.disaggregation.prefill", None, "release_kv_cache"),
+        (
+            "sglang.srt.disaggregation.prefill",
+            "SchedulerDisaggregationPrefillMixin",
+            "process_disagg_prefill_inflight_queue",
+        ),
+    ],
+}
+
+
+def _owner(module: str, cls: str | None) -> Any:
+    mod = importlib.import_module(module)
+    return mod if cls is None else getattr(mod, cls)
+
+
+def _current() -> dict[Point, Any]:
+    out: dict[Point, Any] = {}
+    for points in POINTS.values():
+        for module, cls, name in points:
+            owner = _owner(module, cls)
+            out[(module, cls, name)] = getattr(owner, name) if cls is None else owner.__dict__[name]
+    return out
+
+
+@pytest.fixture
+def clean() -> Iterator[None]:
+    kv_sglang.uninstall()
+    yield
+    kv_sglang.uninstall()
+
+
+@pytest.mark.parametrize("role", ["decode", "prefill"])
+def test_install_wraps_each_release_point_and_uninstall_restores_it(clean: None, role: str) -> None:
+    before = _current()
+    guard = kv_sglang.install(role=role)  # type: ignore[arg-type]
+    assert kv_sglang.installed() is guard and guard.role == role
+    after = _current()
+    changed = {k for k in before if before[k] is not after[k]}
+    assert changed == set(POINTS[role])
+    assert sorted(name for _, name in hooks.wrapped_points()) == sorted(
+        name for _, _, name in POINTS[role]
+    )
+    with pytest.raises(kv_sglang.AlreadyInstalled):
+        kv_sglang.install(role="decode")
+    assert _current() == after  # the refused second install changed nothing
+    kv_sglang.uninstall()
+    assert kv_sglang.installed() is None
+    restored = _current()
+    assert all(restored[k] is before[k] for k in before)
+
+
+def test_another_sglang_version_is_refused_and_nothing_is_wrapped(
+    clean: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = _current()
+    monkeypatch.setattr(sglang, "__version__", "0.5.24")
+    with pytest.raises(kv_sglang.UnsupportedEngineVersion, match=r"0\.5\.23.*'0\.5\.24'"):
+        kv_sglang.install(role="decode")
+    assert kv_sglang.installed() is None and list(hooks.wrapped_points()) == []
+    assert _current() == before
+
+
+def test_deferred_release_turned_off_is_refused(
+    clean: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = _current()
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", "false")
+    role: Literal["decode", "prefill"]
+    for role in ("decode", "prefill"):
+        with pytest.raises(kv_sglang.UnsupportedEngineSetting):
+            kv_sglang.install(role=role)
+    assert _current() == before
+
+
+def _abort_with_a_prompt_ack(rig: Rig, rid: str, room: int) -> dict[str, Any]:
+    rig.start(rid, room=room, tokens=256)
+    rig.bootstrap_prefill(rid)  # the decode published its pages; nothing is in flight
+    pages = rig.decode.call("request_pages", rid=rid)
+    free_before = rig.tick()["free_pages"]
+    rig.decode.call("abort", rid=rid)
+    state = rig.tick_until(rid, {"gone"}, timeout=20.0)
+    return {"pages": len(pages), "freed": state["free_pages"] - free_before}
+
+
+def test_an_abort_with_a_prompt_ack_is_released_alone_and_guarded(rigs: list[Rig]) -> None:
+    outcomes = {}
+    for guarded in (False, True):
+        rig = Rig(guarded=guarded, pool_tokens=1024)
+        rigs.append(rig)
+        outcomes[guarded] = _abort_with_a_prompt_ack(rig, "r1", room=4242)
+        if guarded:
+            # The guard released it on the prefill's ACK, as SGLang did: nothing quarantined.
+            st = rig.decode.call("guard_stats")
+            assert (st["live"], st["held"], st["quarantined"], st["freed"]) == (0, 0, 0, 1), st
+            assert st["refused"] == {} and st["ledger"]["blocks_by_state"]["exposed"] == 0
+    assert outcomes[False] == outcomes[True]
+    assert outcomes[True]["pages"] == 256 and outcomes[True]["freed"] == 256
