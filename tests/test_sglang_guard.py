@@ -514,3 +514,42 @@ def test_the_profile_is_registered_and_pinned_here() -> None:
     nothing = [r.status for r in PROFILE.rows if r.evidence == NOTHING]
     assert any("KVPoll.Failed" in s for s in nothing)
     assert any("earlier generation" in s for s in nothing)
+
+
+# =========================================================================== threads
+
+
+def test_acks_on_another_thread_while_the_scheduler_publishes_and_holds() -> None:
+    # SGLang's decode thread calls note_abort_ack while the scheduler thread publishes, holds,
+    # ticks and frees: every lifecycle is released exactly once, by its own ACK.
+    import threading
+
+    g = decode(4096)
+    n = 200
+    keys = []
+    for i in range(n):
+        k = publish(g, room=1000 + i, pages=np.arange(i * 8, i * 8 + 8), slot=i)
+        g.armed(k, i + 1)
+        keys.append(k)
+    start = threading.Barrier(2)
+
+    def acks() -> None:
+        start.wait()
+        for i in range(n):
+            g.acked(1000 + i, 0, i + 1)
+
+    t = threading.Thread(target=acks)
+    t.start()
+    start.wait()
+    freed = 0
+    for i, k in enumerate(keys):
+        g.held(k, deadline=1e9)
+        g.tick(float(i))
+    t.join()
+    for k in keys:
+        assert g.releasable(k)
+        g.freed(k)
+        freed += 1
+    st = g.stats()
+    assert (freed, st.freed, st.held, st.live, st.refused, st.duplicates) == (n, n, 0, 0, {}, 0)
+    assert g.ledger.stats().blocks_by_state["free"] == 4096

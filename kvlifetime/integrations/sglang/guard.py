@@ -48,6 +48,10 @@ Prefill (the source pages the local transfer worker reads):
 Both: ``revoke(fence)`` once the deployment fenced the peers (``AccessRevoked``, local);
 ``stats()`` (and ``LedgerCollector(guard.ledger)`` for Prometheus); structlog events under
 ``kvlifetime.sglang``. Thread-safe: ACKs arrive on SGLang's decode thread.
+
+One module over 600 lines, on purpose: the decode's and the prefill's calls share one lifecycle
+table, one lock and one ledger, and every call is its own validation, refusal and log; split,
+the halves would share private state across modules.
 """
 
 from __future__ import annotations
