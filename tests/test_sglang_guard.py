@@ -553,3 +553,104 @@ def test_acks_on_another_thread_while_the_scheduler_publishes_and_holds() -> Non
     st = g.stats()
     assert (freed, st.freed, st.held, st.live, st.refused, st.duplicates) == (n, n, 0, 0, {}, 0)
     assert g.ledger.stats().blocks_by_state["free"] == 4096
+
+
+# =========================================================================== every signal, phase
+
+PHASES = ("live", "armed", "held", "quarantined", "released", "freed")
+
+
+def _at(phase: str) -> tuple[SGLangGuard, str]:
+    """A decode guard with one lifecycle (room 7, ranks 0 and 1, generation 1) in ``phase``."""
+    g = decode()
+    key = publish(g, ranks=(0, 1))
+    steps = PHASES.index(phase)
+    if steps >= 1:
+        g.armed(key, 1)
+    if steps >= 2:
+        g.held(key, deadline=10.0)
+    if steps >= 3:
+        g.tick(10.0)
+    if steps >= 4:
+        g.acked(7, 0, 1)
+        g.acked(7, 1, 1)
+    if steps >= 5:
+        g.freed(key)
+    return g, key
+
+
+def _where(g: SGLangGuard, key: str) -> tuple[str, str, list[int]] | str:
+    if key not in g.lifecycles():
+        return "gone"
+    life = g.lifecycle(key)
+    return life["phase"], life["quarantine"], life["acked"]
+
+
+# (signal, phase) -> what follows: an error class (refused: nothing changed), "dup" (a
+# no-op, counted), or where the lifecycle is afterwards.
+_SIGNALS: dict[str, Callable[[SGLangGuard, str], object]] = {
+    "ack rank 0": lambda g, k: g.acked(7, 0, 1),
+    "ack rank 2": lambda g, k: g.acked(7, 2, 1),
+    "ack of a generation never armed": lambda g, k: g.acked(7, 0, 0),
+    "success": lambda g, k: g.transferred(k),
+    "failed (hold)": lambda g, k: g.held(k, deadline=10.0),
+    "freed": lambda g, k: g.freed(k),
+    "prefill lost": lambda g, k: g.prefill_lost(P0),
+    "tick past the deadline": lambda g, k: g.tick(11.0),
+}
+Q = "deadline"
+_EXPECT: dict[str, tuple[object, ...]] = {
+    # live, armed, held, quarantined, released, freed
+    "ack rank 0": (
+        MismatchedEvidence,
+        ("live", "", [0]),
+        ("held", "", [0]),
+        ("held", Q, [0]),
+        "dup",
+        StaleEvidence,
+    ),
+    "ack rank 2": (MismatchedEvidence,) * 5 + (StaleEvidence,),
+    "ack of a generation never armed": (MismatchedEvidence,) * 6,
+    "success": ("gone", "gone", UsageError, UsageError, UsageError, "dup"),
+    "failed (hold)": (("held", "", []), ("held", "", []), "dup", "dup", "dup", "dup"),
+    "freed": (UsageError,) * 4 + ("gone", "dup"),
+    "prefill lost": (
+        ("live", "", []),
+        ("live", "", []),
+        ("held", "peer_lost", []),
+        ("held", Q, []),
+        ("released", "", [0, 1]),
+        "gone",
+    ),
+    "tick past the deadline": (
+        ("live", "", []),
+        ("live", "", []),
+        ("held", Q, []),
+        ("held", Q, []),
+        ("released", "", [0, 1]),
+        "gone",
+    ),
+}
+
+
+@pytest.mark.parametrize("phase", PHASES)
+@pytest.mark.parametrize("signal", list(_SIGNALS))
+def test_every_signal_at_every_phase(signal: str, phase: str) -> None:
+    g, key = _at(phase)
+    expect = _EXPECT[signal][PHASES.index(phase)]
+    if isinstance(expect, type):
+        before = state(g)
+        with structlog.testing.capture_logs() as logs, pytest.raises(expect):
+            _SIGNALS[signal](g, key)
+        assert state(g) == before
+        assert [e["error"] for e in logs if e["event"] == "sglang_guard_refused"] == [
+            expect.__name__
+        ]
+        return
+    if expect == "dup":
+        before, dups = state(g), g.stats().duplicates
+        _SIGNALS[signal](g, key)
+        assert state(g) == before and g.stats().duplicates == dups + 1
+        return
+    _SIGNALS[signal](g, key)
+    assert _where(g, key) == expect

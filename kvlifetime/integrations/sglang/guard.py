@@ -770,6 +770,7 @@ class SGLangGuard:
             if life is None:
                 continue
             life.phase = "released"
+            life.quarantine = ""  # no longer: a late proof or a fence ended it
             self._held.pop(life.key, None)
             out.append(life.key)
             if life.withheld or self.role == "prefill":
