@@ -654,3 +654,34 @@ def test_every_signal_at_every_phase(signal: str, phase: str) -> None:
         return
     _SIGNALS[signal](g, key)
     assert _where(g, key) == expect
+
+
+# =========================================================================== Prometheus
+
+
+def test_the_collector_scrapes_before_and_after_the_ledger_is_bound() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from kvlifetime.integrations.sglang.metrics import SGLangGuardCollector
+
+    g = SGLangGuard(role="decode")  # as install returns it: not bound yet
+    reg = CollectorRegistry()
+    reg.register(SGLangGuardCollector(g, name="d0", clock=lambda: 40.0))
+    text = generate_latest(reg).decode()
+    assert 'kvlifetime_sglang_lifecycles{ledger="d0",phase="held"} 0.0' in text
+    assert "kvlifetime_blocks" not in text
+    g.bind(64)
+    key = publish(g)
+    g.held(key, deadline=10.0)
+    g.tick(10.0)
+    with pytest.raises(MismatchedEvidence):
+        g.acked(7, 0, 9)
+    text = generate_latest(reg).decode()
+    for line in (
+        'kvlifetime_blocks{ledger="d0",state="quarantined"} 8.0',
+        'kvlifetime_quarantine_oldest_age_seconds{ledger="d0"} 30.0',
+        'kvlifetime_sglang_quarantined_lifecycles{ledger="d0",reason="deadline"} 1.0',
+        'kvlifetime_sglang_quarantined_pages{ledger="d0"} 8.0',
+        'kvlifetime_sglang_refused_total{kind="ack_refused",ledger="d0"} 1.0',
+    ):
+        assert line in text, line
