@@ -56,6 +56,7 @@ POINTS: dict[str, list[Point]] = {
             "SchedulerDisaggregationPrefillMixin",
             "process_disagg_prefill_inflight_queue",
         ),
+        ("sglang.srt.managers.scheduler", "Scheduler", "is_fully_idle"),
     ],
 }
 
@@ -99,6 +100,19 @@ def test_install_wraps_each_release_point_and_uninstall_restores_it(clean: None,
     assert kv_sglang.installed() is None
     restored = _current()
     assert all(restored[k] is before[k] for k in before)
+
+
+def test_a_prefill_holding_a_free_is_not_idle(clean: None) -> None:
+    from sglang.srt.managers.scheduler import Scheduler
+
+    kv_sglang.install(role="prefill")
+    inst = hooks._installed
+    assert inst is not None
+    inst.pending["sglang:1#1"] = (object(), object(), True)
+    assert Scheduler.is_fully_idle(object()) is False  # SGLang's own check never runs
+    inst.pending.clear()
+    with pytest.raises(AttributeError):  # SGLang's own check, on an object that is no scheduler
+        Scheduler.is_fully_idle(object())
 
 
 def test_another_sglang_version_is_refused_and_nothing_is_wrapped(

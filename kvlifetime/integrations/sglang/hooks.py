@@ -34,6 +34,8 @@ Prefill (``role="prefill"``):
 - ``SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue``: the drain
   check (``_staging_outstanding``, poisoned rooms, the room's status) and the deferred frees,
   every poll, before SGLang's own.
+- ``Scheduler.is_fully_idle``: not idle while a free is held (SGLang's idle check would count
+  the held pages as leaked, and ``flush_cache`` would clear the pool under them).
 """
 
 from __future__ import annotations
@@ -463,6 +465,20 @@ class _Installation:
             "process_disagg_prefill_inflight_queue",
             inflight,
         )
+
+        from sglang.srt.managers.scheduler import Scheduler
+
+        def idle(orig: Any) -> Any:
+            def wrapped(self: Any, *a: Any, **kw: Any) -> Any:
+                # A free the guard holds keeps pages out of the allocator: SGLang's idle check
+                # would report them as leaked (and flush_cache would clear the pool under them).
+                if inst.pending:
+                    return False
+                return orig(self, *a, **kw)
+
+            return wrapped
+
+        self.wrap(Scheduler, "is_fully_idle", idle)
 
     def _observe(self, key: str) -> None:
         """What SGLang's prefill manager shows about the room: drained, or poisoned."""
