@@ -154,8 +154,17 @@ def _publish(mode: str, bootstrap_port: int) -> ServerArgs:
         init_mooncake_transfer_engine,
     )
 
+    from kvlifetime.adapters.sockets import listening_ports
+
+    before = listening_ports()
     init_mooncake_transfer_engine(hostname="127.0.0.1", gpu_id=0)
+    # The engine's handshake (rpc) and data ports: a fence is observed when they close.
+    ENGINE_PORTS.update(listening_ports() - before)
     return sa
+
+
+ENGINE_PORTS: set[int] = set()
+FENCE_NAME = "mooncake_decode_engine_recreated"
 
 
 def _kv_pool(tokens: int) -> MHATokenToKVPool:
@@ -432,6 +441,9 @@ class DecodeSide(Side):
         self.owners[name] = pages
         return {"pages": pages}
 
+    def fill(self, pages: list[int], value: float) -> None:
+        _fill(self.kv, pages, value)
+
     def owner_pages(self, name: str) -> list[int]:
         return self.owners[name]
 
@@ -446,6 +458,61 @@ class DecodeSide(Side):
 
     def deferred_rooms(self) -> list[int]:
         return [int(e[0].req.bootstrap_room) for e in self.transfer_queue._deferred_releases]
+
+    def fence(self) -> dict[str, Any]:
+        """End every prefill's access to this decode's KV pages and metadata slots.
+
+        On Mooncake TCP nothing short of destroying the serving engine does (``unregister``
+        only refuses requests that have not yet passed their header check). SGLang's decode
+        holds one process-wide engine (``MooncakeTransferEngine``, shared by its KV manager):
+        a new engine is started and the same buffers registered with it, the wrapper's engine
+        and session id swapped, the manager's cached prefill connections dropped (so the next
+        request registers the new session with each prefill), then the old engine destroyed
+        (its destructor closes every accepted session and joins its copy thread), observed by
+        its ports closing. Every in-flight transfer to this decode, of any request, fails."""
+        from mooncake.engine import TransferEngine
+        from sglang.srt.utils.network import NetworkAddress
+
+        from kvlifetime.adapters.sockets import listening_ports, wait_closed
+
+        mgr = self.prealloc_queue.kv_manager
+        wrapper = mgr.engine
+        t0 = time.monotonic()
+        old, old_session, old_ports = wrapper.engine, wrapper.session_id, set(ENGINE_PORTS)
+        before = listening_ports()
+        wrapper.engine = TransferEngine()
+        wrapper.initialize(hostname=wrapper.hostname, device_name=wrapper.ib_device)
+        new_ports = listening_ports() - before
+        wrapper.session_id = NetworkAddress(
+            wrapper.hostname, wrapper.engine.get_rpc_port()
+        ).to_host_port_str()
+        mgr.register_buffer_to_engine()
+        with mgr.connection_lock:
+            mgr.connection_pool.clear()
+        t1 = time.monotonic()
+        regions = [ptr for ptr, _ in mgr._registerable_regions()]
+        old.batch_unregister_memory(regions)  # refuse new requests at once
+        del old  # the last reference: the engine is destroyed here
+        wait_closed(old_ports, "sglang decode's mooncake engine")
+        t2 = time.monotonic()
+        ENGINE_PORTS.clear()
+        ENGINE_PORTS.update(new_ports)
+        revoked = self.guard.revoke(FENCE_NAME) if self.guard is not None else None
+        return {
+            "old_session": old_session,
+            "new_session": wrapper.session_id,
+            "new_engine_s": t1 - t0,
+            "old_engine_gone_s": t2 - t1,
+            "total_s": time.monotonic() - t0,
+            "revoked": revoked,
+        }
+
+    def reregister(self) -> None:
+        """Unregister the decode's buffers from its engine and register them again (what the
+        decode would have to do to keep serving later requests after an unregister)."""
+        mgr = self.prealloc_queue.kv_manager
+        mgr.deregister_buffer_to_engine()
+        mgr.register_buffer_to_engine()
 
     def status(self, room: int) -> str:
         """The receiving manager's status of ``room`` (a read: no poll, no side effect)."""

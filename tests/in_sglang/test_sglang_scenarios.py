@@ -70,7 +70,7 @@ def _tick_for(rig: Rig, rid: str, seconds: float, until: set[str] | None = None)
     end = time.monotonic() + seconds
     place = ""
     while time.monotonic() < end:
-        place = rig.tick()["places"][rid]
+        place = str(rig.tick()["places"][rid])
         if until and place in until:
             return place
         time.sleep(0.01)
@@ -105,7 +105,12 @@ def _success(rig: Rig) -> dict[str, Any]:
     ticks_before = rig.ticks
     state = rig.tick_until("ok", {"running"})
     done: list[str] = []
-    rig.until(lambda: bool(done.extend(rig.prefill.call("poll_inflight")) or done), what="done")
+
+    def prefill_done() -> bool:
+        done.extend(rig.prefill.call("poll_inflight"))
+        return bool(done)
+
+    rig.until(prefill_done, what="the prefill's inflight queue concluding the request")
     return {
         "ticks": rig.ticks - ticks_before,
         "received": rig.decode.call("count", pages=pages, value=MARK),
@@ -168,27 +173,38 @@ def test_abort_with_prompt_ack(rigs: list[Rig], guarded: bool) -> None:
 def test_stalled_prefill_timeout(rigs: list[Rig], guarded: bool) -> None:
     """The prefill stalls mid-transfer, the decode aborts. Alone, SGLang releases the pages at
     its deadline without a drain ACK; a later owner takes them; the stalled transfer then lands
-    in them. Guarded, the pages are quarantined past the deadline: the later owner gets none of
-    them, and the late transfer lands only in pages nobody else holds."""
+    in them. Guarded, the pages are quarantined past the deadline (the later owner gets none of
+    them); a fence (the decode's transfer engine re-created) and ``revoke`` free them at the
+    next tick; the later owner takes them, and the stalled transfer, resumed, lands nowhere."""
     rig = _rig(rigs, guarded)
     pages = _stalled(rig, "st", 21)
     start = time.monotonic()
     rig.decode.call("abort", rid="st")
     place = _tick_for(rig, "st", 4 * TIMEOUT_S, until={"gone"})
     waited = time.monotonic() - start
-    rig.decode.call("new_owner", name="later", value=OWNER)
-    _drain(rig, 21)
-    seen = _late(rig, pages, "later")
     if not guarded:
         assert place == "gone"
         assert TIMEOUT_S <= waited < 4 * TIMEOUT_S
-        assert seen["taken"] == TOKENS
+    else:
+        assert place == "held", "quarantined past the deadline"
+        stats = rig.decode.call("guard_stats")
+        assert stats["quarantined"] == 1
+        assert stats["quarantined_pages"] == TOKENS
+        assert rig.decode.call("new_owner", name="early", value=OWNER)["pages"] != []
+        assert _late(rig, pages, "early")["taken"] == 0, "nobody gets quarantined pages"
+        rig.decode.call("free_owner", name="early")
+        fence = rig.decode.call("fence")
+        assert fence["revoked"], "the fence released the quarantined request"
+        assert _tick_for(rig, "st", 1.0, until={"gone"}) == "gone"
+        assert rig.decode.call("guard_stats")["quarantined"] == 0
+    rig.decode.call("new_owner", name="later", value=OWNER)
+    _drain(rig, 21)
+    seen = _late(rig, pages, "later")
+    assert seen["taken"] == TOKENS
+    if not guarded:
         assert seen["late_elements"] == TOKENS // 2 * PER_PAGE
     else:
-        assert place == "held"
-        assert seen == {"taken": 0, "late_elements": 0}
-        stats = rig.decode.call("guard_stats")
-        assert stats is not None
+        assert seen["late_elements"] == 0
 
 
 @MODES
