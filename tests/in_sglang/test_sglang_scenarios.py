@@ -234,3 +234,112 @@ def test_prefill_failed_with_chunk_in_flight(rigs: list[Rig], guarded: bool) -> 
     else:
         assert reused == 0
         assert foreign == 0
+
+
+def _quarantined_then_reused_after_fence(rig: Rig, rid: str, pages: list[int]) -> None:
+    """Guarded: the request stays held past the deadline, quarantined; nobody gets its pages
+    until a fence and ``revoke``; then they are freed at the next tick."""
+    stats = rig.decode.call("guard_stats")
+    assert stats["quarantined"] == 1, stats
+    assert stats["quarantined_pages"] == TOKENS
+    rig.decode.call("new_owner", name="early", value=OWNER)
+    assert _late(rig, pages, "early")["taken"] == 0, "nobody gets quarantined pages"
+    rig.decode.call("free_owner", name="early")
+    assert rig.decode.call("fence")["revoked"]
+    assert _tick_for(rig, rid, 1.0, until={"gone"}) == "gone"
+    assert rig.decode.call("guard_stats")["quarantined"] == 0
+
+
+@MODES
+def test_poisoned_room(rigs: list[Rig], guarded: bool) -> None:
+    """A batch of the transfer returns -1 while it keeps running (Mooncake's sync call on its
+    timeout). SGLang's prefill poisons the room: it reports Failed and never ACKs the decode's
+    abort, so the decode only times out. Alone, it releases anyway and the running batch lands
+    in the later owner's pages. Guarded, quarantined until a fence; after the fence it lands
+    nowhere."""
+    rig = _rig(rigs, guarded)
+    pages = _stalled(rig, "po", 61, poison=True)
+    rig.until(lambda: rig.decode.call("status", room=61) == "Failed", what="decode Failed")
+    place = _tick_for(rig, "po", 4 * TIMEOUT_S, until={"gone"})
+    assert rig.decode.call("acks", room=61) in (None, {"generation": 1, "ranks": []})
+    if not guarded:
+        assert place == "gone"
+    else:
+        assert place == "held"
+        _quarantined_then_reused_after_fence(rig, "po", pages)
+    rig.decode.call("new_owner", name="later", value=OWNER)
+    _drain(rig, 61)
+    seen = _late(rig, pages, "later")
+    assert seen["taken"] == TOKENS
+    # The poisoned batch (64 pages) was the one still running; the worker sent no more.
+    assert seen["late_elements"] == (0 if guarded else BATCH * PER_PAGE)
+
+
+HEARTBEAT = {
+    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "2",  # SGLang's minimum
+    "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "1",
+}
+
+
+@MODES
+def test_lost_prefill_killed(rigs: list[Rig], guarded: bool) -> None:
+    """The prefill process dies mid-transfer. The decode's heartbeat marks its rooms Failed; no
+    ACK can come; alone, SGLang releases the pages at the deadline on no evidence at all.
+    Guarded, the loss of the peer proves nothing about what it left in flight: quarantined
+    until a fence."""
+    rig = _rig(rigs, guarded, env=HEARTBEAT)
+    pages = _stalled(rig, "lk", 71)
+    rig.prefill.kill()
+    waited = rig.until(
+        lambda: rig.decode.call("status", room=71) == "Failed", timeout=10.0, what="lost"
+    )
+    place = _tick_for(rig, "lk", 4 * TIMEOUT_S, until={"gone"})
+    if not guarded:
+        assert place == "gone"
+    else:
+        assert place == "held"
+        assert rig.decode.call("guard_stats")["quarantine_reasons"], "a reason is given"
+        _quarantined_then_reused_after_fence(rig, "lk", pages)
+    assert waited < 6.0
+
+
+@MODES
+def test_lost_prefill_hung(rigs: list[Rig], guarded: bool) -> None:
+    """The prefill hangs (SIGSTOP) mid-transfer: the decode's heartbeat loses it and marks the
+    room Failed; alone, the pages are released at the deadline and the prefill, resumed, writes
+    the rest of its transfer into the later owner's pages. Guarded: quarantined, none."""
+    rig = _rig(rigs, guarded, env=HEARTBEAT)
+    pages = _stalled(rig, "lh", 72)
+    rig.prefill.freeze()
+    rig.until(lambda: rig.decode.call("status", room=72) == "Failed", timeout=15.0, what="lost")
+    place = _tick_for(rig, "lh", 4 * TIMEOUT_S, until={"gone"})
+    if not guarded:
+        assert place == "gone"
+    else:
+        assert place == "held"
+    rig.decode.call("new_owner", name="later", value=OWNER)
+    rig.prefill.thaw()
+    _drain(rig, 72)
+    seen = _late(rig, pages, "later")
+    if not guarded:
+        assert seen == {"taken": TOKENS, "late_elements": TOKENS // 2 * PER_PAGE}
+    else:
+        assert seen == {"taken": 0, "late_elements": 0}
+
+
+@MODES
+def test_abort_before_the_pages_were_published(rigs: list[Rig], guarded: bool) -> None:
+    """Aborted while still on the prealloc queue (no pages allocated, nothing sent to the
+    prefill): SGLang drops it at the next tick; guarded, the same (there is no grant to hold)."""
+    rig = _rig(rigs, guarded)
+    rig.decode.call("admit", rid="ea", room=81, tokens=TOKENS)
+    free_before = rig.decode.call("where")["free_pages"]
+    rig.decode.call("abort", rid="ea")
+    ticks_before = rig.ticks
+    place = _tick_for(rig, "ea", 2.0, until={"gone"})
+    assert place == "gone"
+    assert rig.ticks - ticks_before == 1
+    assert rig.decode.call("where")["free_pages"] == free_before == 1024
+    if guarded:
+        stats = rig.decode.call("guard_stats")
+        assert stats["held"] == 0 and stats["quarantined"] == 0
