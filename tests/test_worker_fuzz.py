@@ -1,13 +1,15 @@
 """Workers survive every frame the schema accepts (issue 10, item 6).
 
-``test_harness_wire`` shows that ``wire.decode`` only ever raises ``MalformedMessage``. That is
-not enough: a frame the schema *accepts* goes on to a handler, and a handler that raises kills
-the worker (one ``Assign`` with request -1 did: ``plan()`` seeds numpy with it). Here frames are
+``test_harness_wire`` shows that ``wire.decode`` takes exactly the frames the schema describes
+and refuses the rest with ``MalformedMessage``. That is not enough: a frame the schema
+*accepts* goes on to a handler, and a handler that raises kills the worker (one ``Assign`` with
+request -1 did: ``plan()`` seeds numpy with it). Here frames are
 built from the schema with adversarial values - edges of every int range, empty and unicode
 strings, grants of other incarnations and never issued, replays, reorderings, ticks going back
 and jumping ahead, addresses and blocks outside the arena - and every frame ``decode`` accepts
 is handed to the workers' handlers. Nothing may raise, no handler may fail, and afterwards the
-workers still do their job.
+workers still do their job. Every frame is decoded through ``wire_schema_helpers.decode_checked``:
+the decoder takes exactly the frames the schema describes, whole, and refuses the rest, typed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from wire_schema_helpers import decode_checked
 
 from kvlifetime.errors import MalformedEvidence
 from kvlifetime.evidence import BY_NAME, TransferCompleted, from_dict
@@ -48,8 +51,11 @@ FUZZ = settings(
 )
 
 
-def _decode(frame: bytes, sender: str = PEER) -> wire.Message:
-    return wire.decode(frame, sender=sender)
+def _decode(frame: bytes, sender: str | None = PEER) -> wire.Message:
+    # Held to the schema (``wire_schema_helpers``): refused exactly when the frame is not a
+    # message, and a message taken is the frame's body, field for field. Every frame either
+    # worker is handed, and every frame prefill sends, goes through here.
+    return decode_checked(frame, sender)
 
 
 def _receive(worker: DecodeWorker, frames: list[bytes], sender: str = PEER) -> None:
@@ -289,7 +295,7 @@ def to_prefill(r: Rig, frame: bytes) -> list[bytes]:
     """What ``prefill_main`` does with a frame; returns what prefill sends back."""
     out: list[bytes] = []
     try:
-        msg = wire.decode(frame)  # prefill's connection carries no evidence for it to take
+        msg = _decode(frame, None)  # prefill's connection carries no evidence for it to take
     except wire.MalformedMessage as e:
         event("prefill: refused")
         r.prefill.refuse(e, frame)

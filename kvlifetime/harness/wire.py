@@ -381,7 +381,8 @@ def decode(frame: bytes, *, sender: str | None = None) -> Message:
     if not isinstance(body, dict):
         raise MalformedMessage(f"a frame is a map, got {type(body).__name__}")
     version = body.get("v")
-    if version != SCHEMA_VERSION or isinstance(version, bool):
+    # The version is the int itself: True and 1.0 compare equal to 1 and are not it.
+    if type(version) is not int or version != SCHEMA_VERSION:
         raise MalformedMessage(f"schema version {version!r}, this worker speaks {SCHEMA_VERSION}")
     kind = body.get("t")
     entry = _SCHEMA.get(kind) if isinstance(kind, str) else None
