@@ -41,6 +41,46 @@ if TYPE_CHECKING:
     from typing import Any
 
 
+def show(value: object, limit: int = 80) -> str:
+    """``repr(value)`` for an error message or a log event: bounded and never raising.
+
+    A refusal must still be the right refusal when the value it refuses is hostile: a
+    ``__repr__`` that raises, a list nested 100,000 deep (the built-in ``repr`` recurses until
+    ``RecursionError``), an int too long for ``repr`` (``ValueError`` past 4,300 digits), a
+    string of a gigabyte. ``reprlib`` bounds depth and length; anything it still cannot format
+    is named by its type. Never more than ``limit`` characters."""
+    try:
+        text: str = _bounded_repr().repr(value)
+    except Exception:  # the message is about the value: it must not become the error
+        text = _unprintable(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_REPR: Any = None
+
+
+def _bounded_repr() -> Any:
+    global _REPR
+    if _REPR is None:
+        import reprlib  # only when an error is formatted: this module stays cheap to import
+
+        r = reprlib.Repr()
+        r.maxlevel = 3
+        r.maxstring = r.maxother = r.maxlong = 120
+        _REPR = r
+    return _REPR
+
+
+def _unprintable(value: object) -> str:
+    t = type(value)
+    try:
+        if issubclass(t, int):
+            return f"<{t.__name__} of {int.bit_length(value)} bits>"  # type: ignore[arg-type]
+        return f"<unprintable {t.__name__}>"
+    except Exception:
+        return "<unprintable value>"
+
+
 class KVLifetimeError(Exception):
     """Base of every error kvlifetime raises.
 
@@ -73,7 +113,7 @@ class IllegalTransition(UsageError):
         self.subject = subject
         self.state = state
         self.event = event
-        super().__init__(f"{machine} {subject!r}: no transition {event!r} from state {state!r}")
+        super().__init__(f"{machine} {show(subject)}: no transition {event!r} from state {state!r}")
 
 
 class InsufficientEvidence(UsageError):
@@ -90,7 +130,7 @@ class InsufficientEvidence(UsageError):
         self.request = request
         self.unproven = {k: tuple(v) for k, v in unproven.items()}
         detail = "; ".join(f"{g}: {', '.join(c)}" for g, c in self.unproven.items())
-        super().__init__(f"request {request!r} cannot be released; still unproven: {detail}")
+        super().__init__(f"request {show(request)} cannot be released; still unproven: {detail}")
 
 
 class UnknownRequest(UsageError):
@@ -103,7 +143,7 @@ class UnknownRequest(UsageError):
 
     def __init__(self, request: object) -> None:
         self.request = request
-        super().__init__(f"unknown request {request!r}")
+        super().__init__(f"unknown request {show(request)}")
 
 
 class DuplicateRequest(UsageError):
@@ -114,7 +154,7 @@ class DuplicateRequest(UsageError):
 
     def __init__(self, request: object) -> None:
         self.request = request
-        super().__init__(f"request {request!r} is already live")
+        super().__init__(f"request {show(request)} is already live")
 
 
 class UnknownGrant(UsageError):

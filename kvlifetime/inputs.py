@@ -18,13 +18,19 @@ nothing, for anyone. Nothing is coerced: a value of the wrong type is refused, n
 - **Peers** (``peer_id``): a non-empty ``str``.
 - **Counts and sequence numbers** (``count``, ``seq``): ``int`` (not ``bool``) within bounds;
   sequence numbers stay within int64 (``MAX_SEQ``), as on the wire.
+
+Every argument is read once and what is returned is exactly what was checked: a sequence or
+iterable is materialised before it is looked at (``materialised``), and a ``str`` / ``int`` /
+``float`` subclass comes back as the plain value (through the base class's own slot, never the
+subclass's ``__str__`` / ``__int__`` / ``__float__``, comparisons or hash). Error messages show
+values through ``errors.show``: bounded, and never raising, whatever the value's ``repr`` does.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +40,7 @@ from kvlifetime.errors import (
     DuplicateBlockIds,
     InvalidBlockIds,
     InvalidField,
+    show,
 )
 
 MAX_SEQ = (1 << 63) - 1
@@ -45,9 +52,48 @@ T = TypeVar("T")
 _NOT_BATCHES = (str, bytes, bytearray, memoryview)
 
 
-def _show(value: object, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+_show = show  # bounded, never raising: a hostile value is still refused with the right error
+
+
+# What is stored is exactly what was checked. A ``str`` / ``int`` / ``float`` subclass may
+# override ``__str__``, ``__int__``, ``__index__``, ``__float__``, ``__eq__`` or ``__hash__``:
+# ``str(v)`` or ``int(v)`` would run its code and could hand back another value than the one
+# looked at (or raise ``TypeError``). The base class's own slot takes the value itself, as a
+# plain object, without calling anything the subclass defines; and every type test below is
+# on ``type(value)``, which a ``__class__`` property cannot fake.
+_plain_str = str.__str__
+_plain_int = int.__int__
+_plain_float = float.__float__
+_item: Any = np.generic.item  # a numpy scalar's own value, whatever a subclass overrides
+
+
+def _plain_integer(value: object) -> int | None:
+    """``value`` as a plain ``int`` if it is an integer (a Python or numpy integer, not a
+    ``bool``), else ``None``."""
+    t = type(value)
+    if t is int:
+        return value  # type: ignore[return-value]
+    if issubclass(t, bool) or issubclass(t, np.bool_):
+        return None
+    if issubclass(t, int):
+        return _plain_int(value)  # type: ignore[arg-type]
+    if issubclass(t, np.integer):
+        return int(_item(value))
+    return None
+
+
+def materialised(value: object, name: str) -> list[Any]:
+    """One walk over a sequence or iterable argument, as a plain list: every later check and
+    conversion reads this list, so a ``Sequence`` whose contents change between walks cannot
+    have one walk checked and another stored. A walk that raises is ``InvalidField``."""
+    if type(value) is list:
+        return value[:]  # C-level copy: no code of the caller's runs
+    try:
+        return list(cast(Any, value))
+    except Exception as e:
+        raise InvalidField(
+            f"{name} could not be read: iterating {type(value).__name__} raised {type(e).__name__}"
+        ) from e
 
 
 # --------------------------------------------------------------------------- block id batches
@@ -73,7 +119,10 @@ def block_ids(
     hi = (1 << 63) if num_blocks is None else num_blocks
     t = type(value)
     if t is tuple or t is list:
-        ids: Sequence[Any] = value  # type: ignore[assignment]
+        # A list is copied (C-level, no caller code runs): another thread changing it between
+        # the walks below cannot get an unchecked value stored.
+        listed: Any = value
+        ids: Sequence[Any] = listed if t is tuple else listed[:]
         n = len(ids)
         if 0 < n <= _SMALL:
             for v in ids:
@@ -106,36 +155,39 @@ def _checked_block_ids(
 ) -> npt.NDArray[np.int64]:
     """The full check of ``block_ids``: every kind of batch, and the error that says what is
     wrong with it."""
-    if isinstance(value, np.ndarray):
-        if value.ndim != 1 or value.dtype.kind not in "iu":
+    t = type(value)
+    if issubclass(t, np.ndarray):
+        # A subclass may override ``ndim`` or ``dtype``: read them off the plain array view.
+        base: npt.NDArray[Any] = np.ndarray.view(cast(Any, value), np.ndarray)
+        if base.ndim != 1 or base.dtype.kind not in "iu":
             raise InvalidBlockIds(
-                f"block ids must be a 1-d integer array, got a {value.ndim}-d {value.dtype} "
-                f"array: {_show(value)}"
+                f"block ids must be a 1-d integer array, got a {base.ndim}-d {base.dtype} "
+                f"array: {_show(base)}"
             )
         # Exact for every signed dtype; a uint64 id >= 2**63 becomes negative, which the range
         # check below refuses like any other out-of-range id. Always a copy: the caller may
         # change its array afterwards.
-        arr = np.array(value, dtype=np.int64, copy=True)
-        original: npt.NDArray[Any] = value
-    elif isinstance(value, Sequence) and not isinstance(value, _NOT_BATCHES):
-        types = set(map(type, value))
-        if not types <= {int}:
-            for t in types:
-                if (
-                    not issubclass(t, int | np.integer)
-                    or issubclass(t, bool)
-                    or issubclass(t, np.bool_)
-                ):
-                    bad = next(v for v in value if type(v) is t)
-                    raise InvalidBlockIds(
-                        f"block ids must be ints, got {type(bad).__name__} {_show(bad)} "
-                        f"(never coerced)"
-                    )
-            value = [int(v) for v in value]
+        arr = np.array(base, dtype=np.int64, copy=True)
+        original: npt.NDArray[Any] = base
+    elif isinstance(value, Sequence) and not issubclass(t, _NOT_BATCHES):
         try:
-            arr = np.array(value, dtype=np.int64)
+            items = materialised(value, "block ids")
+        except InvalidField as e:
+            raise InvalidBlockIds(str(e)) from e.__cause__
+        if not set(map(type, items)) <= {int}:
+            plain: list[int] = []
+            for v in items:
+                i = _plain_integer(v)
+                if i is None:
+                    raise InvalidBlockIds(
+                        f"block ids must be ints, got {type(v).__name__} {_show(v)} (never coerced)"
+                    )
+                plain.append(i)
+            items = plain
+        try:
+            arr = np.array(items, dtype=np.int64)
         except OverflowError:
-            big = [v for v in value if not -(1 << 63) <= v < (1 << 63)]
+            big = [v for v in items if not -(1 << 63) <= v < (1 << 63)]
             raise BlockOutOfRange(f"block ids out of range: {_show(big[:16])}") from None
         original = arr
     else:
@@ -166,8 +218,10 @@ def _checked_block_ids(
 
 
 def request_key(value: object, name: str = "request") -> str | int:
-    """A request key: a non-empty ``str`` or an ``int`` (not ``bool``). ``InvalidField``
-    otherwise, for unhashable values too (checked before any dict sees them)."""
+    """A request key: a non-empty ``str`` or an ``int`` (not ``bool``), returned as the plain
+    value (a subclass's characters or number, never through its own ``__str__`` / ``__int__``).
+    ``InvalidField`` otherwise, for unhashable values too (checked before any dict sees
+    them)."""
     t = type(value)
     if t is str:
         if value == "":
@@ -175,48 +229,62 @@ def request_key(value: object, name: str = "request") -> str | int:
         return value  # type: ignore[return-value]
     if t is int:
         return value  # type: ignore[return-value]
-    # Subclasses (an IntEnum, a str subclass) keep the plain value's equality and hash; bool
-    # is an int subclass but never an id.
-    if isinstance(value, str) and value != "":
-        return str(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return int(value)
+    # Subclasses (an IntEnum, a str subclass) are stored as the plain value; bool is an int
+    # subclass but never an id.
+    if issubclass(t, str):
+        plain = _plain_str(value)
+        if plain:
+            return plain
+    elif issubclass(t, int) and not issubclass(t, bool):
+        return _plain_int(value)  # type: ignore[arg-type]
     raise InvalidField(f"{name} must be a non-empty str or an int, got {_show(value)}")
 
 
+def _plain_text(value: object) -> str | None:
+    t = type(value)
+    if t is str:
+        return value  # type: ignore[return-value]
+    return _plain_str(value) if issubclass(t, str) else None
+
+
 def peer_id(value: object, name: str = "peer") -> str:
-    """A peer: a non-empty ``str``."""
-    if not isinstance(value, str) or not value:
+    """A peer: a non-empty ``str`` (returned plain)."""
+    plain = _plain_text(value)
+    if not plain:
         raise InvalidField(f"{name} must be a non-empty str, got {_show(value)}")
-    return str(value)
+    return plain
 
 
 def text(value: object, name: str) -> str:
-    """A free-text argument (a reason): any ``str``."""
-    if not isinstance(value, str):
+    """A free-text argument (a reason): any ``str`` (returned plain)."""
+    plain = _plain_text(value)
+    if plain is None:
         raise InvalidField(f"{name} must be a str, got {_show(value)}")
-    return str(value)
+    return plain
 
 
 def flag(value: object, name: str) -> bool:
     """A ``bool`` argument: ``True`` or ``False`` only (``shared="no"`` is not false)."""
-    if not isinstance(value, bool | np.bool_):
+    if type(value) is bool:
+        return value
+    if type(value) is not np.bool_:
         raise InvalidField(f"{name} must be a bool, got {_show(value)}")
     return bool(value)
 
 
 def choice(value: object, name: str, options: tuple[str, ...]) -> str:
     """One of ``options`` (``str``s), exactly: anything else is ``InvalidField``."""
-    if not isinstance(value, str) or value not in options:
+    plain = _plain_text(value)
+    if plain is None or plain not in options:
         raise InvalidField(f"{name} must be one of {options!r}, got {_show(value)}")
-    return str(value)
+    return plain
 
 
 def instance(value: object, cls: type[T], name: str) -> T:
     """``value`` if it is a ``cls``; ``InvalidField`` otherwise."""
-    if not isinstance(value, cls):
+    if not issubclass(type(value), cls):
         raise InvalidField(f"{name} must be a {cls.__name__}, got {_show(value)}")
-    return value
+    return value  # type: ignore[return-value]
 
 
 # --------------------------------------------------------------------------- numbers
@@ -224,15 +292,23 @@ def instance(value: object, cls: type[T], name: str) -> T:
 
 def finite_time(value: object, name: str) -> float | int:
     """A deadline or a clock reading: a finite ``int`` or ``float`` (numpy scalars allowed), not
-    ``bool``, NaN or infinity. Returned as a plain Python number."""
-    if isinstance(value, bool | np.bool_):
-        raise InvalidField(f"{name} must be a finite number, got {_show(value)}")
-    if isinstance(value, int | np.integer):
-        return int(value)
-    if isinstance(value, float | np.floating):
-        f = float(value)
-        if math.isfinite(f):
-            return f
+    ``bool``, NaN or infinity. Returned as a plain Python number (a subclass's own value, never
+    through its ``__float__`` / ``__int__``)."""
+    t = type(value)
+    if t is float:
+        f: float = value  # type: ignore[assignment]
+    else:
+        i = _plain_integer(value)
+        if i is not None:
+            return i
+        if issubclass(t, float):  # np.float64 too
+            f = _plain_float(value)  # type: ignore[arg-type]
+        elif issubclass(t, np.floating):
+            f = float(_item(value))
+        else:
+            raise InvalidField(f"{name} must be a finite int or float, got {_show(value)}")
+    if math.isfinite(f):
+        return f
     raise InvalidField(f"{name} must be a finite int or float, got {_show(value)}")
 
 
@@ -242,16 +318,19 @@ def optional_time(value: object, name: str) -> float | int | None:
 
 
 def count(value: object, name: str, minimum: int = 0) -> int:
-    """An ``int`` (numpy integer scalars allowed, not ``bool``) ``>= minimum``."""
-    if isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_):
-        v = int(value)
-        if v >= minimum:
-            return v
+    """An ``int`` (numpy integer scalars allowed, not ``bool``) ``>= minimum``, returned plain."""
+    v = _plain_integer(value)
+    if v is not None and v >= minimum:
+        return v
     raise InvalidField(f"{name} must be an int >= {minimum}, got {_show(value)}")
 
 
 def seq(value: object, name: str) -> int:
-    """A sequence number: an ``int`` (not ``bool``) in ``[0, MAX_SEQ]``."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEQ:
-        raise InvalidField(f"{name} must be an int in [0, 2**63 - 1], got {_show(value)}")
-    return int(value)
+    """A sequence number: an ``int`` (not ``bool``) in ``[0, MAX_SEQ]``, returned plain (the
+    range is checked on the plain value, not through a subclass's comparisons)."""
+    t = type(value)
+    if t is int or (issubclass(t, int) and not issubclass(t, bool)):
+        v = _plain_int(value)  # type: ignore[arg-type]
+        if 0 <= v <= MAX_SEQ:
+            return v
+    raise InvalidField(f"{name} must be an int in [0, 2**63 - 1], got {_show(value)}")

@@ -42,7 +42,9 @@ Companion modules: ``ledger_records`` (the per-request and per-grant records),
 ``block_counters`` (the open-grant counters that widen instead of wrapping).
 
 Thread safety: every public method holds one lock; evidence may arrive on transfer-engine
-threads while the scheduler allocates.
+threads while the scheduler allocates. Logging never runs under it: a call notes its log events
+while it holds the lock (only when structlog is configured) and emits them once it has let go,
+so a log processor may call the ledger back, from its own thread or another.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ from kvlifetime.errors import (
     StaleEvidence,
     UnknownRequest,
     UsageError,
+    show,
 )
 from kvlifetime.evidence import (
     AccessRevoked,
@@ -229,6 +232,19 @@ class BlockLedger:
         self._refused: collections.Counter[str] = collections.Counter()
         self._reclaimed: collections.Counter[str] = collections.Counter()  # fence -> blocks
         self._clock: float | None = None  # last ``now`` passed to expire()
+        # Log events noted under the lock, emitted by ``_flush`` once it is released: a log
+        # processor may call back into the ledger (``stats()``, from any thread) without a
+        # deadlock. Empty (and never appended to) while nobody listens.
+        self._pending: list[_Event] = []
+
+    def _flush(self) -> None:
+        """Emit the log events noted so far, outside the lock. Whichever call flushes takes
+        every event noted until then, in the order noted; events of calls running at the same
+        time on other threads may be emitted by them, interleaved with these."""
+        with self._lock:
+            events, self._pending = self._pending, []
+        for level, event, fields in events:
+            getattr(_log, level)(event, **fields)
 
     # =================================================================== restart
 
@@ -266,22 +282,28 @@ class BlockLedger:
         ``counts`` as in the constructor (with ``"engine"``, ``request`` holds the blocks by the
         engine's counts; the engine keeps its own references to them until they are returned).
         """
-        if isinstance(peers, str) or not isinstance(peers, Sequence) or not peers:
+        if isinstance(peers, str | bytes) or not isinstance(peers, Sequence):
             raise errors.InvalidField(
                 f"peers must be a non-empty sequence of peer ids (who may still reach the "
-                f"arena), got {peers!r}"
+                f"arena), got {show(peers)}"
             )
+        # Read once, each one checked (and made a plain str) before any dict hashes it: an
+        # unhashable or empty peer is InvalidField, never a TypeError.
+        names = list(dict.fromkeys(inputs.peer_id(p) for p in inputs.materialised(peers, "peers")))
+        if not names:
+            raise errors.InvalidField(
+                "peers must be a non-empty sequence of peer ids (who may still reach the arena)"
+            )
+        request = inputs.request_key(request)
         led = cls(num_blocks, checked=checked, incarnation=incarnation, counts=counts)
         ids = np.arange(num_blocks, dtype=np.int64) if exposed is None else exposed
         led.acquire(request, ids)
-        for peer in dict.fromkeys(peers):
-            inputs.peer_id(peer)
         with led._lock:
             # One write grant per peer over the same blocks: opened directly (in engine mode
             # a write grant is refused where any grant is open; here every peer may write).
             req = led._requests[request]
             held = req.all_blocks()
-            for peer in dict.fromkeys(peers):
+            for peer in names:
                 led._open_grant(req, peer, held, Access.WRITE, None)
             for rec in req.open.values():
                 rec.fence_only = True
@@ -292,7 +314,9 @@ class BlockLedger:
             out: list[Transition] = []
             led._advance(req, "after_restart", None, out)
             if _enabled():
-                _emit(out)
+                _note(led._pending, out)
+        if led._pending:
+            led._flush()
         return led
 
     # =================================================================== admission and blocks
@@ -301,8 +325,12 @@ class BlockLedger:
         """Admit a request that holds no block yet (allocate / acquire admit implicitly)."""
         request = inputs.request_key(request)
         deadline = inputs.optional_time(deadline, "deadline")
-        with self._lock:
-            self._admit(request, deadline)
+        try:
+            with self._lock:
+                self._admit(request, deadline)
+        finally:
+            if self._pending:
+                self._flush()
 
     def allocate(self, request: RequestKey, n: int, *, deadline: float | None = None) -> BlockIds:
         """Take ``n`` free blocks from the ledger's own free list for ``request``.
@@ -318,29 +346,33 @@ class BlockLedger:
                 "counts='engine': the engine's allocator hands out blocks in this mode; record "
                 "what it handed out with acquire"
             )
-        with self._lock:
-            req = self._requests.get(request)
-            if req is not None and req.state != _ADMITTED:
-                raise IllegalTransition("request", request, req.state, "allocate")
-            stack = self._free_stack
-            # Refused before the free list is built: a refusal leaves acquire() as it was.
-            free = self._free_top if stack is not None else self._count_free()
-            if n > free:
-                raise OutOfBlocks(n, free)
-            if stack is None:
-                stack = self._build_free_stack()
-            if req is None:
-                req = self._admit(request, deadline)
-            elif deadline is not None:
-                self._set_deadline(req, deadline)
-            top = self._free_top - n
-            # The stack's top holds the lowest ids: hand them out in ascending order.
-            ids = stack[top : self._free_top][::-1].astype(np.int64)
-            self._free_top = top
-            self._owner[ids] = req.slot
-            ids.flags.writeable = False
-            req.excl.append(ids)
-            return ids
+        try:
+            with self._lock:
+                req = self._requests.get(request)
+                if req is not None and req.state != _ADMITTED:
+                    raise IllegalTransition("request", request, req.state, "allocate")
+                stack = self._free_stack
+                # Refused before the free list is built: a refusal leaves acquire() as it was.
+                free = self._free_top if stack is not None else self._count_free()
+                if n > free:
+                    raise OutOfBlocks(n, free)
+                if stack is None:
+                    stack = self._build_free_stack()
+                if req is None:
+                    req = self._admit(request, deadline)
+                elif deadline is not None:
+                    self._set_deadline(req, deadline)
+                top = self._free_top - n
+                # The stack's top holds the lowest ids: hand them out in ascending order.
+                ids = stack[top : self._free_top][::-1].astype(np.int64)
+                self._free_top = top
+                self._owner[ids] = req.slot
+                ids.flags.writeable = False
+                req.excl.append(ids)
+                return ids
+        finally:
+            if self._pending:
+                self._flush()
 
     def acquire(
         self,
@@ -368,12 +400,16 @@ class BlockLedger:
         engine = self._engine
         shared = shared or engine  # in engine mode every hold is counted like a shared one
         arr = self._ids(ids, unique=shared)
-        with self._lock:
-            req = self._requests.get(request)
-            if req is not None and req.state != _ADMITTED:
-                raise IllegalTransition("request", request, req.state, "acquire")
-            self._check_hold(arr, req, shared)
-            self._record_hold(request, req, arr, shared, deadline)
+        try:
+            with self._lock:
+                req = self._requests.get(request)
+                if req is not None and req.state != _ADMITTED:
+                    raise IllegalTransition("request", request, req.state, "acquire")
+                self._check_hold(arr, req, shared)
+                self._record_hold(request, req, arr, shared, deadline)
+        finally:
+            if self._pending:
+                self._flush()
 
     def _check_hold(self, arr: BlockIds, req: RequestRecord | None, shared: bool) -> None:
         """``acquire``'s refusals of ``arr`` for ``req`` (``None``: not admitted yet); ``shared``
@@ -439,21 +475,28 @@ class BlockLedger:
                 f"holds must be a mapping of request -> block ids, got {type(holds).__name__}"
             )
         shared = inputs.flag(shared, "shared")
-        keys: list[RequestKey] = list(holds)
-        values: list[Any] = list(holds.values())
-        if not keys:
+        # One walk, as (key, ids) pairs: a mapping whose keys and values() disagree (or that
+        # changes between two walks) cannot pair a request with ids it was not checked with.
+        pairs = _pairs(holds)
+        if not pairs:
             return
-        # Plain int and str keys are valid as they are (a dict keeps them distinct); anything
-        # else is normalized, and two keys that become one (an IntEnum member and its value)
-        # are refused.
-        if not all(type(k) is int or (type(k) is str and k) for k in keys):
+        keys: list[RequestKey]
+        keys, values = map(list, zip(*pairs, strict=True))
+        # Plain int and str keys of a dict are valid as they are (it keeps them distinct);
+        # anything else is normalized, and two keys that become one (an IntEnum member and its
+        # value; a mapping that names one key twice) are refused.
+        if type(holds) is not dict or not all(
+            type(k) is int or (type(k) is str and k) for k in keys
+        ):
             keys = [inputs.request_key(k) for k in keys]
             if len(set(keys)) != len(keys):
-                raise errors.InvalidField(f"holds names a request twice: {keys!r}")
+                raise errors.InvalidField(f"holds names a request twice: {show(keys)}")
         engine = self._engine
         shared = shared or engine
         lens = [len(v) if type(v) in _PLAIN else -1 for v in values]
         flat = list(chain.from_iterable(values)) if -1 not in lens else None
+        if flat is not None and len(flat) != sum(lens):
+            flat = None  # a list changed under us (another thread): take each one's copy below
         if flat is not None and set(map(type, flat)) <= {int}:
             # The common case, a list or tuple of ints per request: one conversion for all.
             allids = _concat_ids([flat], self.num_blocks)
@@ -472,64 +515,68 @@ class BlockLedger:
         repeats = _repeats(allids, lens)
         if repeats is not None and repeats[0] is not None:
             raise DuplicateBlockIds(
-                f"duplicate block ids in one batch of request {keys[repeats[0]]!r}: "
+                f"duplicate block ids in one batch of request {show(keys[repeats[0]])}: "
                 f"{repeats[2][:16].tolist()}"
             )
-        with self._lock:
-            reqs: list[RequestRecord | None] = []
-            for key in keys:
-                req = self._requests.get(key)
-                if req is not None and req.state != _ADMITTED:
-                    raise IllegalTransition("request", key, req.state, "acquire")
-                reqs.append(req)
-            if engine or shared:
-                if engine:
-                    self._check_engine_hold(allids, None)
+        try:
+            with self._lock:
+                reqs: list[RequestRecord | None] = []
+                for key in keys:
+                    req = self._requests.get(key)
+                    if req is not None and req.state != _ADMITTED:
+                        raise IllegalTransition("request", key, req.state, "acquire")
+                    reqs.append(req)
+                if engine or shared:
+                    if engine:
+                        self._check_engine_hold(allids, None)
+                    else:
+                        self._check_shareable(allids, None)
+                    self._check_not_held_yet(allids, keys, reqs, starts, lens)
+                    if repeats is not None:
+                        self._check_repeat_limit(repeats[1], repeats[3])
                 else:
-                    self._check_shareable(allids, None)
-                self._check_not_held_yet(allids, keys, reqs, starts, lens)
-                if repeats is not None:
-                    self._check_repeat_limit(repeats[1], repeats[3])
-            else:
-                if self._free_stack is not None:
-                    raise BlockUnavailable(
-                        "this ledger owns the free list (allocate was called): take fresh "
-                        "blocks with allocate; acquire(shared=True) shares held ones"
-                    )
-                if repeats is not None:
-                    raise BlockUnavailable(
-                        f"blocks {repeats[1][:16].tolist()} acquired exclusively by two "
-                        "requests in one call"
-                    )
-                self._mark_free_unique(allids)
-            # Every check passed: from here on nothing is refused.
-            try:
-                recs = [
-                    r if r is not None else self._admit(k, None)
-                    for k, r in zip(keys, reqs, strict=True)
-                ]
-            except BaseException:  # keys were validated: only a bug gets here
-                if not shared:
-                    self._owner[allids] = FREE
-                raise
-            if shared:
-                if repeats is None:
-                    self._sharers[allids] += 1
+                    if self._free_stack is not None:
+                        raise BlockUnavailable(
+                            "this ledger owns the free list (allocate was called): take fresh "
+                            "blocks with allocate; acquire(shared=True) shares held ones"
+                        )
+                    if repeats is not None:
+                        raise BlockUnavailable(
+                            f"blocks {repeats[1][:16].tolist()} acquired exclusively by two "
+                            "requests in one call"
+                        )
+                    self._mark_free_unique(allids)
+                # Every check passed: from here on nothing is refused.
+                try:
+                    recs = [
+                        r if r is not None else self._admit(k, None)
+                        for k, r in zip(keys, reqs, strict=True)
+                    ]
+                except BaseException:  # keys were validated: only a bug gets here
+                    if not shared:
+                        self._owner[allids] = FREE
+                    raise
+                if shared:
+                    if repeats is None:
+                        self._sharers[allids] += 1
+                    else:
+                        np.add.at(self._sharers, allids, 1)
+                    self._shared_holds += len(recs)
+                    for req, view in zip(recs, _views(allids, starts, lens), strict=True):
+                        req.shared.append(view)
+                        if len(req.shared) > _STEP_VIEWS:
+                            self._shared_holds -= _merge(req.shared)
                 else:
-                    np.add.at(self._sharers, allids, 1)
-                self._shared_holds += len(recs)
-                for req, view in zip(recs, _views(allids, starts, lens), strict=True):
-                    req.shared.append(view)
-                    if len(req.shared) > _STEP_VIEWS:
-                        self._shared_holds -= _merge(req.shared)
-            else:
-                self._owner[allids] = np.repeat(
-                    np.fromiter((r.slot for r in recs), np.int32, len(recs)), lens
-                )
-                for req, view in zip(recs, _views(allids, starts, lens), strict=True):
-                    req.excl.append(view)
-                    if len(req.excl) > _STEP_VIEWS:
-                        _merge(req.excl)
+                    self._owner[allids] = np.repeat(
+                        np.fromiter((r.slot for r in recs), np.int32, len(recs)), lens
+                    )
+                    for req, view in zip(recs, _views(allids, starts, lens), strict=True):
+                        req.excl.append(view)
+                        if len(req.excl) > _STEP_VIEWS:
+                            _merge(req.excl)
+        finally:
+            if self._pending:
+                self._flush()
 
     def acquire_and_grant(
         self,
@@ -558,24 +605,28 @@ class BlockLedger:
         engine = self._engine
         shared = shared or engine
         arr = self._ids(ids, unique=shared)
-        with self._lock:
-            req = self._requests.get(request)
-            if req is not None and req.state != _ADMITTED:
-                raise IllegalTransition("request", request, req.state, "acquire")
-            if access is Access.WRITE and len(arr):
-                # What grant() refuses on blocks the request holds once the hold is recorded
-                # (the hold checks refuse an open write grant on any of them).
-                if engine:
-                    if np.count_nonzero(self._sharers.take(arr)):
-                        raise BlockUnavailable("a write grant on blocks another request holds")
-                    if np.count_nonzero(self._readers.take(arr)):
-                        raise BlockUnavailable("a write grant on blocks an open grant covers")
-                elif shared:
-                    raise BlockUnavailable("a write grant on a block this request shares")
-            self._check_hold(arr, req, shared)
-            count = (lambda: self._count_open(arr, access)) if self._tracking else None
-            req = self._record_hold(request, req, arr, shared, deadline, count)
-            return self._open_grant(req, peer, arr, access, deadline=None, counted=True)
+        try:
+            with self._lock:
+                req = self._requests.get(request)
+                if req is not None and req.state != _ADMITTED:
+                    raise IllegalTransition("request", request, req.state, "acquire")
+                if access is Access.WRITE and len(arr):
+                    # What grant() refuses on blocks the request holds once the hold is recorded
+                    # (the hold checks refuse an open write grant on any of them).
+                    if engine:
+                        if np.count_nonzero(self._sharers.take(arr)):
+                            raise BlockUnavailable("a write grant on blocks another request holds")
+                        if np.count_nonzero(self._readers.take(arr)):
+                            raise BlockUnavailable("a write grant on blocks an open grant covers")
+                    elif shared:
+                        raise BlockUnavailable("a write grant on a block this request shares")
+                self._check_hold(arr, req, shared)
+                count = (lambda: self._count_open(arr, access)) if self._tracking else None
+                req = self._record_hold(request, req, arr, shared, deadline, count)
+                return self._open_grant(req, peer, arr, access, deadline=None, counted=True)
+        finally:
+            if self._pending:
+                self._flush()
 
     def _batch_part(self, value: object) -> BlockIds | list[int]:
         """One request's ids for ``acquire_many``: an int64 array or a list of ints are taken as
@@ -612,7 +663,7 @@ class BlockLedger:
             if (not self._engine and (self._owner.take(mine) == req.slot).any()) or any(
                 np.isin(mine, s, assume_unique=True).any() for s in req.shared
             ):
-                raise BlockUnavailable(f"request {key!r} already holds some of these blocks")
+                raise BlockUnavailable(f"request {show(key)} already holds some of these blocks")
 
     def _check_repeat_limit(self, ids: BlockIds, times: npt.NDArray[np.int64]) -> None:
         """``acquire_many``: blocks ``ids`` are taken by ``times`` requests of one call; refuse
@@ -646,21 +697,25 @@ class BlockLedger:
         peer = inputs.peer_id(peer)
         inputs.instance(access, Access, "access")
         deadline = inputs.optional_time(deadline, "deadline")
-        with self._lock:
-            req = self._get(request)
-            if req.state != _ADMITTED:
-                raise IllegalTransition("request", request, req.state, "grant")
-            arr = self._held_view(req, blocks)
-            if self._engine:
-                self._check_engine_grant(req, arr, access)
-            elif access is Access.WRITE and self._shared_holds:
-                if req.shared and any(
-                    np.isin(arr, s, assume_unique=True).any() for s in req.shared
-                ):
-                    raise BlockUnavailable("a write grant on a block this request shares")
-                if np.count_nonzero(self._sharers.take(arr)):
-                    raise BlockUnavailable("a write grant on a block with more than one holder")
-            return self._open_grant(req, peer, arr, access, deadline)
+        try:
+            with self._lock:
+                req = self._get(request)
+                if req.state != _ADMITTED:
+                    raise IllegalTransition("request", request, req.state, "grant")
+                arr = self._held_view(req, blocks)
+                if self._engine:
+                    self._check_engine_grant(req, arr, access)
+                elif access is Access.WRITE and self._shared_holds:
+                    if req.shared and any(
+                        np.isin(arr, s, assume_unique=True).any() for s in req.shared
+                    ):
+                        raise BlockUnavailable("a write grant on a block this request shares")
+                    if np.count_nonzero(self._sharers.take(arr)):
+                        raise BlockUnavailable("a write grant on a block with more than one holder")
+                return self._open_grant(req, peer, arr, access, deadline)
+        finally:
+            if self._pending:
+                self._flush()
 
     def _open_grant(
         self,
@@ -694,7 +749,7 @@ class BlockLedger:
         if deadline is not None:
             self._timed[request] = None
         if _enabled():
-            _log.info("grant_opened", **g.describe())
+            self._pending.append(("info", "grant_opened", g.describe()))
         return g
 
     # =================================================================== the owner ends it
@@ -707,8 +762,12 @@ class BlockLedger:
         """
         request = inputs.request_key(request)
         inputs.text(reason, "reason")
-        with self._lock:
-            return self._end(request, "rejected", "reject")
+        try:
+            with self._lock:
+                return self._end(request, "rejected", "reject")
+        finally:
+            if self._pending:
+                self._flush()
 
     def reject_many(self, requests: Sequence[RequestKey], reason: str = "rejected") -> BatchOutcome:
         """``reject`` of many requests in one call (a step's aborts), as ``finish_many`` is
@@ -721,8 +780,12 @@ class BlockLedger:
     def finish(self, request: RequestKey) -> list[Transition]:
         """The normal end on the owner's side. Open grants still need their proof."""
         request = inputs.request_key(request)
-        with self._lock:
-            return self._end(request, "finished", "finish")
+        try:
+            with self._lock:
+                return self._end(request, "finished", "finish")
+        finally:
+            if self._pending:
+                self._flush()
 
     def _end(self, request: RequestKey, event: str, cause: str) -> list[Transition]:
         """The owner ends ``request`` (validated), under the lock: the one implementation of
@@ -732,24 +795,32 @@ class BlockLedger:
         self._fire(req, event, cause, out)
         self._advance(req, cause, None, out)
         if _enabled():
-            _emit(out)
+            _note(self._pending, out)
         return out
 
     def _end_many(self, requests: Sequence[RequestKey], event: str, cause: str) -> BatchOutcome:
         items = _batch(requests, "requests", "request keys")
         fired: list[Transition] = []
         refused: list[Refusal] = []
-        with self._lock:
-            for i, request in enumerate(items):
-                try:
-                    fired += self._end(inputs.request_key(request), event, cause)
-                except UsageError as e:
-                    refused.append(Refusal(i, request, e))
-                    if _enabled():
-                        _log.warning(
-                            f"{cause}_refused", error=e.kind, message=str(e), request=repr(request)
-                        )
-        return BatchOutcome(tuple(fired), tuple(refused))
+        try:
+            with self._lock:
+                for i, request in enumerate(items):
+                    try:
+                        fired += self._end(inputs.request_key(request), event, cause)
+                    except UsageError as e:
+                        refused.append(Refusal(i, request, e))
+                        if _enabled():
+                            self._pending.append(
+                                (
+                                    "warning",
+                                    f"{cause}_refused",
+                                    {"error": e.kind, "message": str(e), "request": show(request)},
+                                )
+                            )
+            return BatchOutcome(tuple(fired), tuple(refused))
+        finally:
+            if self._pending:
+                self._flush()
 
     def finish_many(self, requests: Sequence[RequestKey]) -> BatchOutcome:
         """``finish`` of many requests in one call: the requests a scheduler step ended.
@@ -772,12 +843,16 @@ class BlockLedger:
         Stale, mismatched or contradictory evidence raises its typed error, is logged and
         counted, and changes nothing. Duplicates and late, weaker reports are no-ops.
         """
-        with self._lock:
-            try:
-                return self._apply(evidence)
-            except EvidenceError as e:
-                self._refuse(e, evidence)
-                raise
+        try:
+            with self._lock:
+                try:
+                    return self._apply(evidence)
+                except EvidenceError as e:
+                    self._refuse(e, evidence)
+                    raise
+        finally:
+            if self._pending:
+                self._flush()
 
     def apply_many(self, evidence: Sequence[Evidence]) -> BatchOutcome:
         """Add many pieces of evidence in one call: what a scheduler step learned (the
@@ -794,40 +869,46 @@ class BlockLedger:
         items = _batch(evidence, "evidence", "evidence objects")
         fired: list[Transition] = []
         refused: list[Refusal] = []
-        with self._lock:
-            # Closing a grant takes it off the per-block open-grant counters; evidence never
-            # reads them (only acquire, grant and open_access do, which cannot run while the
-            # lock is held), so the batch takes every closed grant off in one write at its end
-            # instead of one per grant: the same counts when the lock is let go.
-            self._uncounted = [] if self._tracking else None
-            try:
-                for i, ev in enumerate(items):
-                    try:
-                        fired += self._apply(ev)
-                    except EvidenceError as e:
-                        self._refuse(e, ev)
-                        refused.append(Refusal(i, ev, e))
-            finally:
-                closed, self._uncounted = self._uncounted, None
-                if closed:
-                    self._uncount_all(closed)
-        return BatchOutcome(tuple(fired), tuple(refused))
+        try:
+            with self._lock:
+                # Closing a grant takes it off the per-block open-grant counters; evidence never
+                # reads them (only acquire, grant and open_access do, which cannot run while the
+                # lock is held), so the batch takes every closed grant off in one write at its end
+                # instead of one per grant: the same counts when the lock is let go.
+                self._uncounted = [] if self._tracking else None
+                try:
+                    for i, ev in enumerate(items):
+                        try:
+                            fired += self._apply(ev)
+                        except EvidenceError as e:
+                            self._refuse(e, ev)
+                            refused.append(Refusal(i, ev, e))
+                finally:
+                    closed, self._uncounted = self._uncounted, None
+                    if closed:
+                        self._uncount_all(closed)
+            return BatchOutcome(tuple(fired), tuple(refused))
+        finally:
+            if self._pending:
+                self._flush()
 
     def _refuse(self, e: EvidenceError, evidence: object) -> None:
         """Count and log refused evidence (it changed nothing)."""
         self._refused[e.kind] += 1
         if _enabled():
-            _log.warning(
-                "evidence_refused",
-                error=e.kind,
-                message=str(e),
-                evidence=_describe(evidence),
+            self._pending.append(
+                (
+                    "warning",
+                    "evidence_refused",
+                    {"error": e.kind, "message": str(e), "evidence": _describe(evidence)},
+                )
             )
 
     def _apply(self, ev: Evidence) -> list[Transition]:
         out: list[Transition] = []
-        if not isinstance(ev, Evidence):
-            raise errors.MalformedEvidence(f"not evidence: {ev!r}", evidence=ev)
+        # On the type itself: a ``__class__`` property cannot pass a stranger off as evidence.
+        if not issubclass(type(ev), Evidence):
+            raise errors.MalformedEvidence(f"not evidence: {show(ev)}", evidence=ev)
         if ev.source.kind is not SourceKind.LOCAL:
             # Who may say it comes first: a claim a peer may not make, or a peer speaking for
             # another, is refused before the grant it names is even looked up.
@@ -857,10 +938,12 @@ class BlockLedger:
                     changed = True
                     self._proven(rec, ev, out)
         else:
-            raise errors.MalformedEvidence(f"not evidence: {ev!r}", evidence=ev)
+            raise errors.MalformedEvidence(f"not evidence: {show(ev)}", evidence=ev)
         if _enabled():
-            _log.info("evidence_applied", evidence=to_dict(ev), changed=changed)
-            _emit(out)
+            self._pending.append(
+                ("info", "evidence_applied", {"evidence": to_dict(ev), "changed": changed})
+            )
+            _note(self._pending, out)
         return out
 
     def _proven(self, rec: GrantRecord, ev: Evidence, out: list[Transition]) -> None:
@@ -895,12 +978,13 @@ class BlockLedger:
         check_grant_peer(ev, g.peer)
         if ev.request != g.request:
             raise MismatchedEvidence(
-                f"{ev.kind} names request {ev.request!r}, grant {gid} is of {g.request!r}",
+                f"{ev.kind} names request {show(ev.request)}, grant {gid} is of {show(g.request)}",
                 evidence=ev,
             )
         if ev.peer != g.peer:
             raise MismatchedEvidence(
-                f"{ev.kind} names peer {ev.peer!r}, grant {gid} is to {g.peer!r}", evidence=ev
+                f"{ev.kind} names peer {show(ev.peer)}, grant {gid} is to {show(g.peer)}",
+                evidence=ev,
             )
         return rec
 
@@ -933,31 +1017,35 @@ class BlockLedger:
         Returns the requests quarantined by this call.
         """
         now = inputs.finite_time(now, "now")
-        with self._lock:
-            self._clock = now
-            newly: list[RequestKey] = []
-            for key in list(self._timed):
-                req = self._requests[key]
-                marked = False
-                for rec in req.open.values():
-                    dl = rec.deadline if rec.deadline is not None else req.deadline
-                    if dl is not None and dl <= now and rec.suspect is None:
-                        rec.mark_suspect("deadline")
-                        marked = True
-                if marked and req.state != _ADMITTED:
-                    out: list[Transition] = []
-                    self._advance(req, "expire", None, out)
-                    if _enabled():
-                        _emit(out)
-                    # Only if this call quarantined it: it may already have been (PeerLost).
-                    if any(t.target == _QUARANTINED for t in out):
-                        newly.append(key)
-                # Nothing left to time out; a quarantined request waits for proof only.
-                if req.state != _ADMITTED and (
-                    not req.open or req.state in (_QUARANTINED, _TRANSFER_QUIESCED)
-                ):
-                    self._timed.pop(key, None)
-            return newly
+        try:
+            with self._lock:
+                self._clock = now
+                newly: list[RequestKey] = []
+                for key in list(self._timed):
+                    req = self._requests[key]
+                    marked = False
+                    for rec in req.open.values():
+                        dl = rec.deadline if rec.deadline is not None else req.deadline
+                        if dl is not None and dl <= now and rec.suspect is None:
+                            rec.mark_suspect("deadline")
+                            marked = True
+                    if marked and req.state != _ADMITTED:
+                        out: list[Transition] = []
+                        self._advance(req, "expire", None, out)
+                        if _enabled():
+                            _note(self._pending, out)
+                        # Only if this call quarantined it: it may already have been (PeerLost).
+                        if any(t.target == _QUARANTINED for t in out):
+                            newly.append(key)
+                    # Nothing left to time out; a quarantined request waits for proof only.
+                    if req.state != _ADMITTED and (
+                        not req.open or req.state in (_QUARANTINED, _TRANSFER_QUIESCED)
+                    ):
+                        self._timed.pop(key, None)
+                return newly
+        finally:
+            if self._pending:
+                self._flush()
 
     # =================================================================== release
 
@@ -970,27 +1058,35 @@ class BlockLedger:
         is open, ``IllegalTransition`` if the owner has not ended the request.
         """
         request = inputs.request_key(request)
-        with self._lock:
-            req = self._get(request, ending=True)
-            if req.state in _ENDED and req.open:
-                raise InsufficientEvidence(request, self._unproven(req))
-            out: list[Transition] = []
-            self._fire(req, "released", "release", out)
-            return self._let_go([req], out)[0]
+        try:
+            with self._lock:
+                req = self._get(request, ending=True)
+                if req.state in _ENDED and req.open:
+                    raise InsufficientEvidence(request, self._unproven(req))
+                out: list[Transition] = []
+                self._fire(req, "released", "release", out)
+                return self._let_go([req], out)[0]
+        finally:
+            if self._pending:
+                self._flush()
 
     def collect_releasable(self) -> dict[RequestKey, BlockIds]:
         """Release every request whose grants are all closed; return, per request, the block
         ids that went back to the pool. A scheduler calls this once per step: the per-block
         work of all of them is done in one batch."""
-        with self._lock:
-            if not self._releasable:
-                return {}
-            reqs = [self._requests[k] for k in self._releasable]
-            out: list[Transition] = []
-            for req in reqs:
-                self._fire(req, "released", "collect_releasable", out)
-            freed = self._let_go(reqs, out)
-            return {req.key: ids for req, ids in zip(reqs, freed, strict=True)}
+        try:
+            with self._lock:
+                if not self._releasable:
+                    return {}
+                reqs = [self._requests[k] for k in self._releasable]
+                out: list[Transition] = []
+                for req in reqs:
+                    self._fire(req, "released", "collect_releasable", out)
+                freed = self._let_go(reqs, out)
+                return {req.key: ids for req, ids in zip(reqs, freed, strict=True)}
+        finally:
+            if self._pending:
+                self._flush()
 
     def force_release(self, request: RequestKey, reason: str) -> BlockIds:
         """UNSAFE: release a request whose grants are not all closed. A peer may still write
@@ -998,20 +1094,28 @@ class BlockLedger:
         For a request whose grants are all closed it is an ordinary release."""
         request = inputs.request_key(request)
         inputs.text(reason, "reason")
-        with self._lock:
-            req = self._get(request, ending=True)
-            out: list[Transition] = []
-            if req.state == _TRANSFER_QUIESCED:
-                self._fire(req, "released", "force_release", out)
-            else:
-                open_grants = [str(r.grant.id) for r in req.open.values()]
-                self._fire(req, "force_released", "force_release", out)
-                self._unsafe_releases += 1
-                if _enabled():
-                    _log.warning(
-                        "force_released", request=request, reason=reason, open_grants=open_grants
-                    )
-            return self._let_go([req], out)[0]
+        try:
+            with self._lock:
+                req = self._get(request, ending=True)
+                out: list[Transition] = []
+                if req.state == _TRANSFER_QUIESCED:
+                    self._fire(req, "released", "force_release", out)
+                else:
+                    open_grants = [str(r.grant.id) for r in req.open.values()]
+                    self._fire(req, "force_released", "force_release", out)
+                    self._unsafe_releases += 1
+                    if _enabled():
+                        self._pending.append(
+                            (
+                                "warning",
+                                "force_released",
+                                {"request": request, "reason": reason, "open_grants": open_grants},
+                            )
+                        )
+                return self._let_go([req], out)[0]
+        finally:
+            if self._pending:
+                self._flush()
 
     def _let_go(self, reqs: Sequence[RequestRecord], out: list[Transition]) -> list[BlockIds]:
         """Forget the requests; put the blocks no one else holds back in the pool."""
@@ -1056,7 +1160,7 @@ class BlockLedger:
                     self._free_stack[top : top + len(ids)] = ids[::-1]
                     self._free_top = top + len(ids)
         if _enabled():
-            _emit_released(reqs, results, out)
+            _note_released(self._pending, reqs, results, out)
         return results
 
     def _let_go_engine(
@@ -1082,7 +1186,7 @@ class BlockLedger:
                 sharers[allh] = 0
                 self._generation[allh] += 1
                 if _enabled():
-                    _emit_released(reqs, results, out)
+                    _note_released(self._pending, reqs, results, out)
                 return results
             results = []
         for req in reqs:
@@ -1100,7 +1204,7 @@ class BlockLedger:
             ids = unguarded[0] if len(unguarded) == 1 else np.concatenate(unguarded)
             self._generation[ids] += 1
         if _enabled():
-            _emit_released(reqs, results, out)
+            _note_released(self._pending, reqs, results, out)
         return results
 
     def _forget(self, req: RequestRecord) -> None:
@@ -1192,12 +1296,12 @@ class BlockLedger:
             m.send(event)
         except Exception as e:
             raise SpecDisagreement(
-                f"request {req.key!r}: tables fire {event!r} -> {target!r} from {req.state!r}, "
+                f"request {show(req.key)}: tables fire {event!r} -> {target!r} from {req.state!r}, "
                 f"the specification refuses: {e}"
             ) from e
         if m.current_state_value != target:
             raise SpecDisagreement(
-                f"request {req.key!r}: tables reach {target!r} on {event!r}, "
+                f"request {show(req.key)}: tables reach {target!r} on {event!r}, "
                 f"the specification reaches {m.current_state_value!r}"
             )
 
@@ -1413,6 +1517,7 @@ class BlockLedger:
             new._refused = collections.Counter(self._refused)
             new._reclaimed = collections.Counter(self._reclaimed)
             new._clock = self._clock
+            new._pending = []
             return new
 
     def fingerprint(self) -> tuple[Any, ...]:
@@ -1448,7 +1553,7 @@ class BlockLedger:
 
     def _admit(self, request: RequestKey, deadline: float | None) -> RequestRecord:
         if isinstance(request, bool) or not isinstance(request, str | int) or request == "":
-            raise errors.InvalidField(f"request must be a non-empty str or an int: {request!r}")
+            raise errors.InvalidField(f"request must be a non-empty str or an int: {show(request)}")
         if request in self._requests:
             raise DuplicateRequest(request)
         slot = self._next_slot
@@ -1464,7 +1569,7 @@ class BlockLedger:
         if deadline is not None:
             self._set_deadline(req, deadline)
         if _enabled():
-            _log.info("request_admitted", request=request)
+            self._pending.append(("info", "request_admitted", {"request": request}))
         return req
 
     def _set_deadline(self, req: RequestRecord, deadline: float | None) -> None:
@@ -1482,7 +1587,7 @@ class BlockLedger:
         req = self._requests.get(request)
         if req is None:
             if ending and request in self._recently_released:
-                raise DoubleRelease(f"request {request!r} was already released")
+                raise DoubleRelease(f"request {show(request)} was already released")
             raise UnknownRequest(request)
         return req
 
@@ -1621,7 +1726,7 @@ class BlockLedger:
         if not np.isin(arr, held, assume_unique=True).all():
             missing = arr[~np.isin(arr, held)]
             raise BlockUnavailable(
-                f"request {req.key!r} does not hold blocks {missing[:16].tolist()}"
+                f"request {show(req.key)} does not hold blocks {missing[:16].tolist()}"
             )
         return arr
 
@@ -1642,7 +1747,7 @@ class BlockLedger:
             (owner == req.slot).any()
             or any(np.isin(arr, s, assume_unique=True).any() for s in req.shared)
         ):
-            raise BlockUnavailable(f"request {req.key!r} already holds some of these blocks")
+            raise BlockUnavailable(f"request {show(req.key)} already holds some of these blocks")
         # Settled content only: no open write grant. Open read grants do not unsettle a block,
         # whether their request runs or has ended (draining, quarantined): a reader does not
         # change the content.
@@ -1681,7 +1786,7 @@ class BlockLedger:
             and np.count_nonzero(holders)
             and np.isin(arr, req.all_blocks(), assume_unique=True).any()
         ):
-            raise BlockUnavailable(f"request {req.key!r} already holds some of these blocks")
+            raise BlockUnavailable(f"request {show(req.key)} already holds some of these blocks")
         # A block has at most as many holders as there are live holds: below the limit, no
         # block needs looking at.
         if (
@@ -1810,40 +1915,74 @@ def _repeats(
     return None, ids[multi], _empty(), times[multi].astype(np.int64)
 
 
-def _emit(transitions: list[Transition]) -> None:
-    """One log event per transition, after the call that fired them (only when someone listens:
-    the hot path builds no event dict otherwise)."""
+_Event = tuple[str, str, dict[str, Any]]  # (level, event, fields): a log event not yet emitted
+
+
+def _note(pending: list[_Event], transitions: list[Transition]) -> None:
+    """One log event per transition, noted under the lock (only when someone listens: the hot
+    path builds no event dict otherwise) and emitted once it is released (``_flush``)."""
     for t in transitions:
-        _log.info(
-            "request_transition",
-            request=t.request,
-            transition=t.event,
-            from_state=t.source,
-            to_state=t.target,
-            cause=t.cause,
-            grant=t.grant,
-            peer=t.peer,
-            unsafe=t.unsafe,
+        pending.append(
+            (
+                "info",
+                "request_transition",
+                {
+                    "request": t.request,
+                    "transition": t.event,
+                    "from_state": t.source,
+                    "to_state": t.target,
+                    "cause": t.cause,
+                    "grant": t.grant,
+                    "peer": t.peer,
+                    "unsafe": t.unsafe,
+                },
+            )
         )
 
 
-def _emit_released(
-    reqs: Sequence[RequestRecord], freed: Sequence[BlockIds], out: list[Transition]
+def _note_released(
+    pending: list[_Event],
+    reqs: Sequence[RequestRecord],
+    freed: Sequence[BlockIds],
+    out: list[Transition],
 ) -> None:
     """The transitions of a release call, then one event per request let go, with its blocks."""
-    _emit(out)
+    _note(pending, out)
     for req, ids in zip(reqs, freed, strict=True):
-        _log.info("request_released", request=req.key, blocks=ids.tolist())
+        pending.append(("info", "request_released", {"request": req.key, "blocks": ids.tolist()}))
+
+
+def _pairs(holds: Mapping[Any, Any]) -> list[tuple[Any, Any]]:
+    """``acquire_many``'s mapping as ``(key, ids)`` pairs, from one walk of its items (a
+    dict's own, with no code of the caller's run; any other mapping's ``items()``). A walk
+    that raises or yields something that is not a pair is ``InvalidField``."""
+    if type(holds) is dict:
+        return list(holds.items())
+    try:
+        pairs = list(holds.items())
+    except Exception as e:
+        raise errors.InvalidField(
+            f"holds could not be read: {type(holds).__name__}.items() raised {type(e).__name__}"
+        ) from e
+    for p in pairs:
+        if type(p) is not tuple or len(p) != 2:
+            raise errors.InvalidField(
+                f"holds.items() must yield (request, block ids) pairs, got {show(p)}"
+            )
+    return pairs
 
 
 def _batch(items: object, name: str, what: str) -> Sequence[Any]:
     """A batch call's items: a list or tuple (or another sequence that is not text or a
     mapping), else ``InvalidField`` with nothing changed."""
-    if type(items) in _PLAIN:
+    t = type(items)
+    if t is tuple:
         return items  # type: ignore[return-value]
-    if isinstance(items, Sequence) and not isinstance(items, str | bytes | bytearray):
-        return list(items)
-    raise errors.InvalidField(f"{name} must be a sequence of {what}, got {type(items).__name__}")
+    if isinstance(items, Sequence) and not issubclass(t, str | bytes | bytearray):
+        # One walk (a list copied): the items applied are the items walked, whatever the
+        # caller's sequence (or another thread) does meanwhile.
+        return inputs.materialised(items, name)
+    raise errors.InvalidField(f"{name} must be a sequence of {what}, got {t.__name__}")
 
 
 def _describe(ev: object) -> object:
@@ -1851,5 +1990,5 @@ def _describe(ev: object) -> object:
         try:
             return to_dict(ev)
         except Exception:  # a log line must never raise
-            return repr(ev)
-    return repr(ev)
+            return show(ev, 200)
+    return show(ev, 200)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -306,3 +307,120 @@ def test_silent_when_structlog_is_not_configured() -> None:
     loud = run_script(force_enabled=True)
     for event in ("request_transition", "evidence_refused", "force_released"):
         assert event in loud.stdout
+
+
+# ------------------------------------------------------------------- processors may call back
+
+
+def _every_logging_call(led: BlockLedger) -> None:
+    """One call of each kind that logs: admission, grants, ends, evidence applied and refused,
+    releases, a deadline, a forced release, the batch calls."""
+    led.acquire("a", [0, 1])
+    led.acquire("b", [2])
+    g = led.grant("a", "p", led.blocks_of("a"))
+    gb = led.acquire_and_grant("c", [3], "q", deadline=1.0)
+    led.acquire_many({"d": [4], "e": [5]})
+    led.reject("a")
+    led.finish_many(["d", "e", "nobody"])
+    led.reject_many(["b", "nobody"])
+    led.apply(SchedulingStopped.of(g, 0))
+    junk: list[Any] = [TransferCompleted.of(g, 0), "not evidence"]
+    led.apply_many(junk)
+    with pytest.raises(errors.MalformedEvidence):
+        led.apply("not evidence")  # type: ignore[arg-type]
+    led.collect_releasable()
+    led.finish("c")
+    led.expire(2.0)
+    led.force_release("c", "operator")
+    led.acquire("f", [6])
+    led.finish("f")
+    led.release("f")
+    led.allocate("g", 1)
+    restarted = BlockLedger.after_restart(4, peers=["p"])
+    restarted.apply(PeerLost("p"))
+    assert gb.peer == "q"
+
+
+def test_a_processor_that_calls_back_into_the_ledger_does_not_deadlock() -> None:
+    """Issue 20 item 10: events used to be emitted under the ledger's lock, so a processor
+    that asked the ledger anything (here ``stats()`` on the logging thread, and
+    ``free_count()`` on another thread it waits for) blocked for ever. Run in a thread with a
+    timeout, so a regression fails instead of hanging the suite."""
+    holder: list[BlockLedger] = []
+    seen: list[str] = []
+    stuck: list[str] = []
+
+    def ask_the_ledger(
+        _logger: object, _method: str, event: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        for led in holder:
+            led.stats()  # the lock is not held here, on this thread
+            other = threading.Thread(target=led.free_count, daemon=True)
+            other.start()
+            other.join(5.0)  # nor by this thread for another one
+            if other.is_alive():
+                stuck.append(str(event["event"]))
+        seen.append(str(event["event"]))
+        raise structlog.DropEvent
+
+    def run() -> None:
+        led = BlockLedger(8)
+        holder.append(led)
+        try:
+            _every_logging_call(led)
+        except BaseException as e:  # shown by the assertion below
+            seen.append(repr(e))
+            raise
+        done.set()
+
+    done = threading.Event()
+    structlog.configure(processors=[ask_the_ledger])
+    try:
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(60.0)
+        assert done.is_set(), f"the ledger deadlocked in a log processor after {seen[-3:]}"
+    finally:
+        structlog.reset_defaults()
+    assert stuck == []
+    # Every kind of event still reached the processor, once the lock was let go.
+    assert {
+        "request_admitted",
+        "grant_opened",
+        "request_transition",
+        "finish_refused",
+        "reject_refused",
+        "evidence_applied",
+        "evidence_refused",
+        "request_released",
+        "force_released",
+    } <= set(seen)
+
+
+def test_events_are_the_same_and_in_order_when_emitted_after_the_lock(
+    logs: list[MutableMapping[str, Any]],
+) -> None:
+    """Deferring emission changes when, not what: the events of each call, in order, as the
+    calls' own results say (the transitions a call returned are its request_transition events,
+    in the same order, right after that call)."""
+    led = BlockLedger(8)
+    led.acquire("a", [0, 1])
+    g = led.grant("a", "p", [0, 1])
+    start = len(logs)
+    fired = led.reject("a")
+    assert transitions_logged(logs[start:]) == [as_event(t) for t in fired]
+    start = len(logs)
+    batch: list[Any] = [SchedulingStopped.of(g, 0), "junk", TransferQuiesced.of(g, 0)]
+    out = led.apply_many(batch)
+    events = [e["event"] for e in logs[start:]]
+    assert events == [
+        "evidence_applied",
+        *["request_transition"]
+        * len([t for t in out.transitions if t.cause == "SchedulingStopped"]),
+        "evidence_refused",
+        "evidence_applied",
+        *["request_transition"]
+        * len([t for t in out.transitions if t.cause == "TransferQuiesced"]),
+    ]
+    assert transitions_logged(logs[start:]) == [as_event(t) for t in out.transitions]
+    assert led._pending == []  # nothing left behind for a later call to emit

@@ -253,6 +253,10 @@ def test_every_claim_at_once_does_not_lift_it_either() -> None:
 
 def test_a_fence_of_one_grant_from_the_local_side_ends_that_grant_only() -> None:
     led, g = _restarted()
+    before = _whole(led)
+    with pytest.raises(UnauthorizedEvidence):  # the peer cannot fence itself by saying so
+        led.apply(attrs.evolve(AccessRevoked.of(g), source=Source.peer("p0")))
+    assert _whole(led) == before
     led.apply(AccessRevoked.of(g, fence="f"))
     assert led.proof_of(g).closed
     assert led.state(OLD) is RequestState.QUARANTINED

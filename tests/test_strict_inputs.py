@@ -15,7 +15,7 @@ issue's reproductions, each of which failed on the code before this module.
 from __future__ import annotations
 
 import decimal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -837,3 +837,166 @@ def test_grant_constructor_refuses_bad_fields(kwargs: dict[str, Any], exc: type[
     g = Grant(**fields)
     assert g.blocks.tolist() == [0] and not g.blocks.flags.writeable
     assert g.generations.dtype == np.uint32 and not g.generations.flags.writeable
+
+
+# --------------------------------------------------------------------------- batch calls, restart
+
+
+class Pairs(Mapping[Any, Any]):
+    """A mapping given as a list of pairs: it can carry keys a dict cannot (unhashable ones,
+    one key twice), as a hostile or careless caller's own Mapping class may."""
+
+    def __init__(self, pairs: list[tuple[Any, Any]]) -> None:
+        self.pairs = pairs
+
+    def __getitem__(self, key: Any) -> Any:
+        for k, v in self.pairs:
+            if k is key:
+                return v
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter([k for k, _ in self.pairs])
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def items(self) -> Any:
+        return list(self.pairs)
+
+
+def _restart(**kw: Any) -> Call:
+    return lambda _L: BlockLedger.after_restart(**{"num_blocks": N, "peers": ["p"], **kw})
+
+
+def _many_ids_calls(ids: object) -> list[tuple[str, Call]]:
+    v: Any = ids
+    return [
+        ("acquire_many", lambda L: L.acquire_many({"new": v})),
+        ("acquire_many-live", lambda L: L.acquire_many({"a": v})),
+        ("acquire_many-shared", lambda L: L.acquire_many({"new": v}, shared=True)),
+        ("acquire_many-second", lambda L: L.acquire_many({"n1": [9], "n2": v})),
+    ]
+
+
+def _many_key_calls(key: object) -> list[tuple[str, Call]]:
+    return [
+        ("acquire_many", lambda L: L.acquire_many(Pairs([(key, [FREE_ID])]))),
+        ("acquire_many-second", lambda L: L.acquire_many(Pairs([("n1", [9]), (key, [FREE_ID])]))),
+    ]
+
+
+def _batch_table() -> list[Any]:
+    """The same bad values, through the calls that take many at once and the restart
+    constructor: ``acquire_many`` is all or nothing (it raises the single call's error);
+    ``after_restart`` builds a ledger or raises."""
+    rows: list[Any] = []
+    for label, ids, exc in BAD_IDS:
+        calls = _many_ids_calls(ids)
+        if ids is not None:  # exposed=None: every block (the default)
+            calls.append(("after_restart-exposed", _restart(exposed=ids)))
+        for call_name, call in calls:
+            rows.append(pytest.param(call, exc, id=f"ids-{label}-{call_name}"))
+    for label, key in BAD_KEYS:
+        calls = [*_many_key_calls(key), ("after_restart-request", _restart(request=key))]
+        for call_name, call in calls:
+            rows.append(pytest.param(call, InvalidField, id=f"key-{label}-{call_name}"))
+    for label, peer in BAD_PEERS:
+        p: Any = peer
+        rows.append(pytest.param(_restart(peers=[p]), InvalidField, id=f"peer-{label}-restart"))
+        rows.append(
+            pytest.param(_restart(peers=["ok", p]), InvalidField, id=f"peer-{label}-restart-2nd")
+        )
+    for label, peers in [
+        ("str", "p"),
+        ("empty", []),
+        ("none", None),
+        ("set", {"p"}),
+        ("unhashable-item", [["p"]]),
+        ("dict-item", [{"p": 1}]),
+        ("bytes", b"p"),
+    ]:
+        ps: Any = peers
+        rows.append(pytest.param(_restart(peers=ps), InvalidField, id=f"peers-{label}-restart"))
+    for label, n in BAD_COUNTS:
+        nv: Any = n
+        rows.append(pytest.param(_restart(num_blocks=nv), InvalidField, id=f"n-{label}-restart"))
+    for label, bad in [("str", "yes"), ("int", 1), ("none", None)]:
+        f: Any = bad
+        rows.append(
+            pytest.param(
+                lambda L, f=f: L.acquire_many({"new": [8]}, shared=f),
+                InvalidField,
+                id=f"shared-{label}-acquire_many",
+            )
+        )
+        rows.append(pytest.param(_restart(checked=f), InvalidField, id=f"checked-{label}-restart"))
+    for label, bad in [("list", [("a", [8])]), ("none", None), ("str", "a")]:
+        h: Any = bad
+        rows.append(
+            pytest.param(lambda L, h=h: L.acquire_many(h), InvalidField, id=f"holds-{label}")
+        )
+    rows += [
+        pytest.param(
+            lambda L: L.acquire_many(Pairs([("n", [8]), ("n", [9])])),
+            InvalidField,
+            id="holds-one-key-twice",
+        ),
+        pytest.param(
+            lambda L: L.acquire_many({"gone": [8], "b": [9]}),
+            errors.IllegalTransition,
+            id="acquire_many-ended",
+        ),
+        pytest.param(_restart(exposed=[1, 1]), DuplicateBlockIds, id="restart-exposed-twice"),
+        pytest.param(_restart(counts="owner"), InvalidField, id="restart-counts"),
+        pytest.param(_restart(incarnation=""), InvalidField, id="restart-incarnation"),
+    ]
+    return rows
+
+
+@pytest.mark.parametrize(("call", "exc"), _batch_table())
+@pytest.mark.parametrize("counts", ["ledger", "engine"])
+def test_the_batch_calls_and_the_restart_refuse_the_same_bad_values(
+    call: Call, exc: type[Exception], counts: Counts
+) -> None:
+    L = populated(counts=counts)
+    assert_refused(L, call, exc)
+    L.acquire("after", [FREE_ID])
+    assert L.expire(60.0) == ["b"]
+
+
+def _per_item_table() -> list[Any]:
+    """``finish_many`` / ``reject_many`` / ``apply_many`` take each item on its own: a bad
+    one is refused as data (the single call's error) between good ones, never raised."""
+    rows: list[Any] = []
+    for label, key in BAD_KEYS:
+        for call in ("finish_many", "reject_many"):
+            rows.append(pytest.param(call, key, InvalidField, id=f"key-{label}-{call}"))
+    for call in ("finish_many", "reject_many"):
+        rows.append(pytest.param(call, "gone", DoubleRelease, id=f"released-{call}"))
+        rows.append(pytest.param(call, "never", UnknownRequest, id=f"unknown-{call}"))
+        rows.append(pytest.param(call, 10**5000, UnknownRequest, id=f"long-int-{call}"))
+    for label, bad in [
+        *BAD_KEYS,
+        ("cancel-of-another-ledger", CancelReceived(GrantId("other", 1), "a", "p")),
+    ]:
+        exc = (
+            MalformedEvidence if label != "cancel-of-another-ledger" else errors.MismatchedEvidence
+        )
+        rows.append(pytest.param("apply_many", bad, exc, id=f"evidence-{label}"))
+    return rows
+
+
+@pytest.mark.parametrize(("call", "bad", "exc"), _per_item_table())
+@pytest.mark.parametrize("counts", ["ledger", "engine"])
+def test_every_batch_call_refuses_each_bad_item_as_data(
+    call: str, bad: object, exc: type[Exception], counts: Counts
+) -> None:
+    L = populated(counts=counts)
+    before = snapshot(L, evidence_counters=False)
+    out = getattr(L, call)([bad])
+    assert [(r.position, r.item is bad, type(r.error)) for r in out.refused] == [(0, True, exc)]
+    assert out.transitions == ()
+    assert snapshot(L, evidence_counters=False) == before
+    # A refused piece of evidence is counted; a refused end is not evidence.
+    assert L.stats().refused_evidence == ({exc.kind: 1} if call == "apply_many" else {})  # type: ignore[attr-defined]
