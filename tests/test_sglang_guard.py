@@ -685,3 +685,25 @@ def test_the_collector_scrapes_before_and_after_the_ledger_is_bound() -> None:
         'kvlifetime_sglang_refused_total{kind="ack_refused",ledger="d0"} 1.0',
     ):
         assert line in text, line
+
+
+def test_silent_until_the_application_configures_structlog(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A library never configures structlog: unconfigured, its default would print every event
+    # of every request to stdout inside SGLang's scheduler (and cost more than the guard).
+    was, config = structlog.is_configured(), structlog.get_config()
+    structlog.reset_defaults()
+    try:
+        assert not structlog.is_configured()
+        g = decode()
+        key = publish(g)
+        g.held(key, deadline=1.0)
+        g.tick(2.0)
+        with pytest.raises(MismatchedEvidence):
+            g.acked(7, 0, 5)
+    finally:
+        if was:
+            structlog.configure(**config)
+    assert capsys.readouterr().out == ""
+    assert g.stats().quarantined == 1 and g.stats().refused == {"ack_refused": 1}

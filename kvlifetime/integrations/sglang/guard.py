@@ -825,6 +825,8 @@ class SGLangGuard:
     def _refuse(self, kind: str, e: BaseException, ctx: dict[str, Any]) -> None:
         with self._lock:
             self._refused[kind] += 1
+        if not structlog.is_configured():
+            return
         _log.warning(
             "sglang_guard_refused",
             kind=kind,
@@ -864,7 +866,10 @@ _PER_REQUEST = frozenset({"sglang_published", "sglang_sending", "sglang_released
 
 
 def _emit(events: list[tuple[str, dict[str, Any]]]) -> None:
-    # Outside the guard's lock: a log processor may call the guard.
+    # Outside the guard's lock: a log processor may call the guard. A library never configures
+    # structlog: silent (and cheap on SGLang's hot path) until the application has.
+    if not events or not structlog.is_configured():
+        return
     for name, fields in events:
         if name in _WARNINGS:
             _log.warning(name, **fields)

@@ -100,7 +100,8 @@ def install(
             inst.restore()
             raise
         _installed = inst
-    _log.info("sglang_guard_installed", role=role, version=SUPPORTED_VERSION)
+    if structlog.is_configured():
+        _log.info("sglang_guard_installed", role=role, version=SUPPORTED_VERSION)
     return guard
 
 
@@ -110,7 +111,8 @@ def uninstall() -> None:
         inst, _installed = _installed, None
     if inst is not None:
         inst.restore()
-        _log.info("sglang_guard_uninstalled", role=inst.guard.role)
+        if structlog.is_configured():
+            _log.info("sglang_guard_uninstalled", role=inst.guard.role)
 
 
 def _check_engine() -> None:
