@@ -329,8 +329,9 @@ class _Installation:
             def wrapped(self: Any, decode_req: Any, idx: Any) -> Any:
                 key = _key_of(decode_req)
                 if key is not None and guard.tracks(key) and not guard.releasable(key):
-                    # Only the guard's verdict frees a guarded entry: keep it held.
-                    _log.error("sglang_release_refused", key=key, where="_do_release")
+                    # Only the guard's verdict frees a guarded entry: keep it held (the guard
+                    # refuses the free: typed, logged, counted as freed_refused).
+                    inst._quiet(lambda: guard.freed(key))
                     required = len(getattr(decode_req.kv_receiver, "bootstrap_infos", ()) or ())
                     self._deferred_releases.append(
                         (decode_req, time.monotonic(), math.inf, idx, required)
