@@ -19,6 +19,9 @@ SUPPORTED_VERSION = "0.5.23"
 """The SGLang version the hooks were built and tested for; ``install`` refuses any other."""
 
 _GUARD = "tests/test_sglang_guard.py"
+_FENCE = "tests/in_sglang/test_sglang_fence.py"
+FENCE = "mooncake_decode_engine_recreated"
+"""The fence established for SGLang's decode on Mooncake TCP (``revoke(FENCE)`` after it)."""
 
 PROFILE = EngineProfile(
     name="sglang",
@@ -173,17 +176,42 @@ PROFILE = EngineProfile(
             f"{_GUARD}::test_a_poisoned_prefill_room_is_quarantined",
             proves="only that the send's own deadline passed",
         ),
+        StatusRow(
+            "decode: SGLang's `deregister_buffer_to_engine()` and the buffers registered again",
+            NOTHING,
+            frozenset(),
+            "that any prefill's access ended: the decode must keep its buffers registered to "
+            "serve later requests, Mooncake checks a request's addresses and not its sender, and "
+            "a stalled transfer then lands whole (measured). Not AccessRevoked",
+            "code and measured",
+            f"{_FENCE}::test_unregistering_the_buffers_is_not_a_fence",
+            proves="nothing",
+        ),
+        StatusRow(
+            "decode: the process's Mooncake transfer engine re-created (a new engine serving "
+            "the same buffers under a new session, the prefill connections dropped, the old "
+            f'engine destroyed and its ports observed closed) -> `"{FENCE}"`',
+            "AccessRevoked",
+            {Claim.ACCESS_REVOKED},
+            "anything about transfers to the new engine, which are new grants; it costs every "
+            "transfer in flight to this decode (from every prefill, every room: they fail and "
+            "are retried) and about 0.7 s on this 2-core machine",
+            "code and measured",
+            f"{_FENCE}::test_recreating_the_decode_engine_ends_a_stalled_transfer",
+            proves="no prefill can write into the decode's pages through the old session any "
+            "more: the old engine's sessions are closed and its copy thread joined (Mooncake's "
+            "destructor, docs/fencing.md); a stalled transfer resumed after it lands nothing",
+        ),
     ),
-    fence=None,
-    fence_note="SGLang has no fence of its own, and the guard performs none: the deployment "
-    "fences, then calls `guard.revoke(fence)` (AccessRevoked from the local side, for every "
-    "prefill rank or those of one `prefill`); what it releases SGLang frees at its next "
-    "`resolve_deferred_releases` (decode) or inflight poll (prefill). On Mooncake TCP the "
-    "established fence is re-creating the target's transfer engine "
-    "(`mooncake_target_recreated`, docs/engine-mooncake-tcp.md); in SGLang the decode's engine "
-    "is one per process and serves every room, so that fence costs every transfer in flight "
-    "and a re-bootstrap of every prefill; killing and reaping the prefill process is the "
-    "other. `unregister_memory` is not a fence",
+    fence=FENCE,
+    fence_note="The guard performs no fence itself: the deployment re-creates the decode's "
+    "Mooncake transfer engine (SGLang's decode has one per process, serving every room), then "
+    f'calls `guard.revoke("{FENCE}")` (AccessRevoked from the local side, for every prefill '
+    "rank, or those of one `prefill=`); what it releases SGLang frees at its next "
+    "`resolve_deferred_releases`. Killing and reaping the prefill process also ends its "
+    "writes. On the prefill side there is no fence for the source pages short of stopping the "
+    "transfer worker: the drained evidence is the way out there. `unregister_memory` is not a "
+    "fence",
     peer_word="On the decode, transfers_ended and scheduling_stopped (an ABORT_ACK, a Success) "
     "rest on each prefill rank's word, and the rank is the number written in the message: "
     "SGLang's decode reads them from one ZeroMQ PULL socket, which carries no connection "
