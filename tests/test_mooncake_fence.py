@@ -25,10 +25,20 @@ from kvlifetime.errors import FenceUnavailable
 ARENA = 64 << 20
 SLICES = 4
 PAT, FILL = 0xAA, 0x55
-WATCH_S = 1.0
+# How long to watch for late bytes. A write the fence failed to end would, had nobody fenced,
+# have finished landing within the time one whole-arena batch takes to land: that time is
+# measured in each test, from the stream it fences (``drain_time``), on the machine as loaded
+# as it is then. The watch lasts ten times that, so that a session the fence left alive but
+# slowed (a loaded machine, a delayed thread) still has time to show its bytes; a fixed second
+# can be shorter than a few batches on a loaded machine and let a leaking fence pass. On this
+# 2-core machine a batch lands in about 0.25 s: the watch is about 2.5 s, six watches a file.
+WATCH_FACTOR = 10
+WATCH_MIN_S = 1.0
+DRAIN_BATCHES = 3  # completed batches timed before a fence: the slowest sets the watch
 
 # The initiator: posts batches covering the whole arena, one after another, to the endpoint it
-# was given, until killed or stdin closes. Prints one status per batch.
+# was given, until killed or stdin closes. Prints one status per batch, with the seconds from
+# its post to its status (for status 0: until every byte of it landed).
 STREAM = textwrap.dedent(
     """
     import os, sys, threading, time
@@ -44,6 +54,7 @@ STREAM = textwrap.dedent(
     step = nbytes // n
     def stream():
         while True:
+            t0 = time.monotonic()
             bid = te.batch_transfer_async_write(
                 target, [src + i * step for i in range(n)],
                 [base + i * step for i in range(n)], [step] * n)
@@ -51,7 +62,8 @@ STREAM = textwrap.dedent(
                 print("refused", flush=True)
                 time.sleep(0.05)
                 continue
-            print("status", te.get_batch_transfer_status([bid]), flush=True)
+            st = te.get_batch_transfer_status([bid])
+            print("status", st, "%.6f" % (time.monotonic() - t0), flush=True)
     print("ready", flush=True)
     threading.Thread(target=stream, daemon=True).start()
     sys.stdin.read()
@@ -101,10 +113,30 @@ def wait_landing(arena: np.ndarray[Any, Any]) -> None:
         time.sleep(0.001)
 
 
-def landed_after(arena: np.ndarray[Any, Any]) -> int:
-    """Fill the arena with the pattern, watch it, and count the bytes that changed."""
+def drain_time(p: subprocess.Popen[str]) -> float:
+    """The seconds the slowest of the stream's ``DRAIN_BATCHES`` completed batches after its
+    first took to land, unfenced: each covers the whole arena, as the batch a fence cuts does."""
+    assert p.stdout is not None
+    times: list[float] = []
+    deadline = time.monotonic() + 60
+    while len(times) < DRAIN_BATCHES + 1:
+        assert time.monotonic() < deadline, "the stream completed no batch"
+        words = p.stdout.readline().split()
+        assert words, "the stream ended"
+        if words[:2] == ["status", "0"]:
+            times.append(float(words[2]))
+    return max(times[1:])  # the first batch also waited for the connection to be set up
+
+
+def watch_for(drain_s: float) -> float:
+    return max(WATCH_MIN_S, WATCH_FACTOR * drain_s)
+
+
+def landed_after(arena: np.ndarray[Any, Any], watch_s: float) -> int:
+    """Fill the arena with the pattern, watch it ``watch_s`` seconds, and count the bytes
+    that changed."""
     arena[:] = PAT
-    time.sleep(WATCH_S)
+    time.sleep(watch_s)
     return int(np.count_nonzero(arena != PAT))
 
 
@@ -127,9 +159,11 @@ def test_unregister_is_not_a_fence_the_measurement_sees_late_bytes() -> None:
         t = MooncakeTarget(ARENA)
         p = start_stream(t.descriptor())
         try:
+            watch_s = watch_for(drain_time(p))
             wait_landing(t.array)
             t.unregister()
-            seen.append(landed_after(t.array))  # sessions past the header check kept writing
+            # sessions past the header check kept writing
+            seen.append(landed_after(t.array, watch_s))
         finally:
             stop(p)
             t.close()
@@ -137,25 +171,27 @@ def test_unregister_is_not_a_fence_the_measurement_sees_late_bytes() -> None:
 
 
 def test_fence_ends_writes_in_flight_every_run(target: Any) -> None:
-    names, late, times = [], [], []
+    names, late, times, watches = [], [], [], []
     for _ in range(3):
         old_desc, old_ports = target.descriptor(), target.ports
         assert len(old_ports) == 2 and int(old_desc["target"].rsplit(":", 1)[1]) in old_ports
         p = start_stream(old_desc)  # a new initiator is served by the (re-created) engine
         try:
+            watches.append(watch_for(drain_time(p)))
             wait_landing(target.array)
             t0 = time.monotonic()
             names.append(target.fence())
             times.append(time.monotonic() - t0)
             # The stream keeps posting to the old endpoint all through the watch: refused.
-            late.append(landed_after(target.array))
+            late.append(landed_after(target.array, watches[-1]))
+            assert late[-1] == 0, (late, watches)  # what the fence is for, checked first
             assert own_sockets_on(old_ports) == []  # its listeners and sessions are closed
             assert target.descriptor()["target"] != old_desc["target"]
             assert not target.ports & old_ports
         finally:
             out = stop(p)
         assert "status -1" in out  # the batch in flight was cut, not completed
-    assert late == [0, 0, 0]
+    assert late == [0, 0, 0], watches
     assert names == ["mooncake_target_recreated"] * 3
     assert max(times) < 10
 
@@ -164,21 +200,27 @@ def test_fence_after_the_initiator_was_killed(target: Any) -> None:
     # SIGKILL mid-transfer: the target may still apply what it received; the fence ends that.
     p = start_stream(target.descriptor())
     try:
+        watch_s = watch_for(drain_time(p))
         wait_landing(target.array)
         p.kill()
         assert target.fence() == "mooncake_target_recreated"
-        assert landed_after(target.array) == 0
+        assert landed_after(target.array, watch_s) == 0
     finally:
         stop(p)
 
 
 def test_old_endpoint_is_dead_and_new_initiators_are_served(target: Any) -> None:
     old = target.descriptor()
+    p = start_stream(old)
+    try:
+        watch_s = watch_for(drain_time(p))  # what its batches take to land while served
+    finally:
+        stop(p)
     target.fence()
     # A fresh initiator that only knows the old endpoint: refused, nothing lands.
     p = start_stream(old)
     try:
-        assert landed_after(target.array) == 0
+        assert landed_after(target.array, watch_s) == 0
     finally:
         out = stop(p)
     assert "refused" in out and "status 0" not in out

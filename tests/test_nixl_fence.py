@@ -23,7 +23,15 @@ from kvlifetime.errors import FenceUnavailable
 ARENA = 64 << 20
 SLICES = 4
 PAT, FILL = 0xAA, 0x01  # the initiator's source is filled by "post"; the stream sends zeros
-WATCH_S = 1.0
+# How long to watch for late bytes. A write the fence failed to end would, had nobody fenced,
+# have finished landing within the time one whole-arena write takes to land: each test measures
+# that time (``start_stream``: writes of the stream's size, posted and polled to DONE, with
+# nobody fencing), on the machine as loaded as it is then, and watches ten times as long, so
+# that a transfer the fence left alive but slowed still has time to show its bytes; a fixed
+# second can be shorter than a few writes on a loaded machine and let a leaking fence pass.
+WATCH_FACTOR = 10
+WATCH_MIN_S = 1.0
+DRAIN_WRITES = 3  # whole-arena writes timed before the stream starts: the slowest counts
 
 
 @pytest.fixture
@@ -34,13 +42,22 @@ def target() -> Iterator[Any]:
     t.close()
 
 
-def start_stream(t: Any) -> Initiator:
+def start_stream(t: Any) -> tuple[Initiator, float]:
+    """An initiator streaming whole-arena writes into ``t`` back to back, and the watch for
+    late bytes: ``WATCH_FACTOR`` times the slowest of ``DRAIN_WRITES`` writes of the stream's
+    size, each timed from its post to its DONE (the source's fill included: never shorter)."""
     ini = Initiator(t.descriptor())
-    # Fill the source (one write), then stream it back to back.
+    # Fill the source (one write, which also sets up the connection: not timed).
     assert ini.ask(f"post f 0 {ARENA} 1 {FILL}").startswith("posted f")
     assert ini.ask("poll f") == "final f DONE"
+    drains = []
+    for i in range(DRAIN_WRITES):
+        t0 = time.monotonic()
+        assert ini.ask(f"post d{i} 0 {ARENA} {SLICES} {FILL}").startswith(f"posted d{i}")
+        assert ini.ask(f"poll d{i}") == f"final d{i} DONE"
+        drains.append(time.monotonic() - t0)
     assert ini.ask(f"stream 0 {ARENA} {SLICES}") == "streaming"
-    return ini
+    return ini, max(WATCH_MIN_S, WATCH_FACTOR * max(drains))
 
 
 def wait_landing(arena: np.ndarray[Any, Any]) -> None:
@@ -53,9 +70,11 @@ def wait_landing(arena: np.ndarray[Any, Any]) -> None:
         time.sleep(0.0005)
 
 
-def landed_after(arena: np.ndarray[Any, Any]) -> int:
+def landed_after(arena: np.ndarray[Any, Any], watch_s: float) -> int:
+    """Fill the arena with the pattern, watch it ``watch_s`` seconds, and count the bytes
+    that changed."""
     arena[:] = PAT
-    time.sleep(WATCH_S)
+    time.sleep(watch_s)
     return int(np.count_nonzero(arena != PAT))
 
 
@@ -65,17 +84,17 @@ def on_ports(ports: frozenset[int]) -> list[tuple[str, int]]:
 
 def test_the_control_sees_late_bytes(target: Any) -> None:
     # Without a fence the same measurement sees the stream land.
-    ini = start_stream(target)
+    ini, watch_s = start_stream(target)
     try:
         wait_landing(target.array)
-        assert landed_after(target.array) > 0
+        assert landed_after(target.array, watch_s) > 0
     finally:
         ini.close()
 
 
 def test_fence_ends_writes_in_flight_every_run(target: Any) -> None:
     for run in range(3):
-        ini = start_stream(target)  # each run, a peer served by the current agent
+        ini, watch_s = start_stream(target)  # each run, a peer served by the current agent
         try:
             old_ports, old_name = target.ports, target.name
             assert old_ports and on_ports(old_ports)
@@ -83,7 +102,8 @@ def test_fence_ends_writes_in_flight_every_run(target: Any) -> None:
             t0 = time.monotonic()
             assert target.fence() == nixl.FENCE_RECREATED
             took = time.monotonic() - t0
-            assert landed_after(target.array) == 0, f"run {run}: bytes landed after the fence"
+            late = landed_after(target.array, watch_s)
+            assert late == 0, f"run {run}: {late} bytes landed in {watch_s:.2f} s after the fence"
             assert on_ports(old_ports) == []  # the old worker's sockets are gone
             assert target.name != old_name and not target.ports & old_ports
             assert target.fences == run + 1 and took < 5
@@ -92,11 +112,11 @@ def test_fence_ends_writes_in_flight_every_run(target: Any) -> None:
 
 
 def test_fence_after_the_initiator_was_killed(target: Any) -> None:
-    ini = start_stream(target)
+    ini, watch_s = start_stream(target)
     wait_landing(target.array)
     ini.kill()  # SIGKILL, reaped: the harness's fence_peer does this first
     assert target.fence() == nixl.FENCE_RECREATED
-    assert landed_after(target.array) == 0
+    assert landed_after(target.array, watch_s) == 0
 
 
 def test_old_metadata_after_a_fence_is_refused(target: Any) -> None:
