@@ -266,17 +266,48 @@ def test_a_late_ack_of_an_old_generation_never_counts_for_the_new_owner() -> Non
     assert g.acked(7, 0, 2) is True and g.releasable(new)
 
 
-def test_a_room_reused_while_its_old_use_is_held_keeps_each_ack_to_its_own_use() -> None:
+def test_a_room_reused_while_its_old_use_is_held_counts_no_ack_of_either() -> None:
+    # SGLang's prefill counts a room's chunks in one counter that a new use of the room resets
+    # (measured on the real classes: the old chunk finishing takes it to -1, the new one in
+    # flight back to 0, and the new use's ABORT is ACKed while its chunk still writes). While
+    # two uses of the room are unreleased, no ACK for the room is evidence for either.
     g = decode()
     old = publish(g, pages=np.arange(0, 4), slot=1)
     g.armed(old, 1)
     g.held(old, deadline=30.0)
     new = publish(g, pages=np.arange(4, 8), slot=2)  # same room, SGLang still holds the old
     g.armed(new, 2)
-    assert g.acked(7, 0, 2) is True  # the new use's ACK: not the old one's proof
-    assert not g.releasable(old)
-    assert g.lifecycle(new)["acked"] == [0] and g.lifecycle(old)["acked"] == []
-    assert g.acked(7, 0, 1) is True and g.releasable(old)
+    g.held(new, deadline=30.0)
+    refused(g, lambda: g.acked(7, 0, 2), MismatchedEvidence, "ack_refused")
+    refused(g, lambda: g.acked(7, 0, 1), MismatchedEvidence, "ack_refused")
+    assert g.tick(30.0) == [old, new]  # both quarantined at their deadline
+    assert g.revoke("mooncake_decode_engine_recreated") == [old, new]
+    g.freed(old)
+    g.freed(new)
+    # One use of the room at a time again: its ACK counts.
+    k3 = publish(g, pages=np.arange(8, 12), slot=3)
+    g.armed(k3, 3)
+    assert g.acked(7, 0, 3) is True
+
+
+def test_a_success_of_a_reused_room_still_counts() -> None:
+    # Success is each rank's report about its own sends of this use: not the shared counter.
+    g = decode()
+    old = publish(g, pages=np.arange(0, 4), slot=1)
+    g.held(old, deadline=30.0)
+    new = publish(g, pages=np.arange(4, 8), slot=2)
+    g.transferred(new)
+    assert g.lifecycles() == [old] and g.stats().completed == 1
+
+
+def test_prefill_drain_of_a_room_with_two_uses_is_refused() -> None:
+    g = prefill()
+    a = g.sending(None, 7, np.arange(0, 4))
+    g.ended(a, now=1.0, reason="transfer_failed")  # Failed, its chunk still in flight
+    b = g.sending(None, 7, np.arange(4, 8))  # the room reused: SGLang resets its count
+    refused(g, lambda: g.drained(a), MismatchedEvidence, "drained_refused")
+    refused(g, lambda: g.drained(b), MismatchedEvidence, "drained_refused")
+    assert g.tick(31.0) == [a]  # a's drain deadline: quarantined, never released
 
 
 def test_a_re_armed_lifecycle_counts_only_its_new_generation() -> None:

@@ -180,6 +180,7 @@ class SGLangGuard:
         self._old_gens: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._done: collections.OrderedDict[str, int] = collections.OrderedDict()  # key -> room
         self._slots: dict[int, str] = {}  # metadata slot -> lifecycle exposing it
+        self._rooms: dict[int, dict[str, None]] = {}  # room -> its lifecycles the guard holds
         self._ready: dict[str, None] = {}  # withheld lifecycles released, for take_released
         self._held: dict[str, None] = {}  # lifecycles in phase "held" (a tick looks at these)
         self._freed = 0
@@ -256,6 +257,7 @@ class SGLangGuard:
                     key, room, prefill, grants, peers, set(grants[first].blocks.tolist()), slot
                 )
                 self._lives[key] = life
+                self._rooms.setdefault(room, {})[key] = None
                 other = self._slots.get(slot)
                 if other is not None and other in self._lives:
                     # The slot of a lifecycle SGLang has not freed through the guard: a late
@@ -357,6 +359,13 @@ class SGLangGuard:
                 if life.phase == "released":
                     life.acked.add(rank)  # fenced before the ACK came: nothing left to prove
                     return True
+                other = self._shared_room(life)
+                if other is not None:
+                    raise MismatchedEvidence(
+                        f"ABORT_ACK of room {room} for {key}: {other} uses the room too and is "
+                        "not released; the prefill's per-room count, which the ACK reports, "
+                        "cannot tell their chunks apart"
+                    )
                 grant = life.grants[rank]
                 ev = TransferCompleted.of(grant, 0)
                 ev = attrs.evolve(ev, source=Source.peer(life.peers[rank]))
@@ -455,6 +464,7 @@ class SGLangGuard:
                         new, room, "", {0: g}, {0: LOCAL_ENGINE}, set(g.blocks.tolist()), None
                     )
                     self._lives[new] = life
+                    self._rooms.setdefault(room, {})[new] = None
                     events.append(("sglang_sending", {"key": new, "pages": len(life.pages)}))
                     return new
                 life = self._life(key)
@@ -495,6 +505,13 @@ class SGLangGuard:
                 if not open_:
                     self._duplicates += 1
                     return False
+                other = self._shared_room(life)
+                if other is not None:
+                    raise MismatchedEvidence(
+                        f"drained for {key}: {other} uses room {life.room} too and is not "
+                        "released; SGLang's per-room outstanding count cannot tell their chunks "
+                        "apart"
+                    )
                 self.ledger.apply_many([TransferCompleted.of(g, 0) for g in open_])
                 life.acked.update(life.grants)
                 return key in self._collect(events)
@@ -804,7 +821,22 @@ class SGLangGuard:
             )
         return out
 
+    def _shared_room(self, life: _Life) -> str | None:
+        """Another lifecycle of the same room the ledger has not released, if any. SGLang's
+        prefill counts a room's chunks in one counter (``_staging_outstanding[room]``) that a new
+        use of the room resets: while two uses are unreleased, neither an ABORT_ACK (sent when
+        that counter is 0) nor the counter itself can be attributed to one of them."""
+        for other in self._rooms.get(life.room, ()):
+            if other != life.key and self._lives[other].phase != "released":
+                return other
+        return None
+
     def _forget(self, life: _Life) -> None:
+        uses = self._rooms.get(life.room)
+        if uses is not None:
+            uses.pop(life.key, None)
+            if not uses:
+                del self._rooms[life.room]
         del self._lives[life.key]
         self._ready.pop(life.key, None)
         self._held.pop(life.key, None)

@@ -87,6 +87,20 @@ PROFILE = EngineProfile(
             proves="nothing",
         ),
         StatusRow(
+            "ABORT_ACK of the current generation while another use of the same room is not "
+            "released (the room reused while its earlier use is held); on the prefill, the "
+            "room's outstanding count in that case",
+            NOTHING,
+            frozenset(),
+            "anything: SGLang's prefill counts a room's chunks in one counter that a new use of "
+            "the room resets; the earlier use's chunk finishing takes it to -1 and the new one's "
+            "in flight back to 0, so the ACK goes out while a chunk still writes (measured). "
+            "Refused (MismatchedEvidence), logged, counted; both uses wait for a fence",
+            "code and measured",
+            f"{_GUARD}::test_a_room_reused_while_its_old_use_is_held_counts_no_ack_of_either",
+            proves="nothing",
+        ),
+        StatusRow(
             "ABORT_ACK without a generation (an older prefill, or deferred release off there)",
             NOTHING,
             frozenset(),
