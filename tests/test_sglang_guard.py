@@ -305,6 +305,7 @@ def test_prefill_drain_of_a_room_with_two_uses_is_refused() -> None:
     a = g.sending(None, 7, np.arange(0, 4))
     g.ended(a, now=1.0, reason="transfer_failed")  # Failed, its chunk still in flight
     b = g.sending(None, 7, np.arange(4, 8))  # the room reused: SGLang resets its count
+    assert g.room_shared_with(a) == b and g.room_shared_with(b) == a
     refused(g, lambda: g.drained(a), MismatchedEvidence, "drained_refused")
     refused(g, lambda: g.drained(b), MismatchedEvidence, "drained_refused")
     assert g.tick(31.0) == [a]  # a's drain deadline: quarantined, never released

@@ -605,6 +605,15 @@ class SGLangGuard:
             life = self._lives.get(key)
             return life is not None and life.phase == "released"
 
+    def room_shared_with(self, key: str) -> str | None:
+        """Another unreleased use of ``key``'s room, if any: while there is one, neither an
+        ABORT_ACK nor the prefill's outstanding count of the room is evidence for either use
+        (``acked`` / ``drained`` refuse it). The hooks ask before they observe the count, so a
+        poll does not refuse the same observation again and again."""
+        with self._lock:
+            life = self._lives.get(key)
+            return None if life is None else self._shared_room(life)
+
     def tracks(self, key: object) -> bool:
         """Whether ``key`` is a lifecycle the guard holds (not yet freed by SGLang)."""
         with self._lock:

@@ -486,8 +486,8 @@ class _Installation:
     def _observe(self, key: str) -> None:
         """What SGLang's prefill manager shows about the room: drained, or poisoned."""
         mgr = self.managers.get(key)
-        if mgr is None:
-            return
+        if mgr is None or self.guard.room_shared_with(key) is not None:
+            return  # (a reused room's count cannot be attributed: nothing to observe)
         room = int(key.split(":", 1)[1].split("#", 1)[0])
         if room in getattr(mgr, "_deferred_ack_poisoned_rooms", ()):
             if self.guard.lifecycle(key)["suspect"] != "poisoned":
