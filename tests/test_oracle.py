@@ -1,6 +1,8 @@
 """The oracle at the transport: every landing classified against the block's owner at that
-moment. Validated against planted cases, and the two ways of seeing landings against each
-other on one seed."""
+moment. Validated against planted cases (prefix sharing included: a writer letting go of a
+block its sharers keep), against an independent write-by-write audit from the ledger's own
+holders (``oracle_audit_helpers``, also ``test_oracle_audit``), and the two ways of seeing
+landings against each other on one seed."""
 
 from __future__ import annotations
 
