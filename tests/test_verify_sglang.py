@@ -57,6 +57,7 @@ def _refuted(cfg: Config, policy: Policy = SGLANG) -> Result:
 def test_the_policy_is_named_as_the_command_line_names_it() -> None:
     assert Policy("sglang-0.5.23") is SGLANG
     assert "ready = drained or now >= deadline" in POLICY_RULES[SGLANG]
+    assert set(POLICY_RULES) == set(Policy)  # the help and the verdict's rule line say each
 
 
 # ------------------------------------------------------------------ decode: drained or deadline
