@@ -121,10 +121,11 @@ class Rig:
 
     # -- the steps a scenario is made of
 
-    def start(self, rid: str, room: int, tokens: int) -> None:
-        """Both sides receive the request (as the router sends it to both)."""
-        self.prefill.call("admit", rid=rid, room=room, tokens=tokens)
-        self.decode.call("admit", rid=rid, room=room, tokens=tokens)
+    def start(self, rid: str, room: int, tokens: int, seed: int | None = None) -> None:
+        """Both sides receive the request (as the router sends it to both); its prompt's token
+        ids start at ``seed`` (default: the room)."""
+        self.prefill.call("admit", rid=rid, room=room, tokens=tokens, seed=seed)
+        self.decode.call("admit", rid=rid, room=room, tokens=tokens, seed=seed)
 
     def tick(self) -> dict[str, Any]:
         self.ticks += 1

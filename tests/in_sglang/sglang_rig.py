@@ -211,11 +211,12 @@ def elements_per_page() -> int:
     return 2 * LAYERS * HEADS * HEAD_DIM
 
 
-def _request(rid: str, room: int, tokens: int, port: int) -> Req:
+def _request(rid: str, room: int, tokens: int, port: int, seed: int | None) -> Req:
+    base = room if seed is None else seed  # the prompt's token ids start here
     return Req(
         rid,
         "",
-        array("q", [(room + i) % VOCAB for i in range(tokens)]),
+        array("q", [(base + i) % VOCAB for i in range(tokens)]),
         SamplingParams(max_new_tokens=4),
         bootstrap_host="127.0.0.1",
         bootstrap_port=port,
@@ -385,8 +386,8 @@ class DecodeSide(Side):
 
     # -- requests
 
-    def admit(self, rid: str, room: int, tokens: int) -> None:
-        req = _request(rid, room, tokens, self.port)
+    def admit(self, rid: str, room: int, tokens: int, seed: int | None = None) -> None:
+        req = _request(rid, room, tokens, self.port, seed)
         self.reqs[rid] = req
         self.prealloc_queue.add(req)
 
@@ -614,49 +615,75 @@ class PrefillSide(Side):
     # -- the gate in the transfer path (test instrumentation)
 
     def _install_gate(self) -> None:
-        self.gate_after: int | None = None  # hold from this batch on (None: never)
-        self.gate_poison = False  # the held batch returns -1 and keeps running
-        self.gate_open = threading.Event()
+        # ``allowed``: how many more batches may start before the gate holds (None: no gate).
+        self.gate = threading.Condition()
+        self.allowed: int | None = None
+        self.gate_poison = False  # a held batch returns -1 at once and runs when released
         self.gate_reached = threading.Event()
-        self.gate_calls = 0
         self.late_writes: list[threading.Thread] = []
+        self.gate_log: list[tuple[float, int | None, int]] = []
         real = self.mgr._transfer_data
 
+        def may_start() -> bool:
+            return self.allowed is None or self.allowed > 0
+
+        def admit() -> None:
+            if self.allowed is not None:
+                self.allowed -= 1
+
         def gated(session_id: str, blocks: Any) -> int:
-            n = self.gate_calls
-            self.gate_calls += 1
-            if self.gate_after is None or n < self.gate_after or not blocks:
+            if not blocks:
                 return int(real(session_id, blocks))
-            self.gate_reached.set()
-            if self.gate_poison:
+            self.gate_log.append((time.monotonic(), self.allowed, len(blocks)))
+            with self.gate:
+                if may_start():
+                    admit()
+                    held = False
+                else:
+                    held = True
+                    self.gate_reached.set()
+                    poison = self.gate_poison
+            if held and poison:
                 # Mooncake's batch_transfer_sync returns -1 on its timeout while the batch
                 # still runs: the bytes land later, whatever the caller does with the -1.
                 def late() -> None:
-                    self.gate_open.wait()
+                    with self.gate:
+                        self.gate.wait_for(may_start)
+                        admit()
                     real(session_id, blocks)
 
                 t = threading.Thread(target=late, daemon=True)
                 t.start()
                 self.late_writes.append(t)
                 return -1
-            self.gate_open.wait()
+            if held:
+                with self.gate:
+                    self.gate.wait_for(may_start)
+                    admit()
             return int(real(session_id, blocks))
 
         self.mgr._transfer_data = gated
 
     def hold_transfers(self, after_batches: int, poison: bool = False) -> None:
-        self.gate_calls = 0
-        self.gate_after = after_batches
-        self.gate_poison = poison
-        self.gate_open.clear()
-        self.gate_reached.clear()
+        """From now on, let ``after_batches`` batches start, then hold the next ones."""
+        with self.gate:
+            self.allowed = after_batches
+            self.gate_poison = poison
+            self.gate_reached.clear()
 
-    def wait_held(self, timeout: float = 10.0) -> bool:
-        return self.gate_reached.wait(timeout)
+    def wait_held(self, seconds: float = 10.0) -> bool:
+        return self.gate_reached.wait(seconds)
 
-    def release_transfers(self) -> None:
-        self.gate_after = None
-        self.gate_open.set()
+    def release_transfers(self, then_hold_after: int | None = None) -> None:
+        """Let the held batches go (and, with ``then_hold_after``, hold again after that many
+        more)."""
+        with self.gate:
+            self.allowed = then_hold_after
+            self.gate_reached.clear()
+            self.gate.notify_all()
+
+    def gate_calls(self) -> list[tuple[float, int | None, int]]:
+        return list(self.gate_log)
 
     def wait_late_writes(self, timeout: float = 10.0) -> None:
         for t in self.late_writes:
@@ -665,8 +692,8 @@ class PrefillSide(Side):
 
     # -- requests
 
-    def admit(self, rid: str, room: int, tokens: int) -> None:
-        req = _request(rid, room, tokens, self.port)
+    def admit(self, rid: str, room: int, tokens: int, seed: int | None = None) -> None:
+        req = _request(rid, room, tokens, self.port, seed)
         self.reqs[rid] = req
         self.bootstrap_queue.add(req, HEADS)
 
@@ -718,6 +745,22 @@ class PrefillSide(Side):
 
     def outstanding(self, room: int) -> int:
         return int(self.mgr._staging_outstanding.get(room, 0))
+
+    def send_stale_ack(self, room: int, generation: int) -> bool:
+        """SGLang's own ABORT_ACK send (``_send_abort_ack``) for ``room`` with ``generation``,
+        to the decode endpoint the room's current abort registered: a late ACK of an earlier
+        abort, delivered after the decode re-armed the room. False if no abort is registered."""
+        from sglang.srt.disaggregation.common.conn import AckTarget
+
+        targets = self.mgr._deferred_ack_targets.get(room) or {}
+        for target in list(targets.values()):
+            self.mgr._send_abort_ack(room, AckTarget(target.ip, target.port, generation))
+        return bool(targets)
+
+    def room_status(self, room: int) -> str:
+        if room not in self.mgr.request_status:
+            return "none"
+        return _poll_name(self.mgr.check_status(room))
 
     def free_pages(self) -> int:
         return int(self.allocator.available_size())

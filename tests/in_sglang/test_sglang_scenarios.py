@@ -343,3 +343,35 @@ def test_abort_before_the_pages_were_published(rigs: list[Rig], guarded: bool) -
     if guarded:
         stats = rig.decode.call("guard_stats")
         assert stats["held"] == 0 and stats["quarantined"] == 0
+
+
+@MODES
+def test_abort_ack_of_an_old_generation_after_the_room_is_reused(
+    rigs: list[Rig], guarded: bool
+) -> None:
+    """Request A uses room R, is aborted (generation 1), drains and is released. Request B then
+    uses room R, stalls mid-transfer and is aborted (generation 2). An ABORT_ACK of generation 1
+    arriving now (sent by the prefill's own ACK path) says nothing about B: SGLang ignores it,
+    and so does the guard; B is held until its own ACK, then released."""
+    rig = _rig(rigs, guarded)
+    room = 91
+    _stalled(rig, "g1", room)
+    rig.decode.call("abort", rid="g1")
+    _drain(rig, room)
+    assert _tick_for(rig, "g1", 2.0, until={"gone"}) == "gone"
+    assert rig.prefill.call("poll_inflight") == ["g1"]
+    assert rig.prefill.call("room_status", room=room) == "none", "the prefill let the room go"
+    pages = _stalled(rig, "g2", room)
+    rig.decode.call("abort", rid="g2")
+    assert _tick_for(rig, "g2", 0.1) == "held"
+    armed = rig.decode.call("acks", room=room)
+    assert armed is not None and armed["ranks"] == []
+    assert rig.prefill.call("send_stale_ack", room=room, generation=armed["generation"] - 1)
+    place = _tick_for(rig, "g2", TIMEOUT_S / 2)
+    assert place == "held", "an ACK of the old generation released nothing"
+    assert rig.decode.call("acks", room=room)["ranks"] == []
+    rig.decode.call("new_owner", name="meanwhile", value=OWNER)
+    assert _late(rig, pages, "meanwhile")["taken"] == 0
+    rig.decode.call("free_owner", name="meanwhile")
+    _drain(rig, room)
+    assert _tick_for(rig, "g2", 2.0, until={"gone"}) == "gone"
