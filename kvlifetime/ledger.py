@@ -38,6 +38,7 @@ only where the contract needs it — to refuse a block that is not free, to reco
 grant, and to put blocks back in the pool.
 
 Companion modules: ``ledger_records`` (the per-request and per-grant records),
+``ledger_events`` (the log events a call notes under the lock and emits after it),
 ``ledger_values`` (``Transition``, ``LedgerStats``, ``QuarantineInfo``, re-exported here) and
 ``block_counters`` (the open-grant counters that widen instead of wrapping).
 
@@ -98,6 +99,7 @@ from kvlifetime.grant import (
     make_grant,
     make_grant_id,
 )
+from kvlifetime.ledger_events import Event, describe, emit, note, note_released
 from kvlifetime.ledger_records import GrantRecord, RequestRecord
 from kvlifetime.ledger_values import BatchOutcome as BatchOutcome
 from kvlifetime.ledger_values import LedgerStats as LedgerStats
@@ -235,7 +237,7 @@ class BlockLedger:
         # Log events noted under the lock, emitted by ``_flush`` once it is released: a log
         # processor may call back into the ledger (``stats()``, from any thread) without a
         # deadlock. Empty (and never appended to) while nobody listens.
-        self._pending: list[_Event] = []
+        self._pending: list[Event] = []
 
     def _flush(self) -> None:
         """Emit the log events noted so far, outside the lock. Whichever call flushes takes
@@ -243,8 +245,7 @@ class BlockLedger:
         time on other threads may be emitted by them, interleaved with these."""
         with self._lock:
             events, self._pending = self._pending, []
-        for level, event, fields in events:
-            getattr(_log, level)(event, **fields)
+        emit(_log, events)
 
     # =================================================================== restart
 
@@ -314,7 +315,7 @@ class BlockLedger:
             out: list[Transition] = []
             led._advance(req, "after_restart", None, out)
             if _enabled():
-                _note(led._pending, out)
+                note(led._pending, out)
         if led._pending:
             led._flush()
         return led
@@ -795,7 +796,7 @@ class BlockLedger:
         self._fire(req, event, cause, out)
         self._advance(req, cause, None, out)
         if _enabled():
-            _note(self._pending, out)
+            note(self._pending, out)
         return out
 
     def _end_many(self, requests: Sequence[RequestKey], event: str, cause: str) -> BatchOutcome:
@@ -900,7 +901,7 @@ class BlockLedger:
                 (
                     "warning",
                     "evidence_refused",
-                    {"error": e.kind, "message": str(e), "evidence": _describe(evidence)},
+                    {"error": e.kind, "message": str(e), "evidence": describe(evidence)},
                 )
             )
 
@@ -943,7 +944,7 @@ class BlockLedger:
             self._pending.append(
                 ("info", "evidence_applied", {"evidence": to_dict(ev), "changed": changed})
             )
-            _note(self._pending, out)
+            note(self._pending, out)
         return out
 
     def _proven(self, rec: GrantRecord, ev: Evidence, out: list[Transition]) -> None:
@@ -1033,7 +1034,7 @@ class BlockLedger:
                         out: list[Transition] = []
                         self._advance(req, "expire", None, out)
                         if _enabled():
-                            _note(self._pending, out)
+                            note(self._pending, out)
                         # Only if this call quarantined it: it may already have been (PeerLost).
                         if any(t.target == _QUARANTINED for t in out):
                             newly.append(key)
@@ -1160,7 +1161,7 @@ class BlockLedger:
                     self._free_stack[top : top + len(ids)] = ids[::-1]
                     self._free_top = top + len(ids)
         if _enabled():
-            _note_released(self._pending, reqs, results, out)
+            note_released(self._pending, reqs, results, out)
         return results
 
     def _let_go_engine(
@@ -1186,7 +1187,7 @@ class BlockLedger:
                 sharers[allh] = 0
                 self._generation[allh] += 1
                 if _enabled():
-                    _note_released(self._pending, reqs, results, out)
+                    note_released(self._pending, reqs, results, out)
                 return results
             results = []
         for req in reqs:
@@ -1204,7 +1205,7 @@ class BlockLedger:
             ids = unguarded[0] if len(unguarded) == 1 else np.concatenate(unguarded)
             self._generation[ids] += 1
         if _enabled():
-            _note_released(self._pending, reqs, results, out)
+            note_released(self._pending, reqs, results, out)
         return results
 
     def _forget(self, req: RequestRecord) -> None:
@@ -1915,43 +1916,6 @@ def _repeats(
     return None, ids[multi], _empty(), times[multi].astype(np.int64)
 
 
-_Event = tuple[str, str, dict[str, Any]]  # (level, event, fields): a log event not yet emitted
-
-
-def _note(pending: list[_Event], transitions: list[Transition]) -> None:
-    """One log event per transition, noted under the lock (only when someone listens: the hot
-    path builds no event dict otherwise) and emitted once it is released (``_flush``)."""
-    for t in transitions:
-        pending.append(
-            (
-                "info",
-                "request_transition",
-                {
-                    "request": t.request,
-                    "transition": t.event,
-                    "from_state": t.source,
-                    "to_state": t.target,
-                    "cause": t.cause,
-                    "grant": t.grant,
-                    "peer": t.peer,
-                    "unsafe": t.unsafe,
-                },
-            )
-        )
-
-
-def _note_released(
-    pending: list[_Event],
-    reqs: Sequence[RequestRecord],
-    freed: Sequence[BlockIds],
-    out: list[Transition],
-) -> None:
-    """The transitions of a release call, then one event per request let go, with its blocks."""
-    _note(pending, out)
-    for req, ids in zip(reqs, freed, strict=True):
-        pending.append(("info", "request_released", {"request": req.key, "blocks": ids.tolist()}))
-
-
 def _pairs(holds: Mapping[Any, Any]) -> list[tuple[Any, Any]]:
     """``acquire_many``'s mapping as ``(key, ids)`` pairs, from one walk of its items (a
     dict's own, with no code of the caller's run; any other mapping's ``items()``). A walk
@@ -1983,12 +1947,3 @@ def _batch(items: object, name: str, what: str) -> Sequence[Any]:
         # caller's sequence (or another thread) does meanwhile.
         return inputs.materialised(items, name)
     raise errors.InvalidField(f"{name} must be a sequence of {what}, got {t.__name__}")
-
-
-def _describe(ev: object) -> object:
-    if isinstance(ev, Evidence):
-        try:
-            return to_dict(ev)
-        except Exception:  # a log line must never raise
-            return show(ev, 200)
-    return show(ev, 200)
