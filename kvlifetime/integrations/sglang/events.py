@@ -1,0 +1,56 @@
+"""The SGLang guard's structlog events (under ``kvlifetime.sglang``) and its refusals' log line.
+
+A library never configures structlog: every event here is silent, and cheap on SGLang's hot
+path, until the application has. Events are collected under the guard's lock and emitted after
+it (``emit``): a log processor may call the guard.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from kvlifetime import inputs
+
+log = structlog.get_logger("kvlifetime.sglang")
+
+Events = list[tuple[str, dict[str, Any]]]
+"""Events a call collected under the lock: (event name, fields), emitted in order after it."""
+
+_WARNINGS = frozenset({"sglang_quarantined", "sglang_exposed_slot_reused"})
+# Every request of a healthy run makes these: debug, so a tick stays cheap at info.
+_PER_REQUEST = frozenset({"sglang_published", "sglang_sending", "sglang_released"})
+
+
+def emit(events: Events) -> None:
+    """Log ``events`` (outside the guard's lock), at the level each name has."""
+    if not events or not structlog.is_configured():
+        return
+    for name, fields in events:
+        if name in _WARNINGS:
+            log.warning(name, **fields)
+        elif name in _PER_REQUEST:
+            log.debug(name, **fields)
+        else:
+            log.info(name, **fields)
+
+
+def log_refusal(kind: str, e: BaseException, ctx: dict[str, Any]) -> None:
+    """The ``sglang_guard_refused`` warning for a refused call (its counter is the guard's)."""
+    if not structlog.is_configured():
+        return
+    log.warning(
+        "sglang_guard_refused",
+        kind=kind,
+        error=type(e).__name__,
+        error_kind=getattr(e, "kind", ""),
+        message=str(e),
+        **{k: _plain(v) for k, v in ctx.items()},
+    )
+
+
+def _plain(v: object) -> object:
+    # What a refused call was given may be anything: only plain values go into the event as
+    # they are, anything else as its defensive repr.
+    return v if isinstance(v, int | str | float | type(None)) else inputs._show(v)

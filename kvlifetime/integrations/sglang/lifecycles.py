@@ -1,0 +1,322 @@
+"""Lifecycles: one use of an SGLang room each, and the table both sides of the guard share.
+
+SGLang reports per *room* (the ``bootstrap_room`` integer a request carries). Rooms are reused
+(a client or router may send the same room again), so the guard keys every use of a room by a
+lifecycle of its own, ``"sglang:<room>#<n>"`` (``n`` counts the guard's lifecycles): a message
+about an earlier use of the room can never count for a later one. While two uses of a room are
+unreleased, SGLang's per-room signals cannot be attributed to either (``GuardCore._shared_room``).
+
+A lifecycle's phase: ``live`` (SGLang still runs the request) -> ``held`` (SGLang ended it; the
+ledger has not released it: waiting for proof, or quarantined) -> ``released`` (the ledger
+released it; SGLang may free its pages) -> forgotten when SGLang frees them (its key and, on the
+decode, its ABORT generation are remembered a while, so a late message is told from an unknown
+one).
+
+``GuardCore`` is what ``decode.DecodeCalls`` and ``prefill.PrefillCalls`` (and ``SGLangGuard``
+on top of both) share: the lock, the ledger, this table, the counters, and the steps every call
+ends with (collect what the ledger released, mark what it quarantined, forget what SGLang freed).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import attrs
+import numpy as np
+
+from kvlifetime import inputs
+from kvlifetime.errors import InvalidField, KVLifetimeError, UnknownRequest, UsageError
+from kvlifetime.grant import Grant
+from kvlifetime.integrations.sglang.errors import GuardNotBound
+from kvlifetime.integrations.sglang.events import Events, emit, log_refusal
+from kvlifetime.ledger import BlockLedger
+from kvlifetime.machines import RequestState
+
+Role = Literal["decode", "prefill"]
+ROLES: tuple[Role, ...] = ("decode", "prefill")
+
+# How many ended lifecycles are remembered to tell a late or duplicate message from an unknown one.
+_REMEMBERED = 65536
+_MAX_ROOM = 2**64 - 1  # SGLang rooms are 64-bit integers
+_MAX_SMALL = 2**31 - 1  # ranks, slots, generations: SGLang counts them in ints
+
+
+@attrs.define(slots=True, eq=False)
+class Lifecycle:
+    """One use of a room: what was exposed, to whom, and how far it got."""
+
+    key: str
+    room: int
+    prefill: str  # decode: the prefill's bootstrap address; prefill: ""
+    grants: dict[int, Grant]  # decode: rank -> WRITE grant; prefill: chunk -> READ grant
+    peers: dict[int, str]  # rank (or chunk) -> peer id
+    pages: set[int]
+    slot: int | None
+    generation: int | None = None  # the ABORT generation armed for it (decode)
+    acked: set[int] = attrs.field(factory=set)  # ranks (chunks) whose grant is proven over
+    phase: str = "live"  # live -> held -> released -> (forgotten when SGLang frees it)
+    reason: str = ""  # why SGLang ended it ("" while live)
+    suspect: str = ""  # what made it suspect: peer_lost / poisoned / freed_unproven
+    quarantine: str = ""  # why it is quarantined ("" when it is not)
+    withheld: bool = False  # SGLang tried to free it unproven; the hooks free it on release
+
+
+def room_id(value: object) -> int:
+    """A room as SGLang makes it: an int (a numpy integer too; never a bool) in [0, 2**64)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise InvalidField(f"room must be an int, got {inputs._show(value)}")
+    v = int(value)
+    if not 0 <= v <= _MAX_ROOM:
+        raise InvalidField(f"room must be in [0, 2**64), got {v}")
+    return v
+
+
+def small_int(value: object, name: str) -> int:
+    """A rank, slot or generation: an int (a numpy integer too; never a bool) in [0, 2**31)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise InvalidField(f"{name} must be an int, got {inputs._show(value)}")
+    v = int(value)
+    if not 0 <= v <= _MAX_SMALL:
+        raise InvalidField(f"{name} must be in [0, 2**31), got {v}")
+    return v
+
+
+def rank_ids(ranks: object) -> list[int]:
+    """The prefill ranks a publish goes to: at least one, no repeat."""
+    if isinstance(ranks, str | bytes) or not isinstance(ranks, Iterable):
+        raise InvalidField(f"ranks must be a sequence of ints, got {inputs._show(ranks)}")
+    out = [small_int(r, "rank") for r in list(ranks)]
+    if not out:
+        raise InvalidField("ranks is empty: a publish goes to at least one prefill rank")
+    if len(set(out)) != len(out):
+        raise InvalidField(f"ranks has a repeat: {out}")
+    return out
+
+
+class Refusal(Exception):
+    """Internal: a refusal with its counter kind (the typed error is its ``__cause__``)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+class GuardCore:
+    """The state both sides share, and the steps on it. Every attribute below is read and
+    written under ``_lock`` only."""
+
+    def __init__(
+        self,
+        *,
+        role: Role,
+        ledger_blocks: int | None = None,
+        incarnation: str | None = None,
+        drain_timeout: float = 30.0,
+    ) -> None:
+        self.role: Role = inputs.choice(role, "role", ROLES)  # type: ignore[assignment]
+        if ledger_blocks is not None:
+            ledger_blocks = inputs.count(ledger_blocks, "ledger_blocks", 1)
+        if incarnation is not None:
+            incarnation = inputs.peer_id(incarnation, "incarnation")
+        self.drain_timeout = inputs.finite_time(drain_timeout, "drain_timeout")
+        self._incarnation = incarnation
+        self._ledger: BlockLedger | None = None
+        self._lock = threading.Lock()
+        self._lives: dict[str, Lifecycle] = {}  # every lifecycle SGLang has not freed
+        self._next = 0  # the last lifecycle number given out
+        self._by_gen: dict[int, str] = {}  # armed generation -> live lifecycle
+        self._max_gen = 0  # the last generation armed (SGLang's counter starts at 1)
+        # Generations of lifecycles SGLang has freed (or superseded): generation -> room.
+        self._old_gens: collections.OrderedDict[int, int] = collections.OrderedDict()
+        self._done: collections.OrderedDict[str, int] = collections.OrderedDict()  # key -> room
+        self._slots: dict[int, str] = {}  # metadata slot -> lifecycle exposing it
+        self._rooms: dict[int, dict[str, None]] = {}  # room -> its lifecycles the guard holds
+        self._ready: dict[str, None] = {}  # withheld lifecycles released, for take_released
+        self._held: dict[str, None] = {}  # lifecycles in phase "held" (a tick looks at these)
+        self._freed = 0
+        self._completed = 0
+        self._duplicates = 0
+        self._refused: collections.Counter[str] = collections.Counter()
+        if ledger_blocks is not None:
+            self.bind(ledger_blocks)
+
+    @property
+    def ledger(self) -> BlockLedger:
+        """The ledger (``GuardNotBound`` before ``bind``)."""
+        led = self._ledger
+        if led is None:
+            raise GuardNotBound("the guard's ledger is not sized yet (bind(num_pages))")
+        return led
+
+    @property
+    def bound(self) -> bool:
+        return self._ledger is not None
+
+    def bind(self, num_pages: int) -> None:
+        """Size the ledger: page ids SGLang may publish or send are ``[0, num_pages)``. Once;
+        a second ``bind`` with the same size is a no-op, another size ``InvalidField``."""
+        n = inputs.count(num_pages, "num_pages", 1)
+        with self._lock:
+            if self._ledger is not None:
+                if self._ledger.num_blocks != n:
+                    raise InvalidField(
+                        f"the guard is bound to {self._ledger.num_blocks} pages, not {n}"
+                    )
+                return
+            # Decode: several ranks may write the same pages, and a page under an open grant is
+            # never free in the ledger's own counts. Prefill: cached prefix pages are shared by
+            # requests, as SGLang's radix tree counts them.
+            counts: Literal["ledger", "engine"] = "ledger" if self.role == "decode" else "engine"
+            self._ledger = BlockLedger(n, counts=counts, incarnation=self._incarnation)
+
+    # ------------------------------------------------------------------ the table
+
+    def _decode_only(self, call: str) -> None:
+        if self.role != "decode":
+            raise UsageError(f"{call} is a decode call; this guard is the {self.role}'s")
+
+    def _prefill_only(self, call: str) -> None:
+        if self.role != "prefill":
+            raise UsageError(f"{call} is a prefill call; this guard is the {self.role}'s")
+
+    def _new_key(self, room: int) -> str:
+        self._next += 1
+        return f"sglang:{room}#{self._next}"
+
+    def _add(self, life: Lifecycle) -> None:
+        self._lives[life.key] = life
+        self._rooms.setdefault(life.room, {})[life.key] = None
+
+    def _life(self, key: object) -> Lifecycle:
+        if not isinstance(key, str):
+            raise InvalidField(f"a lifecycle key is a str, got {inputs._show(key)}")
+        life = self._lives.get(key)
+        if life is None:
+            raise UnknownRequest(key)
+        return life
+
+    def _repeat(self, key: object) -> bool:
+        """A call about a lifecycle already freed: a duplicate (counted, no-op)."""
+        if isinstance(key, str) and key in self._done:
+            self._duplicates += 1
+            return True
+        return False
+
+    def _shared_room(self, life: Lifecycle) -> str | None:
+        """Another lifecycle of the same room the ledger has not released, if any. SGLang's
+        prefill counts a room's chunks in one counter (``_staging_outstanding[room]``) that a new
+        use of the room resets: while two uses are unreleased, neither an ABORT_ACK (sent when
+        that counter is 0) nor the counter itself can be attributed to one of them."""
+        for other in self._rooms.get(life.room, ()):
+            if other != life.key and self._lives[other].phase != "released":
+                return other
+        return None
+
+    def _forget(self, life: Lifecycle) -> None:
+        uses = self._rooms.get(life.room)
+        if uses is not None:
+            uses.pop(life.key, None)
+            if not uses:
+                del self._rooms[life.room]
+        del self._lives[life.key]
+        self._ready.pop(life.key, None)
+        self._held.pop(life.key, None)
+        if life.generation is not None:
+            self._by_gen.pop(life.generation, None)
+            self._remember_gen(life.generation, life.room)
+        if life.slot is not None and self._slots.get(life.slot) == life.key:
+            del self._slots[life.slot]
+        self._done[life.key] = life.room
+        if len(self._done) > _REMEMBERED:
+            self._done.popitem(last=False)
+
+    def _remember_gen(self, generation: int, room: int) -> None:
+        self._old_gens[generation] = room
+        if len(self._old_gens) > _REMEMBERED:
+            self._old_gens.popitem(last=False)
+
+    # ------------------------------------------------------------------ ending and releasing
+
+    def _end(self, key: str, deadline: float, reason: str) -> bool:
+        events: Events = []
+        try:
+            deadline = inputs.finite_time(deadline, "deadline")
+            reason = inputs.text(reason, "reason")
+            with self._lock:
+                if self._repeat(key):
+                    return False
+                life = self._life(key)
+                if life.phase != "live":
+                    self._duplicates += 1
+                    return life.phase == "released"
+                self._end_locked(life, deadline, reason, events)
+                return life.phase == "released"
+        except KVLifetimeError as e:
+            self._refuse("end_refused", e, {"key": key})
+            raise
+        finally:
+            emit(events)
+
+    def _end_locked(self, life: Lifecycle, deadline: float, reason: str, events: Events) -> None:
+        led = self.ledger
+        led.set_deadline(life.key, deadline)
+        if len(life.acked) == len(life.grants):
+            led.finish(life.key)  # every grant proven over: the normal end
+        else:
+            led.reject(life.key, reason=reason)
+        life.phase = "held"
+        life.reason = reason
+        self._held[life.key] = None
+        events.append(("sglang_held", {"key": life.key, "room": life.room, "reason": reason}))
+        self._collect(events)
+        # Suspect already (a lost prefill, a poisoned send): the ledger quarantined it now.
+        self._quarantined_now(events, "deadline")
+
+    def _collect(self, events: Events) -> list[str]:
+        out: list[str] = []
+        for k in self.ledger.collect_releasable():
+            life = self._lives.get(str(k))
+            if life is None:
+                continue
+            life.phase = "released"
+            life.quarantine = ""  # no longer: a late proof or a fence ended it
+            self._held.pop(life.key, None)
+            out.append(life.key)
+            if life.withheld or self.role == "prefill":
+                self._ready[life.key] = None
+            events.append(("sglang_released", {"key": life.key, "room": life.room}))
+        return out
+
+    def _quarantined_now(self, events: Events, why: str) -> list[str]:
+        """Mark held lifecycles the ledger has quarantined since the last look (the cause:
+        what made them suspect, else ``why``), each logged once."""
+        out: list[str] = []
+        led = self.ledger
+        for key in self._held:
+            life = self._lives[key]
+            if life.quarantine or led.state(key) is not RequestState.QUARANTINED:
+                continue
+            life.quarantine = life.suspect or why
+            out.append(key)
+            events.append(
+                (
+                    "sglang_quarantined",
+                    {
+                        "key": key,
+                        "room": life.room,
+                        "reason": life.quarantine,
+                        "pages": len(life.pages),
+                        "acked": sorted(life.acked),
+                        "ranks": sorted(life.grants),
+                    },
+                )
+            )
+        return out
+
+    def _refuse(self, kind: str, e: BaseException, ctx: dict[str, Any]) -> None:
+        with self._lock:
+            self._refused[kind] += 1
+        log_refusal(kind, e, ctx)

@@ -1,0 +1,138 @@
+"""The prefill side's lifecycle: the source pages the local transfer worker reads, from the
+first chunk queued to the free SGLang may do once the room is drained.
+
+- ``sending``: ``sender.send(kv_indices)`` queues a chunk: a READ grant over its pages (to the
+  local transfer engine; ``counts="engine"``: cached prefix pages are shared by requests).
+- ``drained``: the room's outstanding-chunk count is zero and no more will start (the hooks
+  check SGLang's ``_staging_outstanding``, its poisoned rooms and the room's status):
+  ``TransferCompleted`` of every grant, a local observation. ``KVPoll.Failed`` proves nothing.
+- ``poisoned``: a send returned non-zero with its batch possibly still reading: ``LeaseExpired``
+  (the send's own deadline passed), quarantined.
+- ``ended``: SGLang frees the source pages (``release_kv_cache``): released now if drained, else
+  held until ``drained`` (``SGLangGuard.take_released``), quarantined at ``drain_timeout``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from kvlifetime import inputs
+from kvlifetime.errors import InvalidField, KVLifetimeError, MismatchedEvidence, UsageError
+from kvlifetime.evidence import LeaseExpired, TransferCompleted
+from kvlifetime.grant import Access
+from kvlifetime.integrations.sglang.events import Events, emit
+from kvlifetime.integrations.sglang.lifecycles import GuardCore, Lifecycle, room_id
+
+LOCAL_ENGINE = "sglang-local-transfer-engine"
+"""The prefill's peer: its own Mooncake transfer worker reading the source pages."""
+
+
+class PrefillCalls(GuardCore):
+    """The prefill's calls (``SGLangGuard`` has them; a decode guard refuses them)."""
+
+    def sending(self, key: str | None, room: int, pages: npt.ArrayLike) -> str:
+        """``sender.send``: a READ grant over the chunk's source pages to the local transfer
+        engine. ``key`` is the lifecycle of earlier chunks of the same sender (None for the
+        first). Returns the lifecycle key."""
+        self._prefill_only("sending")
+        events: Events = []
+        try:
+            room = room_id(room)
+            with self._lock:
+                led = self.ledger
+                if key is None:
+                    new = self._new_key(room)
+                    try:
+                        g = led.acquire_and_grant(new, pages, LOCAL_ENGINE, Access.READ)
+                    except KVLifetimeError:
+                        self._next -= 1
+                        raise
+                    life = Lifecycle(
+                        new, room, "", {0: g}, {0: LOCAL_ENGINE}, set(g.blocks.tolist()), None
+                    )
+                    self._add(life)
+                    events.append(("sglang_sending", {"key": new, "pages": len(life.pages)}))
+                    return new
+                life = self._life(key)
+                if life.room != room:
+                    raise InvalidField(f"{key} is of room {life.room}, not {room}")
+                if life.phase != "live":
+                    raise UsageError(f"{key}: a chunk sent after SGLang ended it ({life.phase})")
+                arr = inputs.block_ids(pages, led.num_blocks)
+                new_pages = np.setdiff1d(arr, np.fromiter(life.pages, np.int64))
+                if len(new_pages):
+                    led.acquire(key, new_pages)
+                g = led.grant(key, LOCAL_ENGINE, arr, Access.READ)
+                life.grants[len(life.grants)] = g
+                life.peers[len(life.peers)] = LOCAL_ENGINE
+                life.pages.update(new_pages.tolist())
+                return key
+        except KVLifetimeError as e:
+            self._refuse("sending_refused", e, {"key": key, "room": room})
+            raise
+        finally:
+            emit(events)
+
+    def drained(self, key: str) -> bool:
+        """The room's outstanding-chunk count is zero and no chunk of it will start (checked by
+        the hooks in SGLang's manager): ``TransferCompleted`` of every READ grant, observed
+        locally. Returns True when it released the lifecycle (it was ended)."""
+        self._prefill_only("drained")
+        events: Events = []
+        try:
+            with self._lock:
+                if self._repeat(key):
+                    return False
+                life = self._life(key)
+                if life.phase == "released":
+                    self._duplicates += 1
+                    return False
+                open_ = [g for i, g in life.grants.items() if i not in life.acked]
+                if not open_:
+                    self._duplicates += 1
+                    return False
+                other = self._shared_room(life)
+                if other is not None:
+                    raise MismatchedEvidence(
+                        f"drained for {key}: {other} uses room {life.room} too and is not "
+                        "released; SGLang's per-room outstanding count cannot tell their chunks "
+                        "apart"
+                    )
+                self.ledger.apply_many([TransferCompleted.of(g, 0) for g in open_])
+                life.acked.update(life.grants)
+                return key in self._collect(events)
+        except KVLifetimeError as e:
+            self._refuse("drained_refused", e, {"key": key})
+            raise
+        finally:
+            emit(events)
+
+    def poisoned(self, key: str) -> None:
+        """A send of the room returned non-zero while its batch may still read the pages
+        (SGLang's ``_poison_unsettled_send``): ``LeaseExpired`` of every open grant (the send's
+        own deadline passed). Quarantined once SGLang ends the lifecycle."""
+        self._prefill_only("poisoned")
+        events: Events = []
+        try:
+            with self._lock:
+                life = self._life(key)
+                led = self.ledger
+                for i, g in life.grants.items():
+                    if i not in life.acked:
+                        led.apply(LeaseExpired.of(g))
+                life.suspect = "poisoned"
+                self._quarantined_now(events, "poisoned")
+        except KVLifetimeError as e:
+            self._refuse("poisoned_refused", e, {"key": key})
+            raise
+        finally:
+            emit(events)
+
+    def ended(self, key: str, *, now: float, reason: str = "released") -> bool:
+        """SGLang frees the source pages (``release_kv_cache``). Returns True when the ledger
+        released the lifecycle now (drained); otherwise the hooks hold the free until
+        ``take_released`` returns the key (quarantined ``drain_timeout`` after ``now``)."""
+        self._prefill_only("ended")
+        now = inputs.finite_time(now, "now")
+        return self._end(key, now + self.drain_timeout, reason)
