@@ -7,8 +7,8 @@ is the very body it was given (same keys, same values, same types: nothing coerc
 dropped). The rules below are the schema's as documented (``wire``'s module docstring and
 field comments), restated here as literals: a decoder that stops checking a field, or checks it
 differently, disagrees with them and fails the tests that use them. Evidence inside an
-``evidence`` message is the evidence module's to judge (``from_dict``, its own tests); here it
-must come back unchanged.
+``evidence`` message names every field of its class and is otherwise the evidence module's to
+judge (``from_dict``, its own tests); here it must come back unchanged.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import msgpack
 
 from kvlifetime.errors import MalformedEvidence
-from kvlifetime.evidence import from_dict
+from kvlifetime.evidence import BY_NAME, from_dict
 from kvlifetime.harness import wire
 from kvlifetime.source import Source
 
@@ -61,7 +62,12 @@ def counters(v: object) -> bool:
 
 
 def evidence(v: object) -> bool:
+    # Every field of its class named (none left to a default), and taken by ``from_dict``.
     if type(v) is not dict:
+        return False
+    kind = v.get("type")
+    cls = BY_NAME.get(kind) if isinstance(kind, str) else None
+    if cls is None or any(f.name not in v for f in attrs.fields(cls) if f.name != "source"):
         return False
     try:
         from_dict(v, source=Source.peer("fuzz-peer"))

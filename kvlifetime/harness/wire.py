@@ -26,7 +26,7 @@ with needs("harness", "kvlifetime.harness"):  # the wire format is msgpack: the 
     import msgpack
 
 from kvlifetime.errors import MalformedEvidence, UnauthorizedEvidence
-from kvlifetime.evidence import Evidence, from_dict, to_wire
+from kvlifetime.evidence import BY_NAME, Evidence, from_dict, to_wire
 from kvlifetime.grant import GrantId
 from kvlifetime.source import Source
 
@@ -118,6 +118,16 @@ def _evidence(v: object) -> object:
 def _stamped(v: object, sender: str | None) -> Evidence:
     if sender is None:
         raise MalformedMessage("evidence from a connection with no identity is refused")
+    # Every field of the class, as ``to_wire`` sends it: one left out is refused, never filled
+    # in with its default (a ``last_seq`` left out would read as 0, "nothing was posted": the
+    # strongest claim, from a field nobody sent).
+    given: Mapping[Any, object] = v if isinstance(v, Mapping) else {}
+    kind = given.get("type")
+    cls = BY_NAME.get(kind) if isinstance(kind, str) else None
+    if cls is not None:
+        missing = [f.name for f in attrs.fields(cls) if f.name != "source" and f.name not in given]
+        if missing:
+            raise MalformedMessage(f"evidence: {cls.__name__}: missing fields {missing}")
     try:
         return from_dict(v, source=Source.peer(sender))
     except MalformedEvidence as e:
