@@ -740,3 +740,95 @@ def test_silent_until_the_application_configures_structlog(
             structlog.configure(**config)
     assert capsys.readouterr().out == ""
     assert g.stats().quarantined == 1 and g.stats().refused == {"ack_refused": 1}
+
+
+# =========================================================================== review: bad input
+
+
+class _RaisingInt(int):
+    """An int whose own ``__int__`` raises: its checks must read the plain value."""
+
+    def __int__(self) -> int:
+        raise ValueError("__int__ called")
+
+
+class _LyingInt(int):
+    """An int whose own ``__int__`` says another number."""
+
+    def __int__(self) -> int:
+        return 9
+
+
+class _RaisingIterable:
+    def __iter__(self) -> Any:
+        raise RuntimeError("iterating raised")
+
+
+def test_an_int_subclass_is_read_plain_and_a_raising_iterable_is_refused_typed() -> None:
+    # What is stored is the plain value, never what the subclass's own __int__ says or raises
+    # (before: the room was read through __int__, and its ValueError escaped untyped).
+    g = decode()
+    bad_ranks = cast(Any, _RaisingIterable())
+    call = partial(g.published, 7, PAGES, slot=3, ranks=bad_ranks, prefill=P0)
+    refused(g, call, InvalidField, "published_refused")
+    key = publish(g, room=_RaisingInt(7), ranks=(_RaisingInt(0), _LyingInt(1)), slot=_LyingInt(3))
+    life = g.lifecycle(key)
+    assert key == "sglang:7#1" and (life["room"], life["ranks"], life["slot"]) == (7, [0, 1], 3)
+    g.armed(key, _RaisingInt(1))
+    assert g.lifecycle(key)["generation"] == 1
+    assert g.acked(_LyingInt(7), _RaisingInt(0), _LyingInt(1)) is True
+    assert g.lifecycle(key)["acked"] == [0]
+    p = prefill()
+    assert p.sending(None, _RaisingInt(5), [1]) == "sglang:5#1"
+    assert p.sending(None, _LyingInt(6), [2]) == "sglang:6#2"
+
+
+def test_a_call_of_the_other_role_or_with_a_bad_clock_is_counted_and_logged() -> None:
+    d, p = decode(), prefill()
+    key = publish(d)
+    pkey = p.sending(None, 7, [1, 2])
+    for g, call, kind in (
+        (p, lambda: p.published(7, [1], slot=1, ranks=[0], prefill=P0), "published_refused"),
+        (p, lambda: p.armed(pkey, 1), "armed_refused"),
+        (p, lambda: p.acked(7, 0, 1), "ack_refused"),
+        (p, lambda: p.transferred(pkey), "transferred_refused"),
+        (p, lambda: p.held(pkey, deadline=1.0), "end_refused"),
+        (p, lambda: p.prefill_lost(P0), "prefill_lost_refused"),
+        (d, lambda: d.sending(None, 7, [1]), "sending_refused"),
+        (d, lambda: d.drained(key), "drained_refused"),
+        (d, lambda: d.poisoned(key), "poisoned_refused"),
+        (d, lambda: d.ended(key, now=1.0), "end_refused"),
+    ):
+        refused(g, call, UsageError, kind)
+    refused(p, lambda: p.ended(pkey, now=float("nan")), InvalidField, "end_refused")
+    refused(p, lambda: p.ended(pkey, now=True), InvalidField, "end_refused")
+    refused(d, lambda: d.tick(cast(Any, "now")), InvalidField, "tick_refused")
+    refused(d, lambda: d.withheld(key, now=float("inf")), InvalidField, "withheld_refused")
+
+
+def test_a_withheld_free_does_not_relabel_other_quarantines() -> None:
+    g = decode()
+    failed = publish(g, room=1, pages=[0, 1], slot=1)
+    freed = publish(g, room=2, pages=[2, 3], slot=2)
+    g.held(failed, deadline=5.0)  # SGLang's deferred release, its deadline passes unproven
+    assert g.withheld(freed, now=10.0) is False  # a free outside the deferred path
+    assert g.lifecycle(failed)["quarantine"] == "deadline"
+    assert g.lifecycle(freed)["quarantine"] == "freed_unproven"
+    assert g.stats().quarantine_reasons == {"deadline": 1, "freed_unproven": 1}
+
+
+def test_a_bad_fence_is_refused_even_with_nothing_to_revoke() -> None:
+    for g in (decode(), prefill()):
+        for fence in ("", "f" * 129, cast(Any, None), cast(Any, 5)):
+            refused(g, partial(g.revoke, fence), InvalidField, "revoke_refused")
+        assert g.revoke("mooncake_decode_engine_recreated") == []
+
+
+def test_install_with_an_unknown_option_is_refused_typed_and_installs_nothing() -> None:
+    import kvlifetime.integrations.sglang as kv_sglang
+
+    with pytest.raises(InvalidField, match="drain_timout"):
+        kv_sglang.install(role="decode", drain_timout=5.0)
+    assert kv_sglang.installed() is None
+    kv_sglang.uninstall()  # without an install: a no-op
+    assert kv_sglang.installed() is None

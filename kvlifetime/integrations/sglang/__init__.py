@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from kvlifetime.errors import InvalidField
 from kvlifetime.integrations.sglang.errors import (
     AlreadyInstalled,
     GuardNotBound,
@@ -35,11 +36,20 @@ __all__ = [
     "uninstall",
 ]
 
+_OPTIONS = frozenset({"drain_timeout", "incarnation"})  # hooks.install's keyword options
+
 
 def install(
     *, role: Literal["decode", "prefill"], ledger_blocks: int | None = None, **options: Any
 ) -> SGLangGuard:
-    """Guard this SGLang process (``role``): see ``hooks.install``."""
+    """Guard this SGLang process (``role``): see ``hooks.install``. ``options``:
+    ``drain_timeout``, ``incarnation``; any other is ``InvalidField`` (nothing installed)."""
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise InvalidField(
+            f"install() has no option {', '.join(map(repr, unknown))} "
+            f"(options: {', '.join(sorted(_OPTIONS))})"
+        )
     from kvlifetime.integrations.sglang import hooks
 
     return hooks.install(role=role, ledger_blocks=ledger_blocks, **options)

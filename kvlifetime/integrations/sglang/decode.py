@@ -66,9 +66,9 @@ class DecodeCalls(GuardCore):
     ) -> str:
         """``_send_kv_metadata``: a WRITE grant per prefill rank over ``pages`` (and the
         metadata ``slot``), before the addresses leave. Returns the lifecycle key."""
-        self._decode_only("published")
         events: Events = []
         try:
+            self._decode_only("published")
             room = room_id(room)
             slot = small_int(slot, "slot")
             prefill = inputs.peer_id(prefill, "prefill")
@@ -122,8 +122,8 @@ class DecodeCalls(GuardCore):
     def armed(self, key: str, generation: int) -> None:
         """SGLang armed ABORT-ACK accounting for the lifecycle under ``generation`` (its
         manager's counter): only ACKs of this generation count from now on."""
-        self._decode_only("armed")
         try:
+            self._decode_only("armed")
             generation = small_int(generation, "generation")
             with self._lock:
                 life = self._life(key)
@@ -152,10 +152,10 @@ class DecodeCalls(GuardCore):
         True when it was new evidence, False for a repeat. Refused (typed, logged, counted,
         nothing changed): a generation of an earlier use of the room (``StaleEvidence``), one
         never armed, of another room or another rank (``MismatchedEvidence``)."""
-        self._decode_only("acked")
         ctx: dict[str, Any] = {"room": room, "rank": rank, "generation": generation}
         events: Events = []
         try:
+            self._decode_only("acked")
             room = room_id(room)
             rank = small_int(rank, "rank")
             generation = small_int(generation, "generation")
@@ -217,9 +217,9 @@ class DecodeCalls(GuardCore):
     def transferred(self, key: str) -> None:
         """``KVPoll.Success``: every prefill rank reported its transfer of the room complete
         (decode's poll counts one Success per rank): every grant closed, the lifecycle over."""
-        self._decode_only("transferred")
         events: Events = []
         try:
+            self._decode_only("transferred")
             with self._lock:
                 if self._repeat(key):
                     return
@@ -246,15 +246,19 @@ class DecodeCalls(GuardCore):
     def held(self, key: str, *, deadline: float, reason: str = "transfer_failed") -> bool:
         """SGLang holds a failed transfer's pages (``_defer_release``) until ``deadline`` (its
         own clock). Returns True when the ledger released it at once (proof already in)."""
-        self._decode_only("held")
+        try:
+            self._decode_only("held")
+        except KVLifetimeError as e:
+            self._refuse("end_refused", e, {"key": key})
+            raise
         return self._end(key, deadline, reason)
 
     def prefill_lost(self, prefill: str) -> list[str]:
         """SGLang's heartbeat to ``prefill`` failed (``_handle_node_failure``): ``PeerLost``
         for every rank of it with an open grant. Returns the lifecycles quarantined now."""
-        self._decode_only("prefill_lost")
         events: Events = []
         try:
+            self._decode_only("prefill_lost")
             prefill = inputs.peer_id(prefill, "prefill")
             with self._lock:
                 hit = [

@@ -29,13 +29,15 @@ from __future__ import annotations
 from typing import Any
 
 from kvlifetime import inputs
-from kvlifetime.errors import KVLifetimeError, UsageError
+from kvlifetime.errors import InvalidField, KVLifetimeError, UsageError
 from kvlifetime.evidence import AccessRevoked
 from kvlifetime.integrations.sglang.decode import DecodeCalls
 from kvlifetime.integrations.sglang.events import Events, emit
 from kvlifetime.integrations.sglang.lifecycles import ROLES, Role
 from kvlifetime.integrations.sglang.prefill import LOCAL_ENGINE, PrefillCalls
 from kvlifetime.integrations.sglang.stats import SGLangGuardStats, summarize
+
+_MAX_FENCE = 128  # kvlifetime.evidence.AccessRevoked's limit on a fence's name
 
 __all__ = ["LOCAL_ENGINE", "ROLES", "Role", "SGLangGuard", "SGLangGuardStats"]
 
@@ -65,8 +67,10 @@ class SGLangGuard(DecodeCalls, PrefillCalls):
                 if life.phase == "released":
                     self._ready.pop(key, None)
                     return True
+                # The expiry quarantines every held lifecycle past its deadline: each gets its
+                # own cause (this one's suspect is freed_unproven, set above; others: deadline).
                 self.ledger.expire(now)
-                self._quarantined_now(events, "freed_unproven")
+                self._quarantined_now(events, "deadline")
                 return False
         except KVLifetimeError as e:
             self._refuse("withheld_refused", e, {"key": key})
@@ -78,7 +82,11 @@ class SGLangGuard(DecodeCalls, PrefillCalls):
         """Once per scheduler tick (decode: ``resolve_deferred_releases``; prefill: the
         inflight poll): quarantine held lifecycles whose deadline passed unproven. Returns
         them."""
-        now = inputs.finite_time(now, "now")
+        try:
+            now = inputs.finite_time(now, "now")
+        except KVLifetimeError as e:
+            self._refuse("tick_refused", e, {"now": now})
+            raise
         events: Events = []
         with self._lock:
             if self._ledger is None or not self._held:
@@ -146,6 +154,13 @@ class SGLangGuard(DecodeCalls, PrefillCalls):
         events: Events = []
         try:
             fence = inputs.text(fence, "fence")
+            if not fence or len(fence) > _MAX_FENCE:
+                # AccessRevoked's own rule, checked before anything: with no peer to revoke, a
+                # bad name would otherwise pass unseen.
+                raise InvalidField(
+                    f"fence must be a non-empty str of at most {_MAX_FENCE} chars, "
+                    f"got {inputs._show(fence)}"
+                )
             if prefill is not None:
                 prefill = inputs.peer_id(prefill, "prefill")
             with self._lock:

@@ -25,7 +25,6 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 import attrs
-import numpy as np
 
 from kvlifetime import inputs
 from kvlifetime.errors import InvalidField, KVLifetimeError, UnknownRequest, UsageError
@@ -66,9 +65,9 @@ class Lifecycle:
 
 def room_id(value: object) -> int:
     """A room as SGLang makes it: an int (a numpy integer too; never a bool) in [0, 2**64)."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+    v = inputs._plain_integer(value)  # the plain value, never through a subclass's __int__
+    if v is None:
         raise InvalidField(f"room must be an int, got {inputs._show(value)}")
-    v = int(value)
     if not 0 <= v <= _MAX_ROOM:
         raise InvalidField(f"room must be in [0, 2**64), got {v}")
     return v
@@ -76,9 +75,9 @@ def room_id(value: object) -> int:
 
 def small_int(value: object, name: str) -> int:
     """A rank, slot or generation: an int (a numpy integer too; never a bool) in [0, 2**31)."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+    v = inputs._plain_integer(value)
+    if v is None:
         raise InvalidField(f"{name} must be an int, got {inputs._show(value)}")
-    v = int(value)
     if not 0 <= v <= _MAX_SMALL:
         raise InvalidField(f"{name} must be in [0, 2**31), got {v}")
     return v
@@ -88,7 +87,7 @@ def rank_ids(ranks: object) -> list[int]:
     """The prefill ranks a publish goes to: at least one, no repeat."""
     if isinstance(ranks, str | bytes) or not isinstance(ranks, Iterable):
         raise InvalidField(f"ranks must be a sequence of ints, got {inputs._show(ranks)}")
-    out = [small_int(r, "rank") for r in list(ranks)]
+    out = [small_int(r, "rank") for r in inputs.materialised(ranks, "ranks")]
     if not out:
         raise InvalidField("ranks is empty: a publish goes to at least one prefill rank")
     if len(set(out)) != len(out):

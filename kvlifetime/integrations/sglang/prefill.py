@@ -35,9 +35,9 @@ class PrefillCalls(GuardCore):
         """``sender.send``: a READ grant over the chunk's source pages to the local transfer
         engine. ``key`` is the lifecycle of earlier chunks of the same sender (None for the
         first). Returns the lifecycle key."""
-        self._prefill_only("sending")
         events: Events = []
         try:
+            self._prefill_only("sending")
             room = room_id(room)
             with self._lock:
                 led = self.ledger
@@ -78,9 +78,9 @@ class PrefillCalls(GuardCore):
         """The room's outstanding-chunk count is zero and no chunk of it will start (checked by
         the hooks in SGLang's manager): ``TransferCompleted`` of every READ grant, observed
         locally. Returns True when it released the lifecycle (it was ended)."""
-        self._prefill_only("drained")
         events: Events = []
         try:
+            self._prefill_only("drained")
             with self._lock:
                 if self._repeat(key):
                     return False
@@ -112,9 +112,9 @@ class PrefillCalls(GuardCore):
         """A send of the room returned non-zero while its batch may still read the pages
         (SGLang's ``_poison_unsettled_send``): ``LeaseExpired`` of every open grant (the send's
         own deadline passed). Quarantined once SGLang ends the lifecycle."""
-        self._prefill_only("poisoned")
         events: Events = []
         try:
+            self._prefill_only("poisoned")
             with self._lock:
                 life = self._life(key)
                 led = self.ledger
@@ -133,6 +133,10 @@ class PrefillCalls(GuardCore):
         """SGLang frees the source pages (``release_kv_cache``). Returns True when the ledger
         released the lifecycle now (drained); otherwise the hooks hold the free until
         ``take_released`` returns the key (quarantined ``drain_timeout`` after ``now``)."""
-        self._prefill_only("ended")
-        now = inputs.finite_time(now, "now")
+        try:
+            self._prefill_only("ended")
+            now = inputs.finite_time(now, "now")
+        except KVLifetimeError as e:
+            self._refuse("end_refused", e, {"key": key})
+            raise
         return self._end(key, now + self.drain_timeout, reason)
