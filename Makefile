@@ -65,12 +65,14 @@ soak: system-deps $(STAMP)
 docs: $(STAMP)
 	$(BIN)/kvlifetime docs --out docs
 
-bench: $(STAMP) vllm-venv vllm-hf
+bench: $(STAMP) vllm-venv vllm-hf system-deps sglang-venv
 	$(BIN)/python -m bench
 	$(MAKE) spin-anchor
 	# The guard's cost inside vLLM 0.33 (its real Scheduler and BlockPool), in the vLLM venv.
 	$(VLLM_VENV)/bin/python -m bench.vllm_scheduler --out out/bench-vllm-scheduler.json 2>/dev/null
 	$(VLLM_VENV)/bin/python -m bench.vllm_blockpool --out out/bench-vllm-blockpool.json 2>/dev/null
+	# The guard's cost in SGLang 0.5.23's decode tick and prefill inflight queue, in its venv.
+	$(SGLANG_VENV)/bin/python -m bench.sglang_cost --out out/bench-sglang.json
 
 # SPIN beside `kvlifetime verify` on the same configurations (bench/spin/kvlifetime.pml): one
 # table, both checkers' verdicts compared (exit 1 if they disagree). Tens of minutes; not in test.
