@@ -832,3 +832,27 @@ def test_install_with_an_unknown_option_is_refused_typed_and_installs_nothing() 
     assert kv_sglang.installed() is None
     kv_sglang.uninstall()  # without an install: a no-op
     assert kv_sglang.installed() is None
+
+
+def test_a_fence_revokes_only_the_lifecycles_it_fenced() -> None:
+    # A fence ends the access of what was exposed when it ran; SGLang may publish to the new
+    # engine before the deployment calls revoke: those grants stay open.
+    g = decode()
+    old = publish(g, room=1, pages=[0, 1], slot=1, ranks=(0, 1))
+    gone = publish(g, room=3, pages=[6, 7], slot=3)
+    g.transferred(gone)  # freed before revoke: skipped
+    exposed = [*g.lifecycles(), gone]
+    new = publish(g, room=2, pages=[2, 3], slot=2)  # after the fence completed
+    g.held(old, deadline=5.0)
+    g.held(new, deadline=5.0)
+    assert g.revoke("mooncake_decode_engine_recreated", fenced=exposed) == [old]
+    assert g.lifecycle(new)["phase"] == "held" and len(g.ledger.open_grants(new)) == 1
+    assert g.lifecycle(old)["phase"] == "released"
+    bads: list[Any] = ["sglang:1#1", [7], _RaisingIterable()]
+    for bad in bads:
+        refused(
+            g,
+            partial(g.revoke, "mooncake_decode_engine_recreated", fenced=bad),
+            InvalidField,
+            "revoke_refused",
+        )

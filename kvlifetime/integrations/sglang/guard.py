@@ -26,6 +26,7 @@ Prometheus). Thread-safe: ACKs arrive on SGLang's decode thread.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from kvlifetime import inputs
@@ -147,10 +148,18 @@ class SGLangGuard(DecodeCalls, PrefillCalls):
         with self._lock:
             return tuple(self._ready)
 
-    def revoke(self, fence: str, *, prefill: str | None = None) -> list[str]:
+    def revoke(
+        self, fence: str, *, prefill: str | None = None, fenced: Iterable[str] | None = None
+    ) -> list[str]:
         """The deployment fenced the peers (every one, or every rank of ``prefill``):
-        ``AccessRevoked`` from the local side for each, then release what that proves.
-        Returns the lifecycles released; SGLang frees them at its next tick."""
+        ``AccessRevoked`` from the local side, then release what that proves. Returns the
+        lifecycles released; SGLang frees them at its next tick.
+
+        A fence ends the access of what was exposed when it ran, not of what SGLang exposed
+        after it (a publish to the decode's new engine is a new grant). Without ``fenced`` every
+        grant open *now* is revoked: call it right after the fence, on the thread that publishes
+        (the scheduler's). Otherwise pass ``fenced=guard.lifecycles()`` taken before the fence:
+        only the open grants of those lifecycles are revoked (a key already freed is skipped)."""
         events: Events = []
         try:
             fence = inputs.text(fence, "fence")
@@ -163,16 +172,30 @@ class SGLangGuard(DecodeCalls, PrefillCalls):
                 )
             if prefill is not None:
                 prefill = inputs.peer_id(prefill, "prefill")
+            keys = None if fenced is None else _keys(fenced)
             with self._lock:
-                peers = {
-                    p
-                    for life in self._lives.values()
-                    if prefill is None or life.prefill == prefill
-                    for p in life.peers.values()
-                }
                 led = self.ledger
-                for p in sorted(peers):
-                    led.apply(AccessRevoked(p, fence=fence))
+                if keys is None:
+                    peers = {
+                        p
+                        for life in self._lives.values()
+                        if prefill is None or life.prefill == prefill
+                        for p in life.peers.values()
+                    }
+                    for p in sorted(peers):
+                        led.apply(AccessRevoked(p, fence=fence))
+                else:
+                    lives = [self._lives.get(k) for k in keys]
+                    evs = [
+                        AccessRevoked(g.peer, grant_id=g.id, request=g.request, fence=fence)
+                        for life in lives
+                        if life is not None
+                        and life.phase != "released"  # its grants are forgotten: nothing open
+                        and (prefill is None or life.prefill == prefill)
+                        for g in led.open_grants(life.key)
+                    ]
+                    for ev in evs:
+                        led.apply(ev)
                 out = self._collect(events)
                 events.append(("sglang_revoked", {"fence": fence, "released": out}))
                 return out
@@ -218,3 +241,16 @@ class SGLangGuard(DecodeCalls, PrefillCalls):
         """Every lifecycle the guard holds, oldest first."""
         with self._lock:
             return list(self._lives)
+
+
+def _keys(value: object) -> list[str]:
+    """Lifecycle keys given by the caller: read once, each a plain ``str``."""
+    if isinstance(value, str | bytes):
+        raise InvalidField(f"fenced must be a collection of lifecycle keys, got {value!r}")
+    keys = inputs.materialised(value, "fenced")
+    out = []
+    for k in keys:
+        if type(k) is not str:
+            raise InvalidField(f"a lifecycle key is a str, got {inputs._show(k)}")
+        out.append(k)
+    return out
