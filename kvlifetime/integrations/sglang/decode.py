@@ -88,9 +88,7 @@ class DecodeCalls(GuardCore):
                     raise Refusal(kind or "published_refused") from e
                 for r in rank_list[1:]:
                     grants[r] = led.grant(key, peers[r], grants[first].blocks, Access.WRITE)
-                life = Lifecycle(
-                    key, room, prefill, grants, peers, set(grants[first].blocks.tolist()), slot
-                )
+                life = Lifecycle(key, room, prefill, grants, peers, grants[first].blocks, slot)
                 self._add(life)
                 other = self._slots.get(slot)
                 if other is not None and other in self._lives:

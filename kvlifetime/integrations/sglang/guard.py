@@ -232,7 +232,7 @@ class SGLangGuard(DecodeCalls, PrefillCalls):
                 "ranks": sorted(life.grants),
                 "acked": sorted(life.acked),
                 "generation": life.generation,
-                "pages": sorted(life.pages),
+                "pages": sorted(life.pages.tolist()),
                 "slot": life.slot,
                 "withheld": life.withheld,
             }

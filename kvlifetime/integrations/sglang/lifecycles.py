@@ -25,6 +25,8 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 
 from kvlifetime import inputs
 from kvlifetime.errors import InvalidField, KVLifetimeError, UnknownRequest, UsageError
@@ -52,7 +54,9 @@ class Lifecycle:
     prefill: str  # decode: the prefill's bootstrap address; prefill: ""
     grants: dict[int, Grant]  # decode: rank -> WRITE grant; prefill: chunk -> READ grant
     peers: dict[int, str]  # rank (or chunk) -> peer id
-    pages: set[int]
+    # The pages exposed, each once (the ledger's grant blocks: validated, unique, read-only): an
+    # array, not a set of Python ints, so a publish costs nothing per page here.
+    pages: npt.NDArray[np.int64]
     slot: int | None
     generation: int | None = None  # the ABORT generation armed for it (decode)
     acked: set[int] = attrs.field(factory=set)  # ranks (chunks) whose grant is proven over

@@ -48,9 +48,7 @@ class PrefillCalls(GuardCore):
                     except KVLifetimeError:
                         self._next -= 1
                         raise
-                    life = Lifecycle(
-                        new, room, "", {0: g}, {0: LOCAL_ENGINE}, set(g.blocks.tolist()), None
-                    )
+                    life = Lifecycle(new, room, "", {0: g}, {0: LOCAL_ENGINE}, g.blocks, None)
                     self._add(life)
                     events.append(("sglang_sending", {"key": new, "pages": len(life.pages)}))
                     return new
@@ -60,13 +58,13 @@ class PrefillCalls(GuardCore):
                 if life.phase != "live":
                     raise UsageError(f"{key}: a chunk sent after SGLang ended it ({life.phase})")
                 arr = inputs.block_ids(pages, led.num_blocks)
-                new_pages = np.setdiff1d(arr, np.fromiter(life.pages, np.int64))
+                new_pages = np.setdiff1d(arr, life.pages)
                 if len(new_pages):
                     led.acquire(key, new_pages)
                 g = led.grant(key, LOCAL_ENGINE, arr, Access.READ)
                 life.grants[len(life.grants)] = g
                 life.peers[len(life.peers)] = LOCAL_ENGINE
-                life.pages.update(new_pages.tolist())
+                life.pages = np.concatenate((life.pages, new_pages))
                 return key
         except KVLifetimeError as e:
             self._refuse("sending_refused", e, {"key": key, "room": room})
