@@ -36,7 +36,7 @@ def free_port() -> int:
 
 
 class Proc:
-    def __init__(self, role: str, options: dict[str, Any]) -> None:
+    def __init__(self, role: str, options: dict[str, Any], wait: bool = True) -> None:
         import sglang_rig
 
         self.role = role
@@ -46,8 +46,13 @@ class Proc:
         )
         self.process.start()
         child.close()
-        self.pid: int = self._reply(60.0)["pid"]
+        self.pid = 0
         self.frozen = False
+        if wait:
+            self.wait_started()
+
+    def wait_started(self) -> None:
+        self.pid = int(self._reply(60.0)["pid"])
 
     def _reply(self, timeout: float) -> Any:
         if not self.conn.poll(timeout):
@@ -58,8 +63,14 @@ class Proc:
         return value
 
     def call(self, command: str, timeout: float = 30.0, **kwargs: Any) -> Any:
+        self.send(command, kwargs)
+        return self._reply(timeout)
+
+    def send(self, command: str, kwargs: dict[str, Any]) -> None:
         assert not self.frozen, f"{self.role} is frozen (SIGSTOP); it cannot answer"
         self.conn.send((command, kwargs))
+
+    def receive(self, timeout: float = 30.0) -> Any:
         return self._reply(timeout)
 
     def freeze(self) -> None:
@@ -101,30 +112,54 @@ class Rig:
         pool_tokens: int,
         env: dict[str, str] | None = None,
         prefill_pool_tokens: int | None = None,
+        prefill_ranks: int = 1,
     ) -> None:
         self.guarded = guarded
         self.port = free_port()
         common = {"bootstrap_port": self.port, "guarded": guarded, "env": dict(env or {})}
-        self.prefill = Proc(
-            "prefill", {**common, "pool_tokens": prefill_pool_tokens or pool_tokens}
-        )
+        prefill = {
+            **common,
+            "pool_tokens": prefill_pool_tokens or pool_tokens,
+            "tp_size": prefill_ranks,
+            "store_port": free_port(),
+        }
+        # The ranks of one prefill instance start together: they meet in one gloo group.
+        self.prefills: list[Proc] = []
+        self._decode: Proc | None = None
         try:
-            self.decode = Proc("decode", {**common, "pool_tokens": pool_tokens})
+            starting = [
+                Proc("prefill", {**prefill, "tp_rank": r}, wait=False) for r in range(prefill_ranks)
+            ]
+            self.prefills = starting
+            for p in starting:
+                p.wait_started()
+            self._decode = Proc("decode", {**common, "pool_tokens": pool_tokens})
         except BaseException:
-            self.prefill.close()
+            self.close()
             raise
+        self.decode: Proc = self._decode
+        self.prefill = self.prefills[0]
         self.ticks = 0
 
     def close(self) -> None:
-        self.decode.close()
-        self.prefill.close()
+        if self._decode is not None:
+            self._decode.close()
+        for p in self.prefills:
+            p.close()
+
+    def prefill_all(self, command: str, **kwargs: Any) -> list[Any]:
+        """The same command to every prefill rank at once (their queues all-reduce over the
+        ranks' gloo group, so each blocks until all have called), then every answer."""
+        for p in self.prefills:
+            p.send(command, kwargs)
+        return [p.receive() for p in self.prefills]
 
     # -- the steps a scenario is made of
 
     def start(self, rid: str, room: int, tokens: int, seed: int | None = None) -> None:
         """Both sides receive the request (as the router sends it to both); its prompt's token
         ids start at ``seed`` (default: the room)."""
-        self.prefill.call("admit", rid=rid, room=room, tokens=tokens, seed=seed)
+        self.prefill_all("admit", rid=rid, room=room, tokens=tokens, seed=seed)
         self.decode.call("admit", rid=rid, room=room, tokens=tokens, seed=seed)
 
     def tick(self) -> dict[str, Any]:
@@ -149,7 +184,7 @@ class Rig:
         """Tick the decode (which sends the destination pages) and poll the prefill's
         bootstrap queue until the prefill has the request ready for its forward."""
         deadline = time.monotonic() + timeout
-        while rid not in self.prefill.call("bootstrap"):
+        while not all(rid in ready for ready in self.prefill_all("bootstrap")):
             self.tick()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"prefill never bootstrapped {rid}")

@@ -15,10 +15,11 @@ result)`` or ``("error", traceback)`` out, one at a time, on the process's main 
 scheduler's thread in SGLang). SGLang's own threads (bootstrap, transfer workers, heartbeat) run
 as they do in a server.
 
-Test instrumentation, the same alone and guarded: a gate in the prefill's transfer path
-(``MooncakeKVManager._transfer_data``, one call per batch of page indices) that can hold a
-transfer mid-flight (some batches landed, the rest waiting) and, for the poisoned room, return
--1 for a batch that keeps running, as Mooncake's ``batch_transfer_sync`` does on its timeout.
+Test instrumentation, the same alone and guarded: a gate on the prefill's transfer engine
+(``MooncakeTransferEngine.batch_transfer_sync``: one call per batch of page indices, or per layer
+when the prefill sends a head slice) that can hold a transfer mid-flight (some batches landed,
+the rest waiting) and, for the poisoned room, return -1 for a batch that keeps running, as
+Mooncake's ``batch_transfer_sync`` does on its timeout.
 """
 
 from __future__ import annotations
@@ -116,25 +117,47 @@ def serve(role: Literal["decode", "prefill"], conn: Connection, options: dict[st
 # ------------------------------------------------------------------- shared set-up
 
 
-def _one_rank_group() -> Any:
-    """A one-rank gloo group standing for the attention-TP / CP / PP groups: the queues
-    all-reduce their polls and hold flags over it."""
+def _group(rank: int, size: int, store_port: int | None) -> Any:
+    """A gloo group standing for the TP / attention-TP group (one rank, or the ``size``
+    ranks of one prefill instance in as many processes): the queues all-reduce their polls and
+    hold flags over it. The CP and PP groups are this process alone."""
     if not dist.is_initialized():
-        store = dist.HashStore()
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        if size == 1:
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        else:
+            dist.init_process_group(
+                "gloo", init_method=f"tcp://127.0.0.1:{store_port}", rank=rank, world_size=size
+            )
     return SimpleNamespace(
         cpu_group=dist.group.WORLD,
         device_group=dist.group.WORLD,
+        rank_in_group=rank,
+        world_size=size,
+        is_first_rank=rank == 0,
+        is_last_rank=rank == size - 1,
+        rank=rank,
+        ranks=list(range(size)),
+    )
+
+
+def _single(group: Any) -> Any:
+    if group.world_size == 1:
+        return group
+    return SimpleNamespace(
+        cpu_group=dist.new_group([group.rank], backend="gloo"),
+        device_group=None,
         rank_in_group=0,
         world_size=1,
         is_first_rank=True,
         is_last_rank=True,
         rank=0,
-        ranks=[0],
+        ranks=[group.rank],
     )
 
 
-def _publish(mode: str, bootstrap_port: int) -> ServerArgs:
+def _publish(
+    mode: str, bootstrap_port: int, rank: int = 0, size: int = 1, store_port: int | None = None
+) -> ServerArgs:
     from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish
 
     sa = ServerArgs(
@@ -144,11 +167,13 @@ def _publish(mode: str, bootstrap_port: int) -> ServerArgs:
         disaggregation_transfer_backend="mooncake",
         disaggregation_bootstrap_port=bootstrap_port,
         host="127.0.0.1",
+        tp_size=size,
     )
-    publish(sa, role="scheduler", ranks=SpawnRanks(world_rank=0, gpu_id=0))
-    group = _one_rank_group()
+    publish(sa, role="scheduler", ranks=SpawnRanks(world_rank=rank, gpu_id=rank))
+    tp = _group(rank, size, store_port)
+    alone = _single(tp)
     get_parallel().override_permanently(
-        tp_group=group, attn_tp_group=group, attn_cp_group=group, pp_group=group
+        tp_group=tp, attn_tp_group=tp, attn_cp_group=alone, pp_group=alone
     )
     from sglang.srt.distributed.device_communicators.mooncake_transfer_engine import (
         init_mooncake_transfer_engine,
@@ -167,12 +192,18 @@ ENGINE_PORTS: set[int] = set()
 FENCE_NAME = "mooncake_decode_engine_recreated"
 
 
-def _kv_pool(tokens: int) -> MHATokenToKVPool:
+def _parallel() -> Any:
+    from sglang.srt.runtime_context import get_parallel
+
+    return get_parallel()
+
+
+def _kv_pool(tokens: int, heads: int = HEADS) -> MHATokenToKVPool:
     return MHATokenToKVPool(
         tokens,
         page_size=1,
         dtype=DTYPE,
-        head_num=HEADS,
+        head_num=heads,
         head_dim=HEAD_DIM,
         layer_num=LAYERS,
         device="cpu",
@@ -207,8 +238,8 @@ def _poll_name(value: int) -> str:
     return _POLL_NAMES.get(int(value), f"unknown({value})")
 
 
-def elements_per_page() -> int:
-    return 2 * LAYERS * HEADS * HEAD_DIM
+def elements_per_page(heads: int = HEADS) -> int:
+    return 2 * LAYERS * heads * HEAD_DIM
 
 
 def _request(rid: str, room: int, tokens: int, port: int, seed: int | None) -> Req:
@@ -537,12 +568,14 @@ class PrefillSide(Side):
         reqs = int(options.get("max_reqs", 8))
         from sglang.srt.disaggregation.mooncake.conn import MooncakeKVBootstrapServer
 
+        rank, size = int(options.get("tp_rank", 0)), int(options.get("tp_size", 1))
         t = time.monotonic()
-        self.bootstrap_server = MooncakeKVBootstrapServer("127.0.0.1", self.port)
+        if rank == 0:  # one bootstrap server per prefill instance, on its first rank
+            self.bootstrap_server = MooncakeKVBootstrapServer("127.0.0.1", self.port)
         t = _phase("bootstrap server", t)
-        sa = _publish("prefill", self.port)
+        sa = _publish("prefill", self.port, rank, size, options.get("store_port"))
         t = _phase("prefill publish + engine", t)
-        self.kv = _kv_pool(tokens)
+        self.kv = _kv_pool(tokens, HEADS // size)
         self.allocator = TokenToKVPoolAllocator(
             tokens, dtype=DTYPE, device="cpu", kvcache=self.kv, need_sort=False
         )
@@ -588,8 +621,8 @@ class PrefillSide(Side):
             disagg_prefill_inflight_queue=[],
             disagg_prefill_pending_chunk_rids=set(),
             enable_staging=False,
-            attn_cp_cpu_group=dist.group.WORLD,
-            attn_tp_cpu_group=dist.group.WORLD,
+            attn_cp_cpu_group=_parallel().attn_cp_group.cpu_group,
+            attn_tp_cpu_group=_parallel().attn_tp_group.cpu_group,
             processed_tokens_counter=0,
         )
         self.bootstrap_queue = PrefillBootstrapQueue(
@@ -622,7 +655,8 @@ class PrefillSide(Side):
         self.gate_reached = threading.Event()
         self.late_writes: list[threading.Thread] = []
         self.gate_log: list[tuple[float, int | None, int]] = []
-        real = self.mgr._transfer_data
+        engine = self.mgr.engine  # SGLang's MooncakeTransferEngine (the process's one)
+        real = engine.batch_transfer_sync
 
         def may_start() -> bool:
             return self.allowed is None or self.allowed > 0
@@ -631,10 +665,10 @@ class PrefillSide(Side):
             if self.allowed is not None:
                 self.allowed -= 1
 
-        def gated(session_id: str, blocks: Any) -> int:
-            if not blocks:
-                return int(real(session_id, blocks))
-            self.gate_log.append((time.monotonic(), self.allowed, len(blocks)))
+        def gated(session_id: str, *batch: Any) -> int:
+            if not batch[-1]:  # no lengths: nothing to move
+                return int(real(session_id, *batch))
+            self.gate_log.append((time.monotonic(), self.allowed, len(batch[-1])))
             with self.gate:
                 if may_start():
                     admit()
@@ -650,7 +684,7 @@ class PrefillSide(Side):
                     with self.gate:
                         self.gate.wait_for(may_start)
                         admit()
-                    real(session_id, blocks)
+                    real(session_id, *batch)
 
                 t = threading.Thread(target=late, daemon=True)
                 t.start()
@@ -660,9 +694,9 @@ class PrefillSide(Side):
                 with self.gate:
                     self.gate.wait_for(may_start)
                     admit()
-            return int(real(session_id, blocks))
+            return int(real(session_id, *batch))
 
-        self.mgr._transfer_data = gated
+        engine.batch_transfer_sync = gated
 
     def hold_transfers(self, after_batches: int, poison: bool = False) -> None:
         """From now on, let ``after_batches`` batches start, then hold the next ones."""

@@ -375,3 +375,37 @@ def test_abort_ack_of_an_old_generation_after_the_room_is_reused(
     rig.decode.call("free_owner", name="meanwhile")
     _drain(rig, room)
     assert _tick_for(rig, "g2", 2.0, until={"gone"}) == "gone"
+
+
+@MODES
+def test_two_prefill_ranks_where_one_acks(rigs: list[Rig], guarded: bool) -> None:
+    """A prefill of two TP ranks (two processes, one gloo group; each sends its half of the KV
+    heads). Rank 0 finishes its half; rank 1 stalls before sending anything. The decode aborts:
+    rank 0 ACKs, rank 1 cannot. One ACK of two proves nothing about rank 1: alone, SGLang waits
+    for both until the deadline, then releases anyway and rank 1's half lands in the later
+    owner's pages. Guarded, quarantined: none."""
+    rig = Rig(guarded=guarded, pool_tokens=1024, env=ENV, prefill_ranks=2)
+    rigs.append(rig)
+    room = 101
+    pages = _published(rig, "tr", room)
+    rig.prefills[1].call("hold_transfers", after_batches=0)
+    rig.prefill_all("forward", rid="tr", value=MARK)
+    assert rig.prefills[1].call("wait_held")
+    rig.until(lambda: rig.prefills[0].call("outstanding", room=room) == 0, what="rank 0 sent")
+    half = TOKENS * PER_PAGE // 2
+    assert rig.decode.call("count", pages=pages, value=MARK) == half
+    rig.decode.call("abort", rid="tr")
+    rig.until(lambda: (rig.decode.call("acks", room=room) or {}).get("ranks") == [0], what="rank 0")
+    place = _tick_for(rig, "tr", 4 * TIMEOUT_S, until={"gone"})
+    assert rig.decode.call("acks", room=room) in (None, {"generation": 1, "ranks": [0]})
+    rig.decode.call("new_owner", name="later", value=OWNER)
+    rig.prefills[1].call("release_transfers")
+    rig.until(lambda: rig.prefills[1].call("outstanding", room=room) == 0, what="rank 1 sent")
+    time.sleep(0.2)
+    seen = _late(rig, pages, "later")
+    if not guarded:
+        assert place == "gone"
+        assert seen == {"taken": TOKENS, "late_elements": half}
+    else:
+        assert place == "held"
+        assert seen == {"taken": 0, "late_elements": 0}
