@@ -161,3 +161,62 @@ def test_an_abort_with_a_prompt_ack_is_released_alone_and_guarded(rigs: list[Rig
             assert st["refused"] == {} and st["ledger"]["blocks_by_state"]["exposed"] == 0
     assert outcomes[False] == outcomes[True]
     assert outcomes[True]["pages"] == 256 and outcomes[True]["freed"] == 256
+
+
+def _receiver(room: int) -> Any:
+    """What the decode hooks read of an SGLang receiver (one prefill, one rank)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        bootstrap_infos=[{}],
+        bootstrap_room=room,
+        bootstrap_addr="127.0.0.1:8998",
+        prefill_info=SimpleNamespace(pp_size=1, attn_cp_size=1),
+        target_cp_ranks=[0],
+        target_tp_ranks=[0],
+        target_pp_ranks=[0],
+    )
+
+
+def _publish_through_the_hooks(receiver: Any, pages: list[int], slot: int) -> None:
+    from sglang.srt.disaggregation.common.conn import CommonKVReceiver
+
+    with pytest.raises(AttributeError):  # SGLang's own send, on an object that is no receiver
+        CommonKVReceiver.send_metadata(receiver, pages, slot)
+
+
+def _success_through_the_hooks(receiver: Any) -> None:
+    from types import SimpleNamespace
+
+    from sglang.srt.disaggregation.decode import DecodeTransferQueue
+
+    with pytest.raises(AttributeError):  # SGLang's own commit, on an object that is no queue
+        DecodeTransferQueue._commit_transfer_to_req(object(), SimpleNamespace(kv_receiver=receiver))
+
+
+def test_a_key_left_by_an_earlier_installation_names_nothing(clean: None) -> None:
+    # The guard's keys ("sglang:<room>#<n>") start again with each guard: an SGLang receiver
+    # keyed by an earlier installation must not act on the lifecycle of the same name now.
+    first = kv_sglang.install(role="decode")
+    first.bind(64)
+    old = _receiver(7)
+    _publish_through_the_hooks(old, [1, 2], slot=1)
+    assert first.lifecycles() == ["sglang:7#1"]
+    kv_sglang.uninstall()
+    guard = kv_sglang.install(role="decode")
+    guard.bind(64)
+    key = guard.published(7, [3, 4], slot=2, ranks=[0], prefill="127.0.0.1:8998")
+    assert key == "sglang:7#1"
+    _success_through_the_hooks(old)  # the earlier installation's receiver: not this lifecycle
+    assert guard.lifecycle(key)["phase"] == "live" and guard.stats().completed == 0
+
+
+def test_a_refused_republish_keeps_the_receivers_lifecycle(clean: None) -> None:
+    guard = kv_sglang.install(role="decode")
+    guard.bind(64)
+    receiver = _receiver(7)
+    _publish_through_the_hooks(receiver, [1, 2], slot=1)
+    _publish_through_the_hooks(receiver, [1, 2], slot=1)  # refused: the pages are exposed
+    assert guard.stats().refused == {"exposed_page_reused": 1}
+    _success_through_the_hooks(receiver)  # the receiver's lifecycle still ends through it
+    assert guard.lifecycles() == [] and guard.stats().completed == 1

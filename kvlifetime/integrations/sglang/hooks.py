@@ -59,7 +59,10 @@ from kvlifetime.integrations.sglang.signals import SUPPORTED_VERSION
 
 _log = structlog.get_logger("kvlifetime.sglang")
 
-_KEY = "_kvl_key"  # the lifecycle key, set on SGLang's receiver / sender objects
+# The lifecycle key, set on SGLang's receiver / sender objects with the installation that set it:
+# a guard's keys start again at "#1", so a key an earlier installation left on an object that
+# outlived it would name another lifecycle of the current guard.
+_KEY = "_kvl_key"
 
 _lock = threading.Lock()
 _installed: _Installation | None = None
@@ -164,6 +167,19 @@ class _Installation:
             setattr(owner, name, original)
         self._saved.clear()
 
+    def key_of(self, obj: Any) -> str | None:
+        """The lifecycle key this installation set on ``obj`` (None: none, or another's)."""
+        tag = getattr(obj, _KEY, None)
+        if type(tag) is tuple and len(tag) == 2 and tag[0] is self and type(tag[1]) is str:
+            return tag[1]
+        return None
+
+    def key_of_request(self, decode_req: Any) -> str | None:
+        return self.key_of(getattr(decode_req, "kv_receiver", None))
+
+    def set_key(self, obj: Any, key: str) -> None:
+        setattr(obj, _KEY, (self, key))
+
     def _quiet(self, call: Callable[[], Any]) -> Any:
         """A guard call from inside SGLang: a refusal is already typed, logged and counted by
         the guard; SGLang keeps running."""
@@ -212,7 +228,8 @@ class _Installation:
                             prefill=str(self.bootstrap_addr),
                         )
                     )
-                    setattr(self, _KEY, key)
+                    if key is not None:  # a refused re-publish keeps the receiver's lifecycle
+                        inst.set_key(self, key)
                 return orig(self, kv_indices, aux_index, *a, **kw)
 
             return wrapped
@@ -224,7 +241,7 @@ class _Installation:
                 # SGLang arms the room (register_deferred_abort_room) and then sends the ABORT;
                 # the ACK may come back on the decode thread before this call returns, so the
                 # generation is recorded where it is made, for this receiver's lifecycle.
-                inst.arming.key = getattr(self, _KEY, None)
+                inst.arming.key = inst.key_of(self)
                 try:
                     return orig(self, *a, **kw)
                 finally:
@@ -280,7 +297,7 @@ class _Installation:
 
         def commit(orig: Any) -> Any:
             def wrapped(self: Any, decode_req: Any) -> Any:
-                key = _key_of(decode_req)
+                key = inst.key_of_request(decode_req)
                 if key is not None:
                     inst._quiet(lambda: guard.transferred(key))
                 return orig(self, decode_req)
@@ -292,7 +309,7 @@ class _Installation:
         def defer(orig: Any) -> Any:
             def wrapped(self: Any, decode_req: Any) -> Any:
                 out = orig(self, decode_req)
-                key = _key_of(decode_req)
+                key = inst.key_of_request(decode_req)
                 if key is None or not guard.tracks(key):
                     return out
                 entry = self._deferred_releases[-1]
@@ -312,7 +329,7 @@ class _Installation:
                 inst._free_withheld(self)
                 rooms: dict[Any, list[str]] = {}
                 for entry in self._deferred_releases:
-                    key = _key_of(entry[0])
+                    key = inst.key_of_request(entry[0])
                     if key is not None and guard.tracks(key):
                         rooms.setdefault(entry[0].req.bootstrap_room, []).append(key)
                 inst.resolving.rooms = rooms
@@ -327,7 +344,7 @@ class _Installation:
 
         def do_release(orig: Any) -> Any:
             def wrapped(self: Any, decode_req: Any, idx: Any) -> Any:
-                key = _key_of(decode_req)
+                key = inst.key_of_request(decode_req)
                 if key is not None and guard.tracks(key) and not guard.releasable(key):
                     # Only the guard's verdict frees a guarded entry: keep it held (the guard
                     # refuses the free: typed, logged, counted as freed_refused).
@@ -348,7 +365,7 @@ class _Installation:
 
         def release_request(orig: Any) -> Any:
             def wrapped(self: Any, decode_req: Any) -> Any:
-                key = _key_of(decode_req)
+                key = inst.key_of_request(decode_req)
                 if key is None or not guard.tracks(key) or guard.releasable(key):
                     return orig(self, decode_req)
                 # A free of pages a prefill rank may still write, outside the deferred path.
@@ -416,12 +433,12 @@ class _Installation:
         def send(orig: Any) -> Any:
             def wrapped(self: Any, kv_indices: Any, *a: Any, **kw: Any) -> Any:
                 if getattr(self, "conclude_state", None) is None and guard.bound:
-                    key = getattr(self, _KEY, None)
+                    key = inst.key_of(self)
                     new = inst._quiet(
                         lambda: guard.sending(key, int(self.bootstrap_room), kv_indices)
                     )
                     if new is not None:
-                        setattr(self, _KEY, new)
+                        inst.set_key(self, new)
                         inst.managers[new] = self.kv_mgr
                 return orig(self, kv_indices, *a, **kw)
 
@@ -431,7 +448,7 @@ class _Installation:
 
         def release_kv_cache(orig: Any) -> Any:
             def wrapped(req: Any, tree_cache: Any, *, checkpoint: bool) -> Any:
-                key = getattr(getattr(req, "disagg_kv_sender", None), _KEY, None)
+                key = inst.key_of(getattr(req, "disagg_kv_sender", None))
                 if key is None or not guard.tracks(key):
                     return orig(req, tree_cache, checkpoint=checkpoint)
                 inst._observe(key)
@@ -505,12 +522,6 @@ class _Installation:
             if o is module and n == name:
                 return original
         raise LookupError(name)
-
-
-def _key_of(decode_req: Any) -> str | None:
-    receiver = getattr(decode_req, "kv_receiver", None)
-    key = getattr(receiver, _KEY, None)
-    return key if isinstance(key, str) else None
 
 
 def _prefill_ranks(receiver: Any) -> list[int]:
