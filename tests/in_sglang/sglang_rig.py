@@ -15,18 +15,14 @@ result)`` or ``("error", traceback)`` out, one at a time, on the process's main 
 scheduler's thread in SGLang). SGLang's own threads (bootstrap, transfer workers, heartbeat) run
 as they do in a server.
 
-Test instrumentation, the same alone and guarded: a gate on the prefill's transfer engine
-(``MooncakeTransferEngine.batch_transfer_sync``: one call per batch of page indices, or per layer
-when the prefill sends a head slice) that can hold a transfer mid-flight (some batches landed,
-the rest waiting) and, for the poisoned room, return -1 for a batch that keeps running, as
-Mooncake's ``batch_transfer_sync`` does on its timeout.
+Test instrumentation, the same alone and guarded: ``sglang_transfer_gate.TransferGate`` on the
+prefill's transfer engine, which can hold a transfer mid-flight.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 import traceback
 import types
@@ -68,6 +64,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang_transfer_gate import TransferGate
 
 LAYERS = 2
 HEADS = 8
@@ -643,86 +640,25 @@ class PrefillSide(Side):
         self.reqs: dict[str, Req] = {}
         self.pages: dict[str, list[int]] = {}
         self.owners: dict[str, list[int]] = {}
-        self._install_gate()
+        # SGLang's MooncakeTransferEngine (the process's one): every batch the worker sends.
+        self.gate = TransferGate(self.mgr.engine)
 
-    # -- the gate in the transfer path (test instrumentation)
-
-    def _install_gate(self) -> None:
-        # ``allowed``: how many more batches may start before the gate holds (None: no gate).
-        self.gate = threading.Condition()
-        self.allowed: int | None = None
-        self.gate_poison = False  # a held batch returns -1 at once and runs when released
-        self.gate_reached = threading.Event()
-        self.late_writes: list[threading.Thread] = []
-        self.gate_log: list[tuple[float, int | None, int]] = []
-        engine = self.mgr.engine  # SGLang's MooncakeTransferEngine (the process's one)
-        real = engine.batch_transfer_sync
-
-        def may_start() -> bool:
-            return self.allowed is None or self.allowed > 0
-
-        def admit() -> None:
-            if self.allowed is not None:
-                self.allowed -= 1
-
-        def gated(session_id: str, *batch: Any) -> int:
-            if not batch[-1]:  # no lengths: nothing to move
-                return int(real(session_id, *batch))
-            self.gate_log.append((time.monotonic(), self.allowed, len(batch[-1])))
-            with self.gate:
-                if may_start():
-                    admit()
-                    held = False
-                else:
-                    held = True
-                    self.gate_reached.set()
-                    poison = self.gate_poison
-            if held and poison:
-                # Mooncake's batch_transfer_sync returns -1 on its timeout while the batch
-                # still runs: the bytes land later, whatever the caller does with the -1.
-                def late() -> None:
-                    with self.gate:
-                        self.gate.wait_for(may_start)
-                        admit()
-                    real(session_id, *batch)
-
-                t = threading.Thread(target=late, daemon=True)
-                t.start()
-                self.late_writes.append(t)
-                return -1
-            if held:
-                with self.gate:
-                    self.gate.wait_for(may_start)
-                    admit()
-            return int(real(session_id, *batch))
-
-        engine.batch_transfer_sync = gated
+    # -- the gate on the transfer engine (test instrumentation: sglang_transfer_gate)
 
     def hold_transfers(self, after_batches: int, poison: bool = False) -> None:
-        """From now on, let ``after_batches`` batches start, then hold the next ones."""
-        with self.gate:
-            self.allowed = after_batches
-            self.gate_poison = poison
-            self.gate_reached.clear()
+        self.gate.hold(after_batches, poison)
 
     def wait_held(self, seconds: float = 10.0) -> bool:
-        return self.gate_reached.wait(seconds)
+        return self.gate.wait_held(seconds)
 
     def release_transfers(self, then_hold_after: int | None = None) -> None:
-        """Let the held batches go (and, with ``then_hold_after``, hold again after that many
-        more)."""
-        with self.gate:
-            self.allowed = then_hold_after
-            self.gate_reached.clear()
-            self.gate.notify_all()
+        self.gate.release(then_hold_after)
 
     def gate_calls(self) -> list[tuple[float, int | None, int]]:
-        return list(self.gate_log)
+        return list(self.gate.log)
 
     def wait_late_writes(self, timeout: float = 10.0) -> None:
-        for t in self.late_writes:
-            t.join(timeout)
-        self.late_writes = []
+        self.gate.wait_late_writes(timeout)
 
     # -- requests
 
