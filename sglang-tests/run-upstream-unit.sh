@@ -85,7 +85,7 @@ run() { # $1 = label, rest = env assignments
     (cd "$scratch" && env "$@" KVL_SGLANG_STATS="$scratch/stats-$label.jsonl" \
         "$py" -m pytest -p no:cacheprovider -q --junitxml="$scratch/junit-$label.xml" \
         "${pytest_args[@]}" test_*.py >"$scratch/pytest-$label.log" 2>&1) || true
-    grep -E "[0-9]+ (passed|failed|error)" "$scratch/pytest-$label.log" | tail -n 1 | sed "s/^/$label: /"
+    grep -E "^=* *[0-9]+ (passed|failed|error).* in [0-9.]+s" "$scratch/pytest-$label.log" | tail -n 1 | sed "s/^/$label: /"
 }
 pytest_args=("$@")
 run alone KVL_SGLANG_GUARD=
