@@ -11,7 +11,8 @@
 #   #   test/registered/unit/disaggregation/test_deferred_decode_kv_release.py
 #   # that matches 0.5.23 best (docs/sglang.md, "SGLang's own unit tests", says which one and
 #   # how to recognise it: its docstring ends "Device destinations may also release on
-#   # timeout; host destinations require the ack.", 43 tests, 36,958 characters), e.g.
+#   # timeout; host destinations require the ack.", 43 tests, 36,958 characters; the copy run
+#   # here had sha256 229126a6e27cf082cf4db46820fe7b12ba3829a94335b0a55c9d11aefc89f8d2), e.g.
 #   #   git -C sglang show <commit>:test/registered/unit/disaggregation/test_deferred_decode_kv_release.py \
 #   #       > /tmp/sgl-unit/test_deferred_decode_kv_release.py
 #   sglang-tests/run-upstream-unit.sh /tmp/sgl-unit
