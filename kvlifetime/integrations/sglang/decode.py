@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
 import numpy.typing as npt
 
 from kvlifetime import inputs
@@ -49,7 +48,6 @@ from kvlifetime.integrations.sglang.lifecycles import (
     room_id,
     small_int,
 )
-from kvlifetime.source import Source
 
 
 class DecodeCalls(GuardCore):
@@ -198,10 +196,9 @@ class DecodeCalls(GuardCore):
                         "not released; the prefill's per-room count, which the ACK reports, "
                         "cannot tell their chunks apart"
                     )
-                grant = life.grants[rank]
-                ev = TransferCompleted.of(grant, 0)
-                ev = attrs.evolve(ev, source=Source.peer(life.peers[rank]))
-                self.ledger.apply(ev)
+                g = life.grants[rank]
+                src = self._source(life.peers[rank])
+                self.ledger.apply(TransferCompleted(g.id, g.request, g.peer, 0, source=src))
                 life.acked.add(rank)
                 events.append(("sglang_abort_acked", {"key": key, "rank": rank}))
                 self._collect(events)
@@ -225,9 +222,12 @@ class DecodeCalls(GuardCore):
                 if life.phase != "live":
                     raise UsageError(f"{key}: Success after SGLang ended it ({life.phase})")
                 led = self.ledger
+                # Built once each, from the rank's peer (the prefill reported it): not made
+                # local and then copied with the peer's source.
+                src = self._source
                 led.apply_many(
                     [
-                        attrs.evolve(TransferCompleted.of(g, 0), source=Source.peer(life.peers[r]))
+                        TransferCompleted(g.id, g.request, g.peer, 0, source=src(life.peers[r]))
                         for r, g in life.grants.items()
                     ]
                 )

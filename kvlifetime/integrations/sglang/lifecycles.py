@@ -35,6 +35,7 @@ from kvlifetime.integrations.sglang.errors import GuardNotBound
 from kvlifetime.integrations.sglang.events import Events, emit, log_refusal
 from kvlifetime.ledger import BlockLedger
 from kvlifetime.machines import RequestState
+from kvlifetime.source import Source
 
 Role = Literal["decode", "prefill"]
 ROLES: tuple[Role, ...] = ("decode", "prefill")
@@ -43,6 +44,7 @@ ROLES: tuple[Role, ...] = ("decode", "prefill")
 _REMEMBERED = 65536
 _MAX_ROOM = 2**64 - 1  # SGLang rooms are 64-bit integers
 _MAX_SMALL = 2**31 - 1  # ranks, slots, generations: SGLang counts them in ints
+_SOURCES = 4096  # peer sources kept (one per prefill rank seen); the cache starts over beyond
 
 
 @attrs.define(slots=True, eq=False)
@@ -89,6 +91,11 @@ def small_int(value: object, name: str) -> int:
 
 def rank_ids(ranks: object) -> list[int]:
     """The prefill ranks a publish goes to: at least one, no repeat."""
+    if type(ranks) is list and len(ranks) == 1 and type(ranks[0]) is int:
+        # The hooks' case (one prefill rank, a plain int): the checks below, without the walk.
+        r = ranks[0]
+        if 0 <= r <= _MAX_SMALL:
+            return [r]
     if isinstance(ranks, str | bytes) or not isinstance(ranks, Iterable):
         raise InvalidField(f"ranks must be a sequence of ints, got {inputs._show(ranks)}")
     out = [small_int(r, "rank") for r in inputs.materialised(ranks, "ranks")]
@@ -143,6 +150,7 @@ class GuardCore:
         self._completed = 0
         self._duplicates = 0
         self._refused: collections.Counter[str] = collections.Counter()
+        self._sources: dict[str, Source] = {}  # peer id -> Source.peer(peer id), made once
         if ledger_blocks is not None:
             self.bind(ledger_blocks)
 
@@ -200,6 +208,17 @@ class GuardCore:
         if life is None:
             raise UnknownRequest(key)
         return life
+
+    def _source(self, peer: str) -> Source:
+        """``Source.peer(peer)``, made once per peer (frozen: one instance serves every piece of
+        evidence from that peer) rather than once per message."""
+        src = self._sources.get(peer)
+        if src is None:
+            src = Source.peer(peer)
+            if len(self._sources) >= _SOURCES:
+                self._sources.clear()
+            self._sources[peer] = src
+        return src
 
     def _repeat(self, key: object) -> bool:
         """A call about a lifecycle already freed: a duplicate (counted, no-op)."""
