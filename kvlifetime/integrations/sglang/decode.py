@@ -39,7 +39,7 @@ from kvlifetime.errors import (
 )
 from kvlifetime.evidence import PeerLost, TransferCompleted
 from kvlifetime.grant import Access
-from kvlifetime.integrations.sglang.events import Events, emit
+from kvlifetime.integrations.sglang.events import Events, emit, listening
 from kvlifetime.integrations.sglang.lifecycles import (
     GuardCore,
     Lifecycle,
@@ -97,12 +97,18 @@ class DecodeCalls(GuardCore):
                         ("sglang_exposed_slot_reused", {"slot": slot, "key": key, "held_by": other})
                     )
                 self._slots[slot] = key
-                events.append(
-                    (
-                        "sglang_published",
-                        {"key": key, "room": room, "pages": len(life.pages), "ranks": rank_list},
+                if listening():
+                    events.append(
+                        (
+                            "sglang_published",
+                            {
+                                "key": key,
+                                "room": room,
+                                "pages": len(life.pages),
+                                "ranks": rank_list,
+                            },
+                        )
                     )
-                )
                 return key
         except Refusal as r:
             cause = r.__cause__

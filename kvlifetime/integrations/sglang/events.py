@@ -23,6 +23,11 @@ _WARNINGS = frozenset({"sglang_quarantined", "sglang_exposed_slot_reused"})
 _PER_REQUEST = frozenset({"sglang_published", "sglang_sending", "sglang_released"})
 
 
+listening = structlog.is_configured
+"""Whether an event would be logged at all: the per-request events' fields are not even built
+while it is false (structlog unconfigured: the library stays silent and cheap)."""
+
+
 def emit(events: Events) -> None:
     """Log ``events`` (outside the guard's lock), at the level each name has."""
     if not events or not structlog.is_configured():

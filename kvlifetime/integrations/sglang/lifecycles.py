@@ -32,7 +32,7 @@ from kvlifetime import inputs
 from kvlifetime.errors import InvalidField, KVLifetimeError, UnknownRequest, UsageError
 from kvlifetime.grant import Grant
 from kvlifetime.integrations.sglang.errors import GuardNotBound
-from kvlifetime.integrations.sglang.events import Events, emit, log_refusal
+from kvlifetime.integrations.sglang.events import Events, emit, listening, log_refusal
 from kvlifetime.ledger import BlockLedger
 from kvlifetime.machines import RequestState
 from kvlifetime.source import Source
@@ -284,16 +284,22 @@ class GuardCore:
 
     def _end_locked(self, life: Lifecycle, deadline: float, reason: str, events: Events) -> None:
         led = self.ledger
-        led.set_deadline(life.key, deadline)
-        if len(life.acked) == len(life.grants):
+        proven = len(life.acked) == len(life.grants)
+        if proven:
             led.finish(life.key)  # every grant proven over: the normal end
         else:
+            led.set_deadline(life.key, deadline)
             led.reject(life.key, reason=reason)
         life.phase = "held"
         life.reason = reason
         self._held[life.key] = None
-        events.append(("sglang_held", {"key": life.key, "room": life.room, "reason": reason}))
+        if listening():
+            events.append(("sglang_held", {"key": life.key, "room": life.room, "reason": reason}))
         self._collect(events)
+        if proven and life.phase != "released":
+            # Only ``expire`` reads a deadline, and it cannot run before this (the guard's lock):
+            # a lifecycle the collect released (the usual case) needs none.
+            led.set_deadline(life.key, deadline)
         # Suspect already (a lost prefill, a poisoned send): the ledger quarantined it now.
         self._quarantined_now(events, "deadline")
 
@@ -309,7 +315,8 @@ class GuardCore:
             out.append(life.key)
             if life.withheld or self.role == "prefill":
                 self._ready[life.key] = None
-            events.append(("sglang_released", {"key": life.key, "room": life.room}))
+            if listening():
+                events.append(("sglang_released", {"key": life.key, "room": life.room}))
         return out
 
     def _quarantined_now(self, events: Events, why: str) -> list[str]:

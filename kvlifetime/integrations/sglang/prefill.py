@@ -21,7 +21,7 @@ from kvlifetime import inputs
 from kvlifetime.errors import InvalidField, KVLifetimeError, MismatchedEvidence, UsageError
 from kvlifetime.evidence import LeaseExpired, TransferCompleted
 from kvlifetime.grant import Access
-from kvlifetime.integrations.sglang.events import Events, emit
+from kvlifetime.integrations.sglang.events import Events, emit, listening
 from kvlifetime.integrations.sglang.lifecycles import GuardCore, Lifecycle, room_id
 
 LOCAL_ENGINE = "sglang-local-transfer-engine"
@@ -50,7 +50,8 @@ class PrefillCalls(GuardCore):
                         raise
                     life = Lifecycle(new, room, "", {0: g}, {0: LOCAL_ENGINE}, g.blocks, None)
                     self._add(life)
-                    events.append(("sglang_sending", {"key": new, "pages": len(life.pages)}))
+                    if listening():
+                        events.append(("sglang_sending", {"key": new, "pages": len(life.pages)}))
                     return new
                 life = self._life(key)
                 if life.room != room:
