@@ -10,11 +10,8 @@ import time
 from typing import Any
 from unittest import mock
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorBase_V1,
-    KVConnectorMetadata,
-    KVConnectorRole,
-)
+from inert_connector import InertConnector, Meta
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import (
     NixlBaseConnectorWorker,
 )
@@ -43,11 +40,7 @@ class SendLeases:
         self._reqs_to_process.add(request)
 
 
-class Meta(KVConnectorMetadata):
-    pass
-
-
-class ReapingConnector(KVConnectorBase_V1):
+class ReapingConnector(InertConnector):
     def __init__(
         self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None
     ) -> None:
@@ -56,12 +49,6 @@ class ReapingConnector(KVConnectorBase_V1):
         self.notified: set[str] = set()  # consumers said they are done reading
 
     # scheduler side
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
-        return 0, False
-
-    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
-        pass
-
     def build_connector_meta(self, scheduler_output: Any) -> Meta:
         return Meta()
 
@@ -69,19 +56,7 @@ class ReapingConnector(KVConnectorBase_V1):
         params = request.kv_transfer_params or {}
         return bool(params.get("do_remote_decode")) and bool(block_ids), None
 
-    # worker side
-    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        pass
-
-    def wait_for_layer_load(self, layer_name: str) -> None:
-        pass
-
-    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kw: Any) -> None:
-        pass
-
-    def wait_for_save(self) -> None:
-        pass
-
+    # worker side (loading and saving: InertConnector's)
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         w = self.connector_worker
         assert w is not None

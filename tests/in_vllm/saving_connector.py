@@ -14,17 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorBase_V1,
-    KVConnectorMetadata,
-)
+from inert_connector import InertConnector, Meta
 
 
-class Meta(KVConnectorMetadata):
-    pass
-
-
-class SavingConnector(KVConnectorBase_V1):
+class SavingConnector(InertConnector):
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         self.blocks: dict[str, list[int]] = {}  # request -> its blocks, as vLLM reported them
@@ -32,12 +25,6 @@ class SavingConnector(KVConnectorBase_V1):
         self.preempted_while_saving: dict[str, set[int]] = {}  # learnt at build_connector_meta
 
     # scheduler side
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
-        return 0, False
-
-    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
-        pass
-
     def build_connector_meta(self, scheduler_output: Any) -> Meta:
         for req_id in scheduler_output.preempted_req_ids or ():
             if req_id in self.saving:
@@ -69,15 +56,4 @@ class SavingConnector(KVConnectorBase_V1):
         # A save still reading the blocks: vLLM keeps them until finished_sending.
         return request.request_id in self.saving, None
 
-    # worker side (not driven: the scenario runs the scheduler only)
-    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        pass
-
-    def wait_for_layer_load(self, layer_name: str) -> None:
-        pass
-
-    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kw: Any) -> None:
-        pass
-
-    def wait_for_save(self) -> None:
-        pass
+    # worker side: InertConnector's (not driven: the scenario runs the scheduler only)
