@@ -41,7 +41,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -50,9 +49,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from bench import vllm_common as common
+from bench import common
 
 TARGET = 1.05
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,19 +69,12 @@ def _rig() -> Any:
 
 
 def machine() -> dict[str, Any]:
-    import numpy as np
     import sglang
     import torch
 
-    return {
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "torch": torch.__version__,
-        "sglang": sglang.__version__,
-        "loadavg": list(os.getloadavg()),
-    }
+    return common.machine(
+        torch=torch.__version__, sglang=sglang.__version__, loadavg=list(os.getloadavg())
+    )
 
 
 class Span:
@@ -170,6 +162,55 @@ def _guard_clean(guard: Any, n: int, what: str) -> dict[str, Any]:
     return out
 
 
+class _SideBench:
+    """What both sides' benches share: the rig's side, its requests, the guard of a round, the
+    check that a round gave back every page, request slot and metadata slot."""
+
+    side: Any
+    pages: int
+    room: int
+    initial: tuple[int, int, int]
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        """After ``_rig()`` (it sets the environment SGLang reads, before the guard imports it)."""
+        from kvlifetime.integrations import sglang as kv_sglang
+
+        self.kv_sglang = kv_sglang
+        self.args = args
+        self.n = max(args.requests_list)
+
+    def _free(self) -> tuple[int, int, int]:
+        s = self.side
+        return (
+            int(s.allocator.available_size()),
+            int(s.req_pool.available_size()),
+            int(s.meta_alloc.available_size()),
+        )
+
+    def _admit(self, n: int, prefix: str) -> list[str]:
+        """``n`` new requests admitted to the side, rooms counted on from the last round's."""
+        rids = []
+        for _ in range(n):
+            self.room += 1
+            rid = f"{prefix}{self.room}"
+            self.side.admit(rid, self.room, self.args.tokens)
+            rids.append(rid)
+        return rids
+
+    def _install(
+        self, role: Literal["decode", "prefill"], guarded: bool, timer: bool
+    ) -> tuple[Any | None, GuardTimer | None]:
+        """The round's guard (None alone) and, with ``timer``, its methods timed."""
+        guard = self.kv_sglang.install(role=role, ledger_blocks=self.pages) if guarded else None
+        return guard, (GuardTimer(guard) if timer and guard is not None else None)
+
+    def _check_back(self, what: str) -> None:
+        if self._free() != self.initial:
+            raise SystemExit(
+                f"{what}: pool not back after the round: {self._free()} {self.initial}"
+            )
+
+
 # ====================================================================== decode
 
 
@@ -218,16 +259,12 @@ def _register_prefill(bootstrap_port: int, rank_port: int) -> None:
     r.raise_for_status()
 
 
-class DecodeBench:
+class DecodeBench(_SideBench):
     def __init__(self, args: argparse.Namespace) -> None:
         rig = _rig()
+        super().__init__(args)
         from sglang.srt.disaggregation.mooncake.conn import MooncakeKVBootstrapServer
 
-        from kvlifetime.integrations import sglang as kv_sglang
-
-        self.kv_sglang = kv_sglang
-        self.args = args
-        self.n = max(args.requests_list)
         port = _free_port()
         self.server = MooncakeKVBootstrapServer("127.0.0.1", port)
         self.endpoint = _PrefillEndpoint()
@@ -248,14 +285,6 @@ class DecodeBench:
         self.release_kv_cache = release_kv_cache
         self.room = 0
         self.initial = self._free()
-
-    def _free(self) -> tuple[int, int, int]:
-        s = self.side
-        return (
-            int(s.allocator.available_size()),
-            int(s.req_pool.available_size()),
-            int(s.meta_alloc.available_size()),
-        )
 
     def _ticks_until(self, done: Callable[[], bool], what: str) -> tuple[Span, int]:
         """Tick until ``done()``; (time in ``process_decode_queue``, ticks). Collector off."""
@@ -279,15 +308,9 @@ class DecodeBench:
         """``n`` requests admitted, published, transferred; the figures of the round."""
         s = self.side
         tq, meta, mgr = s.transfer_queue, s.meta, s.prealloc_queue.kv_manager
-        guard = self.kv_sglang.install(role="decode", ledger_blocks=self.pages) if guarded else None
-        gt = GuardTimer(guard) if timer and guard is not None else None
+        guard, gt = self._install("decode", guarded, timer)
         try:
-            rids = []
-            for _ in range(n):
-                self.room += 1
-                rid = f"d{self.room}"
-                s.admit(rid, self.room, self.args.tokens)
-                rids.append(rid)
+            rids = self._admit(n, "d")
             pub_ns, pub_ticks = self._ticks_until(lambda: len(tq.queue) == n, "publishing")
             # The transfer, simulated: what the prefill's aux write and its status message leave.
             published = list(tq.queue)
@@ -316,10 +339,7 @@ class DecodeBench:
         s.sched.waiting_queue.clear()
         s.reqs.clear()
         s.pages.clear()
-        if self._free() != self.initial:
-            raise SystemExit(
-                f"decode: pool not back after the round: {self._free()} {self.initial}"
-            )
+        self._check_back("decode")
         out = {
             "tick": Span.total(pub_ns, xfer_ns),
             "publish": pub_ns.plain(),
@@ -335,15 +355,12 @@ class DecodeBench:
 # ====================================================================== prefill
 
 
-class PrefillBench:
+class PrefillBench(_SideBench):
     def __init__(self, args: argparse.Namespace) -> None:
         rig = _rig()
-        from kvlifetime.integrations import sglang as kv_sglang
+        super().__init__(args)
         from kvlifetime.integrations.sglang import hooks
 
-        self.kv_sglang = kv_sglang
-        self.args = args
-        self.n = max(args.requests_list)
         pool = self.n * args.tokens + 64
         self.side = rig.PrefillSide(
             {"bootstrap_port": _free_port(), "pool_tokens": pool, "max_reqs": self.n}, None
@@ -357,45 +374,12 @@ class PrefillBench:
         self.room = 10**9  # apart from the decode's rooms (another process anyway)
         self.initial = self._free()
 
-    def _free(self) -> tuple[int, int, int]:
-        s = self.side
-        return (
-            int(s.allocator.available_size()),
-            int(s.req_pool.available_size()),
-            int(s.meta_alloc.available_size()),
-        )
-
-    def _forward(self, req: Any) -> None:
-        """The rig's forward without the page fill: KV row allocated, first token; SGLang's
-        ``send_kv_chunk`` (timed by the caller) hands the pages to the transfer path."""
-        s = self.side
-        n = len(req.origin_input_ids)
-        s.req_pool.alloc([req])
-        loc = s.allocator.alloc(n)
-        assert loc is not None, "prefill pool full"
-        s.req_pool.write((req.kv.req_pool_idx, slice(0, n)), loc)
-        req.kv.kv_committed_len = n
-        req.kv.kv_allocated_len = n
-        req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
-        req.prefix_len = 0
-        req.extend_end = n
-        req.output_ids.append(int(req.origin_input_ids[-1]) % 1000)
-        req.disagg_kv_sender.supports_host_tensor_indices = False
-
     def round(self, n: int, guarded: bool, timer: bool = False) -> dict[str, Any]:
         s = self.side
         sched, mgr = s.sched, s.mgr
-        guard = (
-            self.kv_sglang.install(role="prefill", ledger_blocks=self.pages) if guarded else None
-        )
-        gt = GuardTimer(guard) if timer and guard is not None else None
+        guard, gt = self._install("prefill", guarded, timer)
         try:
-            reqs = []
-            for _ in range(n):
-                self.room += 1
-                rid = f"p{self.room}"
-                s.admit(rid, self.room, self.args.tokens)
-                reqs.append(s.reqs[rid])
+            reqs = [s.reqs[rid] for rid in self._admit(n, "p")]
             # The decode's metadata arrived for every room (its Mooncake thread's update).
             for req in reqs:
                 mgr.update_status(req.bootstrap_room, self.KVPoll.WaitingForInput)
@@ -410,7 +394,8 @@ class PrefillBench:
             try:
                 send, inflight, concluding = Span(), Span(), Span()
                 for req in popped:
-                    self._forward(req)
+                    # The rig's forward bar the page fill; send_kv_chunk timed apart.
+                    s.allocate_forward(req)
                     send.time(self.mixin.send_kv_chunk, sched, req, last_chunk=True)
                     sched.disagg_prefill_inflight_queue.append(req)
                 poll = self.mixin.process_disagg_prefill_inflight_queue
@@ -432,10 +417,7 @@ class PrefillBench:
             if guarded:
                 self.kv_sglang.uninstall()
         s.reqs.clear()
-        if self._free() != self.initial:
-            raise SystemExit(
-                f"prefill: pool not back after the round: {self._free()} {self.initial}"
-            )
+        self._check_back("prefill")
         out = {
             "tick": Span.total(inflight, concluding),
             "inflight": inflight.plain(),

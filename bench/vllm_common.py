@@ -1,5 +1,6 @@
 """What the vLLM benchmarks share: the environment vLLM needs on a CPU machine with the hub
-offline, interleaved rounds with ratios taken within a round, the figures' JSON.
+offline, interleaved rounds with ratios taken within a round; the machine, the figures' JSON and
+the table are ``bench.common``'s (named here too), which the SGLang bench shares.
 
 Importing this module sets the environment (before vLLM is imported) and writes the offline
 Hugging Face cache if it is missing (``vllm-tests/write-hf-cache.py``: opt-125m's config, no
@@ -10,15 +11,17 @@ weights), as ``tests/in_vllm/conftest.py`` does. Run the benchmarks with the vLL
 from __future__ import annotations
 
 import gc
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from bench import common
+from bench.common import table as table
+from bench.common import write_json as write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,17 +42,10 @@ def write_hf_cache() -> None:
 
 
 def machine() -> dict[str, Any]:
-    """What the figures were measured on (they are ratios; the absolute times are this box's)."""
-    import numpy as np
+    """What the figures were measured on (``bench.common.machine``) and vLLM's version."""
     import vllm
 
-    return {
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "vllm": vllm.__version__,
-    }
+    return common.machine(vllm=vllm.__version__)
 
 
 def quiet_run(fn: Callable[[], Any]) -> Any:
@@ -85,22 +81,3 @@ def interleaved(
             "ratio_max": max(ratios),
         }
     return out
-
-
-def write_json(path: Path | None, report: Mapping[str, Any]) -> None:
-    if path is None:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-
-def table(rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned first column, the others right-aligned."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for r in rows:
-        cells = [r[0].ljust(widths[0])] + [
-            c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)
-        ]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)

@@ -1,0 +1,44 @@
+"""What every engine benchmark (``bench.vllm_*``, ``bench.sglang_cost``) shares and that needs
+no engine imported: the machine the figures were measured on, the figures' JSON, the table."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def machine(**engine: Any) -> dict[str, Any]:
+    """What the figures were measured on (they are ratios; the absolute times are this box's):
+    the processor, cores, Python and numpy, then ``engine`` (the caller's versions, and more)."""
+    import numpy as np
+
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        **engine,
+    }
+
+
+def write_json(path: Path | None, report: Mapping[str, Any]) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned first column, the others right-aligned."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for r in rows:
+        cells = [r[0].ljust(widths[0])] + [
+            c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
