@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import structlog
 
-from kvlifetime.integrations.vllm import PROFILE, ConnectorGuard
+from kvlifetime.grant import Access
+from kvlifetime.integrations.vllm import PROFILE, ConnectorGuard, Load, Phase
 from kvlifetime.machines import RequestState
 from kvlifetime.profiles import profile
 
@@ -315,3 +316,60 @@ def test_a_landed_load_reported_again_while_vllm_runs_the_request_is_a_duplicate
     assert g.output(None, {"d1"}).finished_recving == set()
     assert g.output({"x"}, {"d1"}).finished_recving == set()
     assert g.stats().dropped == {"duplicate_id": 2, "unknown_id": 1}
+
+
+def test_one_record_per_request_walks_running_ended_ready_then_is_forgotten() -> None:
+    g = ConnectorGuard(16)
+    g.admitted("p1")
+    view = g.request("p1")
+    assert view is not None and (view.phase, view.load, view.read) == (
+        Phase.RUNNING,
+        Load.NONE,
+        None,
+    )
+    assert g.finished("p1", (1, 2), delay=True, aborted=False) is True
+    view = g.request("p1")
+    assert view is not None and view.phase is Phase.ENDED and view.read is not None
+    assert view.read.access is Access.READ and sorted(view.read.blocks.tolist()) == [1, 2]
+    g.output(None, None, lease_reaped=frozenset({"p1"}))
+    view = g.request("p1")
+    assert view is not None and view.lease_reaped and view.phase is Phase.ENDED
+    g.revoke("fence")
+    view = g.request("p1")
+    assert view is not None and (view.phase, view.read) == (Phase.READY, None)
+    assert g.take_released() == {"p1"}
+    assert g.request("p1") is None and list(g.requests()) == []
+
+
+def test_a_load_record_walks_in_flight_failed_held_fenced_received() -> None:
+    g = ConnectorGuard(16)
+    _loading(g, "d1", (4, 5))
+
+    def load() -> Load:
+        view = g.request("d1")
+        assert view is not None and view.phase is Phase.RUNNING
+        return view.load
+
+    assert load() is Load.IN_FLIGHT
+    g.output(None, None, failed_recving={"d1"})
+    assert load() is Load.FAILED
+    g.output(None, {"d1"})
+    assert load() is Load.RECEIVE_HELD
+    g.revoke("fence")
+    assert load() is Load.FENCED
+    assert g.take_fenced_loads() == {"d1"}
+    assert load() is Load.RECEIVED
+    assert g.finished("d1", (4, 5), delay=False, aborted=False) is False
+    assert g.request("d1") is None  # vLLM frees it now: the record is gone
+
+
+def test_a_receive_for_a_released_id_not_yet_handed_back_is_not_passed_twice() -> None:
+    # Between a fence and the next step the ended request is READY: a stray receive for it
+    # would be a second free of the same id in one output (vLLM asserts the id is held).
+    g = ConnectorGuard(16)
+    _exposed(g)
+    g.output(None, None, lease_reaped=frozenset({"p1"}))
+    g.revoke("fence")
+    back = g.output(None, {"p1"})
+    assert back.finished_sending == {"p1"} and back.finished_recving == set()
+    assert g.stats().dropped == {"wrong_channel": 1}

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvlifetime.integrations.vllm.guard import ConnectorGuard, GuardStats, Handback
+from kvlifetime.integrations.vllm.guard import (
+    ConnectorGuard,
+    GuardStats,
+    Handback,
+    Load,
+    Phase,
+    RequestView,
+)
 from kvlifetime.integrations.vllm.signals import PROFILE
 
 __all__ = [
@@ -17,6 +24,9 @@ __all__ = [
     "GuardStats",
     "GuardedConnector",
     "Handback",
+    "Load",
+    "Phase",
+    "RequestView",
     "guarded_class",
 ]
 

@@ -50,13 +50,19 @@ What it cannot see:
 - whether a reported transfer really ended: a membership is taken as the evidence of
   ``signals.PROFILE`` and nothing more.
 
+The guard keeps one record per request (``_Record``): its phase (``Phase``: running ->
+ended -> ready, or finished with nothing exposed), its READ and WRITE grants and what became of
+its load (``Load``). Forgetting a request is deleting its record; ``request`` / ``requests``
+show them.
+
 This module is sans-IO: ``connector.py`` calls it from vLLM's hooks; tests drive it directly.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable, Set
+import enum
+from collections.abc import Callable, Iterable, Iterator, Set
 
 import attrs
 import numpy as np
@@ -71,6 +77,71 @@ _log = structlog.get_logger("kvlifetime.vllm")
 
 # How many handed-back ids are remembered to tell a duplicate from an unknown id.
 _REMEMBERED = 65536
+
+
+class Phase(enum.Enum):
+    """Where a request is, as the guard has seen vLLM's hooks and the ledger's verdicts."""
+
+    RUNNING = "running"  # vLLM runs it (not finished); it may be loading
+    # vLLM finished it with nothing exposed: it frees the blocks when the inner connector said
+    # (at once, or on an id the guard passes through unchanged).
+    FINISHED = "finished"
+    # vLLM finished it and keeps its blocks because the guard delayed the free: an exposure is
+    # unproven (waiting for proof, or quarantined). Its id reaches vLLM only on release.
+    ENDED = "ended"
+    # The ledger released it: its id goes to vLLM at the next scheduler step or output, once
+    # (then the record is forgotten and the id remembered as handed back).
+    READY = "ready"
+
+
+class Load(enum.Enum):
+    """What became of the request's asynchronous KV load (its WRITE exposure)."""
+
+    NONE = "none"  # no asynchronous load since vLLM last started one (or the request ended)
+    IN_FLIGHT = "in_flight"  # the WRITE grant is open: the load may still land
+    # Reported failed (failed_recving / invalid_block_ids): LeaseExpired on the WRITE grant;
+    # nothing proves what still lands.
+    FAILED = "failed"
+    # Failed, and its finished_recving came while vLLM runs the request: withheld (vLLM would
+    # free the blocks or recompute into them on it) until a fence closes the grant.
+    RECEIVE_HELD = "receive_held"
+    # A fence ended the held failed load: its receive goes to vLLM at the next step, once.
+    FENCED = "fenced"
+    # vLLM was handed this load's finished_recving: another one is a duplicate.
+    RECEIVED = "received"
+
+
+@attrs.define(slots=True, eq=False)
+class _Record:
+    """One request the guard knows of: its phase, its exposures, its load. Forgetting the
+    request is deleting this record (``ConnectorGuard._forget``); only a record without an
+    exposure is ever forgotten."""
+
+    phase: Phase = Phase.RUNNING
+    read: Grant | None = None  # READ grant the ledger tracks: a remote reader has the block ids
+    lease_reaped: bool = False  # the worker reaped the read's lease: only a fence ends it
+    write: Grant | None = None  # WRITE grant the ledger tracks: an asynchronous load
+    load: Load = Load.NONE  # FAILED / RECEIVE_HELD only with a write grant
+
+    @property
+    def exposed(self) -> bool:
+        return self.read is not None or self.write is not None
+
+    @property
+    def load_failed(self) -> bool:
+        return self.load is Load.FAILED or self.load is Load.RECEIVE_HELD
+
+
+@attrs.frozen(slots=True)
+class RequestView:
+    """One request as the guard holds it (``ConnectorGuard.request``): introspection."""
+
+    request: str
+    phase: Phase
+    load: Load
+    read: Grant | None  # the READ grant the ledger still tracks
+    write: Grant | None  # the WRITE grant the ledger still tracks
+    lease_reaped: bool
 
 
 @attrs.frozen(slots=True)
@@ -109,27 +180,26 @@ class ConnectorGuard:
     ) -> None:
         self.ledger = BlockLedger(num_blocks, counts="engine", incarnation=incarnation)
         self.peer = peer
-        self._live: set[str] = set()
-        self._reads: dict[str, Grant] = {}  # request id -> open READ grant (a remote reader)
-        self._writes: dict[str, Grant] = {}  # request id -> WRITE grant (an async load)
+        # Every request the guard knows of, one record each (see ``_Record``).
+        self._requests: dict[str, _Record] = {}
         # Whether vLLM still holds a request (its scheduler's own table, where the connector
-        # found it); otherwise the guard's own view: on_new_request until vLLM frees it.
-        self.holds: Callable[[str], bool] = holds if holds is not None else self._live.__contains__
+        # found it); otherwise the guard's own view: a record, from on_new_request until vLLM
+        # frees the request.
+        self.holds: Callable[[str], bool] = (
+            holds if holds is not None else self._requests.__contains__
+        )
         # Where vLLM's scheduler has the request (bound by the connector from its request
         # table): None (not held), "finished", "waiting_for_remote_kvs" or "running". vLLM frees
         # blocks on an id only for a finished request (it asserts is_finished()); a receive for
         # a request waiting for remote KVs is how a load completes. Unbound: not checked.
         self.phase: Callable[[str], str | None] | None = phase
-        self._ended: dict[str, None] = {}  # ended requests vLLM keeps until the guard says
-        self._ready: dict[str, None] = {}  # released, to hand back at the next output
-        self._recv_seen: set[str] = set()  # live requests whose finished_recving was passed
-        self._load_failed: set[str] = set()
-        # Live requests whose load failed: their finished_recving is withheld (vLLM would free
-        # or recompute into the blocks on it) until a fence closes the WRITE grant; then it is
-        # handed to vLLM once (_fenced_loads), at the next scheduler step or output.
-        self._held_recv: dict[str, None] = {}
-        self._fenced_loads: dict[str, None] = {}
-        self._reaped_ids: set[str] = set()  # exposed requests whose lease a worker reaped
+        # What the next scheduler step or output hands vLLM (each id once), in order: the
+        # requests in phase READY, and those whose load is FENCED. Kept beside the records so
+        # that a step with nothing to hand back costs nothing.
+        self._to_hand: dict[str, None] = {}
+        self._fenced: dict[str, None] = {}
+        self._writes_tracked = 0  # records with a WRITE grant (a step with none skips a check)
+        # Forgotten requests whose ids vLLM was handed (to tell a duplicate from an unknown id).
         self._handed: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._handed_back = 0
         self._reaped = 0
@@ -140,7 +210,8 @@ class ConnectorGuard:
 
     def admitted(self, request: str) -> None:
         """``on_new_request``: vLLM holds the request from now until it frees it."""
-        self._live.add(request)
+        if request not in self._requests:
+            self._requests[request] = _Record()
 
     def allocated(
         self, request: str, block_ids: Iterable[int], num_external_tokens: int, load_async: bool
@@ -151,15 +222,17 @@ class ConnectorGuard:
         synchronous load lands inside the step, ordered by vLLM itself: no grant."""
         if num_external_tokens <= 0 or not load_async:
             return
-        self._recv_seen.discard(request)  # a new load (first, or after a preemption)
+        rec = self._record(request)
+        if rec.load is Load.RECEIVED:
+            rec.load = Load.NONE  # a new load (first, or after a preemption)
         ids = np.fromiter(block_ids, dtype=np.int64)
         if len(ids) == 0:
             return
         try:
             # One call, all or nothing: a refused grant leaves no hold behind in the ledger.
-            self._writes[request] = self.ledger.acquire_and_grant(
-                request, ids, self.peer, Access.WRITE
-            )
+            write = self.ledger.acquire_and_grant(request, ids, self.peer, Access.WRITE)
+            self._writes_tracked += rec.write is None
+            rec.write, rec.load = write, Load.IN_FLIGHT
         except KVLifetimeError as e:
             # vLLM handed out a block that another request's transfer may still touch: the
             # guard cannot stop vLLM here, so it says so (and the ledger changed nothing).
@@ -172,7 +245,7 @@ class ConnectorGuard:
         (``exposed_block_reused``); the guard cannot take it back. (A block under READ grants
         only may be a prefix-cache hit, which is allowed.)"""
         ids = np.fromiter(block_ids, dtype=np.int64)
-        if len(ids) == 0 or not self._writes:
+        if len(ids) == 0 or not self._writes_tracked:
             return
         try:
             hit = ids[self.ledger.open_access(ids) == 2]
@@ -189,26 +262,30 @@ class ConnectorGuard:
         ``delay`` is the inner connector's answer (a remote reader has the block ids: READ
         grant). A request with an exposure still unproven is delayed whatever the inner said.
         """
-        self._recv_seen.discard(request)
-        # An ended request whose failed load was held: a fence hands it back as an ended one.
-        self._held_recv.pop(request, None)
+        rec = self._requests.get(request)
+        if rec is not None:
+            if rec.load is Load.RECEIVED:
+                rec.load = Load.NONE
+            elif rec.load is Load.RECEIVE_HELD:
+                # An ended request's failed load: withheld and quarantined as ended, and a fence
+                # hands it back as an ended one.
+                rec.load = Load.FAILED
         if delay:
             ids = np.fromiter(block_ids, dtype=np.int64)
             if len(ids):
-                self._expose_read(request, ids)
-        if request not in self._reads and request not in self._writes:
-            if not delay:
-                self._live.discard(request)  # vLLM frees it now
+                rec = self._expose_read(request, ids)
+        if rec is None or not rec.exposed:
+            if rec is not None:
+                self._finished_unexposed(request, rec, delay)
             return delay  # nothing exposed: the inner connector's answer stands
         if not self._end(request, aborted):
             return delay
-        if request not in self._reads:  # (an open READ grant: not releasable yet)
-            self._collect()  # not in _ended yet: released here means "free it now"
-            if request not in self._writes:
-                if not delay:
-                    self._live.discard(request)
+        if rec.read is None:  # (an open READ grant: not releasable yet)
+            self._collect()  # not ENDED yet: released here means "free it now"
+            if rec.write is None:
+                self._finished_unexposed(request, rec, delay)
                 return delay
-        self._ended[request] = None
+        rec.phase = Phase.ENDED
         return True
 
     def output(
@@ -221,35 +298,36 @@ class ConnectorGuard:
         lease_reaped: Set[str] = frozenset(),
     ) -> Handback:
         """``update_connector_output``: apply what the output proves; return what vLLM sees."""
-        for request in self._failed_loads(failed_recving, invalid_block_ids):
-            self._expire(self._writes[request], "load_failed")
-            self._load_failed.add(request)
+        for loading, write in self._failed_loads(failed_recving, invalid_block_ids):
+            self._expire(write, "load_failed")
+            loading.load = Load.FAILED
             self._failed += 1
         for request in lease_reaped:
-            read = self._reads.get(request)
-            if read is not None and request not in self._reaped_ids:
-                self._expire(read, "lease_reaped")
-                self._reaped_ids.add(request)
+            rec = self._requests.get(request)
+            if rec is not None and rec.read is not None and not rec.lease_reaped:
+                self._expire(rec.read, "lease_reaped")
+                rec.lease_reaped = True
                 self._reaped += 1
         applied = False  # evidence that may have made an ended request releasable
         recving: set[str] = set()
         passed: set[str] = set()  # ids the guard has no exposure for, vLLM still holds
         for request in finished_recving or ():
-            if request in self._recv_seen:
+            rec = self._requests.get(request)
+            if rec is not None and rec.load is Load.RECEIVED:
                 self._drop("duplicate_id", request)
                 continue
-            if request not in self._writes:
-                if self._guarded(request):
+            if rec is None or rec.write is None:
+                if rec is not None and self._guarded(rec):
                     # A READ exposure (or a withheld request): a receive proves nothing about
                     # a remote read. The id reaches vLLM only once the ledger releases it.
                     self._drop("wrong_channel", request)
                     continue
                 if self._passed_through(request, recving, receive=True):
-                    self._recv_seen.add(request)
+                    self._received(request)
                 continue
-            live = request not in self._ended
-            if request not in self._load_failed:
-                self._complete(self._writes[request])
+            live = rec.phase is not Phase.ENDED
+            if not rec.load_failed:
+                self._complete(rec.write)
                 applied = True
                 if live:
                     # The load landed: that exposure is over. Its record ends here; vLLM's
@@ -262,30 +340,31 @@ class ConnectorGuard:
                 # A live request's failed load (kv_load_failure_policy="recompute"): on this
                 # receive vLLM frees the blocks or recomputes into them, while the failed
                 # transfer proves nothing about what still lands. Held until a fence.
-                self._hold_failed_load(request)
+                self._hold_failed_load(request, rec)
                 continue
             if live:
-                self._recv_seen.add(request)
+                rec.load = Load.RECEIVED
                 recving.add(request)
         # The step's remote reads that ended: every proof in one apply_many (each applied or
         # refused on its own, as one apply each would be).
         sent: list[TransferCompleted] = []
         for request in finished_sending or ():
-            if request in self._reaped_ids:
+            rec = self._requests.get(request)
+            if rec is not None and rec.lease_reaped:
                 # Withheld: a reaped lease is not a completion. A later membership is another
                 # tensor-parallel rank's report (vLLM merges them) or a repeat: it does not
                 # prove the reaped rank's reads over either. Only a fence (revoke) ends it.
                 continue
-            if request not in self._reads:
-                if self._guarded(request):
+            if rec is None or rec.read is None:
+                if rec is not None and self._guarded(rec):
                     # A WRITE exposure only (a load in flight, or a failed one withheld): a
                     # send proves nothing about it. Handed back once the ledger releases it.
                     self._drop("wrong_channel", request)
                     continue
                 if self._passed_through(request, passed, receive=False):
-                    self._live.discard(request)  # vLLM frees it on this id
+                    self._forget(request)  # vLLM frees it on this id
                 continue
-            sent.append(TransferCompleted.of(self._reads[request], 0))
+            sent.append(TransferCompleted.of(rec.read, 0))
         if sent:
             for refusal in self.ledger.apply_many(sent).refused:
                 ev = sent[refusal.position]
@@ -300,11 +379,13 @@ class ConnectorGuard:
         once). ``output`` returns them; the connector also takes them at every scheduler step
         (``build_connector_meta``), so a fence takes effect even when the model runner returns
         no connector output (an idle single-worker engine: ``EMPTY_MODEL_RUNNER_OUTPUT``)."""
-        released = set(self._ready)
-        self._ready.clear()
+        if not self._to_hand:
+            return set()
+        released = set(self._to_hand)
+        self._to_hand.clear()
         for request in released:
+            self._forget(request)
             self._remember(request)
-            self._live.discard(request)
         self._handed_back += len(released)
         return released
 
@@ -312,9 +393,12 @@ class ConnectorGuard:
         """The live requests whose failed load a fence has ended: their withheld receive, for
         vLLM to go on as its failure policy says (each once). ``output`` returns them in
         ``finished_recving``; the connector also takes them at every scheduler step."""
-        fenced = set(self._fenced_loads)
-        self._fenced_loads.clear()
-        self._recv_seen.update(fenced)
+        if not self._fenced:
+            return set()
+        fenced = set(self._fenced)
+        self._fenced.clear()
+        for request in fenced:
+            self._received(request)
         return fenced
 
     # ------------------------------------------------------------------ the way out
@@ -326,45 +410,89 @@ class ConnectorGuard:
         requests released and the live ones whose held failed load the fence ended."""
         self.ledger.apply(AccessRevoked(self.peer, fence=fence))
         released = self._collect()
-        fenced = [r for r in self._held_recv if not self.ledger.open_grants(r)]
+        fenced = [
+            r
+            for r, rec in self._requests.items()
+            if rec.load is Load.RECEIVE_HELD and not self.ledger.open_grants(r)
+        ]
         for request in fenced:
-            del self._held_recv[request]
             # The exposure is over (fenced): its record ends, as a landed load's does; vLLM's
             # counts keep the blocks for the request until its recovery frees them.
+            self._requests[request].load = Load.FENCED
             self._end(request, aborted=False)
-            self._fenced_loads[request] = None
+            self._fenced[request] = None
         if fenced:
             self._collect()
         return released | set(fenced)
 
     def stats(self) -> GuardStats:
+        recs = self._requests.values()
         return GuardStats(
             ledger=self.ledger.stats(),
-            exposed=len(self._reads.keys() | self._writes.keys()),
-            withheld=len(self._ended),
+            exposed=sum(rec.exposed for rec in recs),
+            withheld=sum(rec.phase is Phase.ENDED for rec in recs),
             handed_back=self._handed_back,
             lease_reaped=self._reaped,
             load_failed=self._failed,
-            failed_loads_held=len(self._held_recv),
+            failed_loads_held=sum(rec.load is Load.RECEIVE_HELD for rec in recs),
             dropped=dict(self._dropped),
         )
 
+    def request(self, request: str) -> RequestView | None:
+        """The guard's record of one request (None: the guard holds none for it)."""
+        rec = self._requests.get(request)
+        if rec is None:
+            return None
+        return RequestView(request, rec.phase, rec.load, rec.read, rec.write, rec.lease_reaped)
+
+    def requests(self) -> Iterator[RequestView]:
+        """Every request the guard holds a record of, oldest first."""
+        for request in list(self._requests):
+            view = self.request(request)
+            if view is not None:
+                yield view
+
     # ------------------------------------------------------------------ internals
 
-    def _expose_read(self, request: str, ids: np.ndarray) -> None:
+    def _record(self, request: str) -> _Record:
+        rec = self._requests.get(request)
+        if rec is None:
+            # A request vLLM holds that the guard was not told of (its table is the truth).
+            rec = self._requests[request] = _Record()
+        return rec
+
+    def _expose_read(self, request: str, ids: np.ndarray) -> _Record:
+        rec = self._record(request)
         try:
-            if request not in self._writes:  # the common case: nothing held yet
-                self._reads[request] = self.ledger.acquire_and_grant(
-                    request, ids, self.peer, Access.READ
-                )
-                return
+            if rec.write is None:  # the common case: nothing held yet
+                rec.read = self.ledger.acquire_and_grant(request, ids, self.peer, Access.READ)
+                return rec
             held = self.ledger.blocks_of(request)
             new = np.setdiff1d(ids, held, assume_unique=True)
             if len(new):
                 self.ledger.acquire(request, new)
-            self._reads[request] = self.ledger.grant(request, self.peer, ids, Access.READ)
+            rec.read = self.ledger.grant(request, self.peer, ids, Access.READ)
         except KVLifetimeError as e:
             self._refused("exposed_block_reused", request, e)
+        return rec
+
+    def _finished_unexposed(self, request: str, rec: _Record, delay: bool) -> None:
+        """vLLM finished a request the guard holds no exposure of: it frees it now (``delay``
+        false; unless a fenced receive is still to reach it, which vLLM waits for), or keeps it
+        as the inner connector asked."""
+        if delay or rec.load is Load.FENCED:
+            rec.phase = Phase.FINISHED
+        else:
+            self._forget(request)
+
+    def _received(self, request: str) -> None:
+        """vLLM was handed the request's receive: a running request's load is over (a repeat
+        is a duplicate); a finished one is freed on it."""
+        rec = self._record(request)
+        if rec.phase is Phase.FINISHED and not rec.exposed:
+            self._forget(request)
+        else:
+            rec.load = Load.RECEIVED
 
     def _end(self, request: str, aborted: bool) -> bool:
         try:
@@ -377,33 +505,44 @@ class ConnectorGuard:
             return False
         return True
 
-    def _hold_failed_load(self, request: str) -> None:
-        if request in self._held_recv:
+    def _hold_failed_load(self, request: str, rec: _Record) -> None:
+        if rec.load is Load.RECEIVE_HELD:
             self._drop("duplicate_id", request)  # the worker reported the receive again
             return
-        self._held_recv[request] = None
+        rec.load = Load.RECEIVE_HELD
         _log.warning(
             "vllm_failed_load_held",
             request=request,
             why="a failed load proves nothing about what still lands; held until a fence",
         )
 
-    def _failed_loads(self, failed: Iterable[str], invalid: Iterable[int]) -> list[str]:
-        out = [r for r in failed if r in self._writes and r not in self._load_failed]
+    def _failed_loads(
+        self, failed: Iterable[str], invalid: Iterable[int]
+    ) -> list[tuple[_Record, Grant]]:
+        """The loads the output reports failed (each once, with its WRITE grant): by request
+        id, or by a block of their WRITE grant in ``invalid``."""
+        out: dict[str, tuple[_Record, Grant]] = {}
+        for request in failed:
+            rec = self._requests.get(request)
+            if rec is not None and rec.write is not None and not rec.load_failed:
+                out[request] = (rec, rec.write)
         bad = np.fromiter(invalid, dtype=np.int64)
         if len(bad):
-            for request, g in self._writes.items():
+            for request, rec in self._requests.items():
                 if (
-                    request not in self._load_failed
+                    rec.write is not None
+                    and not rec.load_failed
                     and request not in out
-                    and np.isin(g.blocks, bad).any()
+                    and np.isin(rec.write.blocks, bad).any()
                 ):
-                    out.append(request)
-        return out
+                    out[request] = (rec, rec.write)
+        return list(out.values())
 
-    def _guarded(self, request: str) -> bool:
-        """The guard holds an exposure for the request (of either kind) or withholds it."""
-        return request in self._reads or request in self._writes or request in self._ended
+    @staticmethod
+    def _guarded(rec: _Record) -> bool:
+        """The guard holds an exposure for the request (of either kind), withholds it, or has
+        its id to hand back."""
+        return rec.exposed or rec.phase is Phase.ENDED or rec.phase is Phase.READY
 
     def _passed_through(self, request: str, into: set[str], *, receive: bool) -> bool:
         """An id with no exposure: vLLM's own business while vLLM holds the request and the
@@ -434,22 +573,28 @@ class ConnectorGuard:
             self._refused("evidence_refused", str(grant.request), e)
 
     def _collect(self) -> set[str]:
-        released = self.ledger.collect_releasable()
+        """What the ledger released: the exposures end; an ENDED request becomes READY (its id
+        goes to vLLM at the next step or output); a running one goes on."""
         out: set[str] = set()
-        for key in released:
+        for key in self.ledger.collect_releasable():
             request = str(key)
-            if request in self._ended:
-                self._ready[request] = None
+            rec = self._requests.get(request)
+            if rec is None:
+                continue
+            self._writes_tracked -= rec.write is not None
+            rec.read = rec.write = None
+            rec.lease_reaped = False
+            if rec.load is Load.IN_FLIGHT or rec.load is Load.FAILED:
+                rec.load = Load.NONE
+            if rec.phase is Phase.ENDED:
+                rec.phase = Phase.READY
+                self._to_hand[request] = None
                 out.add(request)
-            self._forget(request)
         return out
 
     def _forget(self, request: str) -> None:
-        self._reads.pop(request, None)
-        self._writes.pop(request, None)
-        self._ended.pop(request, None)
-        self._load_failed.discard(request)
-        self._reaped_ids.discard(request)
+        """The request is over for the guard (vLLM frees it): one deletion."""
+        self._requests.pop(request, None)
 
     def _remember(self, request: str) -> None:
         self._handed[request] = None
