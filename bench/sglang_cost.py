@@ -6,7 +6,7 @@ alone, in one interleaved run.
 Each side runs in a process of its own (SGLang's runtime context and Mooncake's transfer engine
 are per process), with SGLang's real queues, pools, radix cache, metadata buffers and Mooncake
 manager / sender / receiver / bootstrap server as the rig of ``tests/in_sglang`` builds them
-(``sglang_rig.DecodeSide`` / ``PrefillSide``, imported). No bytes move: the other side and the
+(``DecodeSide`` / ``PrefillSide`` through ``sglang_rig``). No bytes move: the other side and the
 transfer are simulated in the process, so what is timed is the scheduler-side Python work.
 
 - **decode**: ``process_decode_queue`` (SGLang's scheduler method, run on the rig's stand-in
