@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, cast
 
 import attrs
 
-from kvlifetime.errors import KVLifetimeError
+from kvlifetime.errors import EnvironmentFault
 from kvlifetime.evidence import BY_NAME, Claim, claims_matrix, proves_text
 from kvlifetime.table import Row, TransitionTable, table_for
 
@@ -45,15 +45,16 @@ GRAPHVIZ_HINT = (
 )
 
 
-class DiagramError(KVLifetimeError):
-    """A diagram could not be produced. Whose fault: the environment (a missing or failing
-    Graphviz), never the specification. Nothing was written."""
+class DiagramError(EnvironmentFault):
+    """A diagram could not be produced.
+    Whose fault: the environment (a missing or failing Graphviz), never the specification.
+    Nothing was written."""
 
     kind = "diagram"
 
 
 class GraphvizNotFound(DiagramError):
-    """The Graphviz ``dot`` binary is not on ``PATH``; SVG output needs it."""
+    """Graphviz's ``dot`` is not on ``PATH`` (SVG output needs it)."""
 
     kind = "graphviz_not_found"
 
@@ -62,7 +63,7 @@ class GraphvizNotFound(DiagramError):
 
 
 class GraphvizFailed(DiagramError):
-    """``dot`` ran but failed (a broken install, or a bug in the generated source)."""
+    """``dot`` ran but failed (a broken install, or a bug in the source)."""
 
     kind = "graphviz_failed"
 

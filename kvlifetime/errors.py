@@ -1,33 +1,77 @@
 """The one exception hierarchy of kvlifetime (what bad input gets: docs/contract.md#bad-input).
 
-Every error says whose fault it is (the caller's code, the evidence a peer sent, or kvlifetime
-itself) and what state it leaves. All of them leave the ledger exactly as it was before the call:
-a refused call changes nothing and loses nothing.
+Every error says whose fault it is, by the branch it sits under: the caller's (its code, its
+configuration, its input), the evidence's (a peer, a transfer engine, the wire), the
+environment's (a program, package or process kvlifetime needs), or kvlifetime's own. And it says
+what state it leaves: none leaves a ledger other than it was before the call (a refused call
+changes nothing and loses nothing).
+
+Every class below is in this tree, including those defined beside the code that raises them
+(listed under the tree: this module, the lowest layer, cannot import them). The drawing is
+generated from the classes, with each one's first docstring line, by
+``python -m kvlifetime.architecture``; a test fails when it differs from the code.
 
 ```
 KVLifetimeError
-├── UsageError                   the caller's code broke the contract
-│   ├── IllegalTransition        a named transition the tables do not allow from this state
-│   ├── InsufficientEvidence     release asked for before every grant is closed
-│   ├── UnknownRequest / DuplicateRequest
-│   ├── UnknownGrant
-│   ├── BlockError
-│   │   ├── OutOfBlocks          fewer free blocks than asked for
-│   │   ├── InvalidBlockIds      a batch that is not 1-d integers (float, bool, str, None...)
-│   │   ├── BlockOutOfRange      an id outside [0, num_blocks)
-│   │   ├── DuplicateBlockIds    the same id twice in one batch
-│   │   ├── BlockUnavailable     acquire/grant of a block whose state forbids it
-│   │   ├── HolderLimit          one more holder (or open grant) than a block's counter counts
-│   │   └── DoubleRelease        a block or request let go of twice
-│   ├── FenceUnavailable         no fence exists on this engine (the blocks stay quarantined)
-│   └── InvalidField             an argument or a value object's field of a wrong type/value
-├── EvidenceError                the evidence (a peer, a transfer engine, the wire) is at fault
-│   ├── StaleEvidence            about a grant that is over and forgotten
-│   ├── MismatchedEvidence       about another ledger, incarnation, request or peer
-│   ├── ContradictoryEvidence    disagrees with what was already proven
-│   ├── UnauthorizedEvidence     a claim from a source that may not make it
-│   └── MalformedEvidence        could not be built into evidence at all
-└── SpecDisagreement             kvlifetime's own bug: tables and specification disagree
+├── UsageError                    The caller's fault: its code, its configuration or its input
+│   ├── IllegalTransition         A named transition the tables do not allow from this state
+│   ├── InsufficientEvidence      ``release`` asked for before every grant is closed
+│   ├── RequestError              Base of errors about request keys
+│   │   ├── UnknownRequest        A request key never admitted, or already released
+│   │   ├── DuplicateRequest      A request key admitted again while it is still live
+│   │   └── DoubleRelease         A request let go of a second time
+│   ├── UnknownGrant              A grant id this ledger never issued
+│   ├── BlockError                Base of errors about block ids
+│   │   ├── OutOfBlocks           Fewer free blocks than ``allocate`` asked for
+│   │   ├── InvalidBlockIds       A batch of block ids that is not a 1-d batch of integers
+│   │   ├── BlockOutOfRange       A block id outside ``[0, num_blocks)``
+│   │   ├── DuplicateBlockIds     The same block id twice in one batch
+│   │   ├── BlockUnavailable      A block whose state forbids the acquire or grant asked for
+│   │   └── HolderLimit           One more holder or open grant than a block's counter can count
+│   ├── FenceUnavailable          No fence exists on this engine: the blocks stay quarantined
+│   ├── InvalidField              An argument or a value object's field of a wrong type or value
+│   ├── UnsafeTransport           An engine set up so its statuses prove nothing (Mooncake TCP v1)
+│   ├── UnsafeUcxTransport        UCX set to transports no target-side fence can stop (shm, CMA)
+│   ├── UnsupportedEngineVersion  The installed SGLang is not the version the hooks were built for
+│   ├── UnsupportedEngineSetting  An SGLang setting the guard cannot work with
+│   ├── GuardNotBound             The guard's ledger was used before its size was known
+│   ├── AlreadyInstalled          ``install`` called while the hooks are installed
+│   ├── ProfileUnavailable        No evidence profile can be loaded for this engine
+│   ├── ReportInputError          The harness results file is not one
+│   └── NothingToCheck            The log holds no kvlifetime event: there is nothing to replay
+├── EvidenceError                 The evidence's fault: a peer, a transfer engine or the wire
+│   ├── StaleEvidence             About a grant that is over and forgotten (an older generation)
+│   ├── MismatchedEvidence        About another ledger, incarnation, request or peer
+│   ├── ContradictoryEvidence     Disagrees with what was proven: two different ``last_seq``
+│   ├── UnauthorizedEvidence      A claim from a source that may not make it
+│   │   └── UnauthorizedMessage   A control message about a grant from a connection not its peer's
+│   └── MalformedEvidence         Could not be built into evidence at all
+│       └── MalformedMessage      A control frame that is not a message of this schema
+├── EnvironmentFault              The environment's fault: a program, package or process failed
+│   ├── DiagramError              A diagram could not be produced
+│   │   ├── GraphvizNotFound      Graphviz's ``dot`` is not on ``PATH`` (SVG output needs it)
+│   │   └── GraphvizFailed        ``dot`` ran but failed (a broken install, or a bug in the source)
+│   ├── MissingExtra              An optional dependency is not installed
+│   ├── PeerFailed                A peer process could not be started or answered nothing
+│   │   └── ReaderFailed          The pull run's reader process failed to start or to answer
+│   └── BrowserError              The page could not be checked in a browser
+│       └── ChromiumNotFound      No Chromium on ``PATH`` (the page's browser check needs it)
+└── SpecDisagreement              kvlifetime's own fault: its tables and specification disagree
+
+Defined beside the code that raises them (kvlifetime.*, each imports this one):
+  adapters.mooncake           UnsafeTransport
+  adapters.nixl               UnsafeUcxTransport
+  diagrams                    DiagramError, GraphvizNotFound, GraphvizFailed
+  extras                      MissingExtra
+  harness.peer                PeerFailed
+  harness.pull                ReaderFailed
+  harness.wire                UnauthorizedMessage, MalformedMessage
+  integrations.sglang.errors  UnsupportedEngineVersion, UnsupportedEngineSetting, GuardNotBound,
+                              AlreadyInstalled
+  profiles                    ProfileUnavailable
+  report                      ReportInputError
+  report.browser              BrowserError, ChromiumNotFound
+  verify.replay               NothingToCheck
 ```
 """
 
@@ -94,13 +138,14 @@ class KVLifetimeError(Exception):
 
 
 class UsageError(KVLifetimeError):
-    """The caller's code asked for something the contract forbids. Nothing changed."""
+    """The caller's fault: its code, its configuration or its input.
+    The caller asked for something the contract forbids. Nothing changed."""
 
     kind = "usage"
 
 
 class IllegalTransition(UsageError):
-    """A named transition the transition table does not allow from the current state.
+    """A named transition the tables do not allow from this state.
 
     Whose fault: the caller (e.g. ``release`` of a request the owner never ended).
     State left: unchanged.
@@ -117,7 +162,7 @@ class IllegalTransition(UsageError):
 
 
 class InsufficientEvidence(UsageError):
-    """``release`` was asked for while some grant of the request is still open.
+    """``release`` asked for before every grant is closed.
 
     ``unproven`` maps each open grant (as text) to the claims still missing for it, so the
     caller can see exactly which peer owes which acknowledgement.
@@ -133,8 +178,15 @@ class InsufficientEvidence(UsageError):
         super().__init__(f"request {show(request)} cannot be released; still unproven: {detail}")
 
 
-class UnknownRequest(UsageError):
-    """A request key the ledger does not know (never admitted, or already released).
+class RequestError(UsageError):
+    """Base of errors about request keys.
+    State left: unchanged."""
+
+    kind = "request"
+
+
+class UnknownRequest(RequestError):
+    """A request key never admitted, or already released.
 
     Whose fault: the caller. State left: unchanged.
     """
@@ -146,9 +198,9 @@ class UnknownRequest(UsageError):
         super().__init__(f"unknown request {show(request)}")
 
 
-class DuplicateRequest(UsageError):
-    """A request key that is already live was admitted again (keys are exact, never reused while
-    live). Whose fault: the caller. State left: unchanged."""
+class DuplicateRequest(RequestError):
+    """A request key admitted again while it is still live.
+    Keys are exact, never reused while live. Whose fault: the caller. State left: unchanged."""
 
     kind = "duplicate_request"
 
@@ -158,7 +210,7 @@ class DuplicateRequest(UsageError):
 
 
 class UnknownGrant(UsageError):
-    """A grant id the caller passed that this ledger never issued.
+    """A grant id this ledger never issued.
 
     Whose fault: the caller. State left: unchanged.
     """
@@ -167,14 +219,16 @@ class UnknownGrant(UsageError):
 
 
 class BlockError(UsageError):
-    """Base of errors about block ids. State left: unchanged."""
+    """Base of errors about block ids.
+    State left: unchanged."""
 
     kind = "block"
 
 
 class OutOfBlocks(BlockError):
-    """``allocate`` asked for more blocks than are free. Whose fault: the caller (admission
-    should have checked). State left: unchanged, nothing was taken."""
+    """Fewer free blocks than ``allocate`` asked for.
+    Whose fault: the caller (admission should have checked). State left: unchanged, nothing was
+    taken."""
 
     kind = "out_of_blocks"
 
@@ -185,30 +239,32 @@ class OutOfBlocks(BlockError):
 
 
 class InvalidBlockIds(BlockError):
-    """A batch of block ids that is not a 1-d batch of integers: a float, bool, str, None,
-    complex or object value (never coerced: ``[0.9]`` is not block 0, ``[True]`` not block 1),
-    a 2-d array, a bare scalar. Accepted: a sequence of ``int`` (or numpy integer scalars) and
-    a 1-d numpy integer array (``kvlifetime.inputs.block_ids``).
-    Whose fault: the caller. State left: unchanged."""
+    """A batch of block ids that is not a 1-d batch of integers.
+    A float, bool, str, None, complex or object value (never coerced: ``[0.9]`` is not block 0,
+    ``[True]`` not block 1), a 2-d array, a bare scalar. Accepted: a sequence of ``int`` (or numpy
+    integer scalars) and a 1-d numpy integer array (``kvlifetime.inputs.block_ids``). Whose fault:
+    the caller. State left: unchanged."""
 
     kind = "invalid_block_ids"
 
 
 class BlockOutOfRange(BlockError):
-    """A block id outside ``[0, num_blocks)`` (negative, too large, or beyond int64).
-    Whose fault: the caller. State left: unchanged."""
+    """A block id outside ``[0, num_blocks)``.
+    Negative, too large, or beyond int64. Whose fault: the caller. State left: unchanged."""
 
     kind = "block_out_of_range"
 
 
 class DuplicateBlockIds(BlockError):
-    """The same block id twice in one batch. Whose fault: the caller. State left: unchanged."""
+    """The same block id twice in one batch.
+    Whose fault: the caller. State left: unchanged."""
 
     kind = "duplicate_block_ids"
 
 
 class BlockUnavailable(BlockError):
-    """The block exists but its state forbids the operation: acquiring a held, draining or
+    """A block whose state forbids the acquire or grant asked for.
+    The block exists but its state forbids the operation: acquiring a held, draining or
     quarantined block, sharing a block under an open write grant, a write grant on a shared
     block, or a grant over blocks the request does not hold.
     Whose fault: the caller. State left: unchanged."""
@@ -217,7 +273,8 @@ class BlockUnavailable(BlockError):
 
 
 class HolderLimit(BlockError):
-    """A block already has as many holders (or open grants) as its counter can count: one more
+    """One more holder or open grant than a block's counter can count.
+    A block already has as many holders (or open grants) as its counter can count: one more
     shared acquire (or grant) is refused rather than wrapping the counter to zero, which would
     hand a still-shared block back to the pool. See ``BlockLedger.MAX_SHARERS``.
     Whose fault: the caller (or an unbounded prefix cache). State left: unchanged."""
@@ -225,15 +282,18 @@ class HolderLimit(BlockError):
     kind = "holder_limit"
 
 
-class DoubleRelease(BlockError):
-    """A request or block let go of a second time. Whose fault: the caller. State left:
-    unchanged."""
+class DoubleRelease(RequestError):
+    """A request let go of a second time.
+    ``release``, ``force_release``, ``reject`` or ``finish`` of a request already released (a
+    query of it is an ``UnknownRequest``). About a request, not a block: not a ``BlockError``.
+    Whose fault: the caller. State left: unchanged."""
 
     kind = "double_release"
 
 
 class FenceUnavailable(UsageError):
-    """A fence was asked of a transfer engine that has none on this side (or none at all):
+    """No fence exists on this engine: the blocks stay quarantined.
+    A fence was asked of a transfer engine that has none on this side (or none at all):
     what counts as a fence is established per engine, never assumed from an API name (see
     docs/fencing.md). Whose fault: the caller's choice of engine. State left: unchanged; the
     blocks stay quarantined."""
@@ -242,10 +302,11 @@ class FenceUnavailable(UsageError):
 
 
 class InvalidField(UsageError, ValueError):
-    """An argument of a public call, or a field of a value object (evidence, grant id), of the
-    wrong type or value: a negative sequence number, an empty id, a request key that is not a
-    non-empty str or an int, a NaN or non-numeric deadline or clock, a non-``Grant`` passed to
-    ``.of()``. Whose fault: the caller. Nothing was created or changed."""
+    """An argument or a value object's field of a wrong type or value.
+    An argument of a public call, or a field of a value object (evidence, grant id): a negative
+    sequence number, an empty id, a request key that is not a non-empty str or an int, a NaN or
+    non-numeric deadline or clock, a non-``Grant`` passed to ``.of()``. Whose fault: the caller.
+    Nothing was created or changed."""
 
     kind = "invalid_field"
 
@@ -254,8 +315,9 @@ class InvalidField(UsageError, ValueError):
 
 
 class EvidenceError(KVLifetimeError):
-    """The evidence itself is at fault (a peer, a transfer engine, the wire). The ledger refused
-    it, logged it, counted it under ``kind``, and changed nothing: the engine keeps running."""
+    """The evidence's fault: a peer, a transfer engine or the wire.
+    The evidence itself is at fault. The ledger refused it, logged it, counted it under ``kind``,
+    and changed nothing: the engine keeps running."""
 
     kind = "evidence"
 
@@ -265,27 +327,30 @@ class EvidenceError(KVLifetimeError):
 
 
 class StaleEvidence(EvidenceError):
-    """About a grant this ledger issued but has since forgotten (its request was released),
-    i.e. about an older generation of the blocks. It must not act on the new owner."""
+    """About a grant that is over and forgotten (an older generation).
+    A grant this ledger issued but has since forgotten (its request was released), i.e. about
+    an older generation of the blocks. It must not act on the new owner."""
 
     kind = "stale_evidence"
 
 
 class MismatchedEvidence(EvidenceError):
-    """About a grant of another ledger or incarnation, or naming another request or peer than
-    the grant it cites (forged, misrouted, or a reused slot id)."""
+    """About another ledger, incarnation, request or peer.
+    A grant of another ledger or incarnation, or naming another request or peer than the grant
+    it cites (forged, misrouted, or a reused slot id)."""
 
     kind = "mismatched_evidence"
 
 
 class ContradictoryEvidence(EvidenceError):
-    """Disagrees with what was already proven for the grant: two different ``last_seq``."""
+    """Disagrees with what was proven: two different ``last_seq``."""
 
     kind = "contradictory_evidence"
 
 
 class UnauthorizedEvidence(EvidenceError):
-    """A claim from a source that may not make it (``kvlifetime.provenance.RULES``): a peer
+    """A claim from a source that may not make it.
+    The rules are ``kvlifetime.provenance.RULES``: a peer
     revoking its own access, reporting a lease or heartbeat, naming another peer, or speaking
     about another peer's grant. Whose fault: that peer (or a forger on its connection)."""
 
@@ -293,17 +358,31 @@ class UnauthorizedEvidence(EvidenceError):
 
 
 class MalformedEvidence(EvidenceError, ValueError):
-    """A message that could not be turned into evidence at all (bad type, missing field,
-    unknown schema version)."""
+    """Could not be built into evidence at all.
+    A bad type, a missing field, an unknown schema version."""
 
     kind = "malformed_evidence"
+
+
+# ------------------------------------------------------------------------- the environment's fault
+
+
+class EnvironmentFault(KVLifetimeError):
+    """The environment's fault: a program, package or process failed.
+    Not the caller's code, not a peer's evidence: an optional dependency not installed, a tool
+    not on ``PATH`` (Graphviz, Chromium), a process of the run that could not start or died.
+    The message names what is missing. State left: nothing ran (or the run stopped with every
+    process reaped); no ledger was changed."""
+
+    kind = "environment"
 
 
 # --------------------------------------------------------------------------- kvlifetime's fault
 
 
 class SpecDisagreement(KVLifetimeError, AssertionError):
-    """The compiled tables and the python-statemachine specification disagreed
+    """kvlifetime's own fault: its tables and specification disagree.
+    The compiled tables and the python-statemachine specification disagreed
     (``BlockLedger(checked=True)``). This is a kvlifetime bug: please report it with the
     message. The ledger state is the table's result; the specification's is in the message."""
 

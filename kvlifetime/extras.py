@@ -27,7 +27,7 @@ from types import ModuleType
 
 import attrs
 
-from kvlifetime.errors import KVLifetimeError
+from kvlifetime.errors import EnvironmentFault
 
 __all__ = ["EXTRAS", "Extra", "MissingExtra", "import_optional", "missing", "needs", "require"]
 
@@ -84,7 +84,7 @@ EXTRAS: Mapping[str, Extra] = {
 """Every extra kvlifetime knows, by name. A new extra is one entry here."""
 
 
-class MissingExtra(KVLifetimeError, ModuleNotFoundError):
+class MissingExtra(EnvironmentFault, ModuleNotFoundError):
     """An optional dependency is not installed.
 
     Whose fault: the installation (the caller asked for a part of kvlifetime whose extra is not

@@ -38,8 +38,9 @@ _TEST_ID = re.compile(r"^tests/[\w/]+\.py::test_\w+$")
 
 
 class ProfileUnavailable(UsageError):
-    """No evidence profile can be loaded for this engine (its adapter is not written yet, or
-    does not declare one). Whose fault: the caller's choice of engine. Nothing was printed."""
+    """No evidence profile can be loaded for this engine.
+    Its adapter is not written yet, or does not declare one. Whose fault: the caller's choice of
+    engine. Nothing was printed."""
 
     kind = "profile_unavailable"
 

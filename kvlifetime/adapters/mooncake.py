@@ -49,8 +49,9 @@ _REFUSED_BATCH_IDS = frozenset({0, -1, (1 << 64) - 1})
 
 
 class UnsafeTransport(UsageError):
-    """The transfer engine is configured so that its statuses cannot prove anything (Mooncake
-    TCP protocol v1: COMPLETED before the bytes reach the target). Whose fault: the caller's
+    """An engine set up so its statuses prove nothing (Mooncake TCP v1).
+    The transfer engine is configured so that its statuses cannot prove anything (Mooncake TCP
+    protocol v1: COMPLETED before the bytes reach the target). Whose fault: the caller's
     configuration. Nothing was started."""
 
     kind = "unsafe_transport"

@@ -106,7 +106,8 @@ _POLL_S = 0.0005  # the waiter's pause between sweeps of the transfers in flight
 
 
 class UnsafeUcxTransport(UsageError):
-    """UCX is configured with transports through which the initiator writes into the target's
+    """UCX set to transports no target-side fence can stop (shm, CMA).
+    UCX is configured with transports through which the initiator writes into the target's
     memory itself (shared memory, CMA): no target-side operation could end its access, and
     transfers may complete inside ``transfer()``. Whose fault: the caller's configuration
     (``UCX_TLS``). Nothing was started."""

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from kvlifetime.errors import KVLifetimeError
+from kvlifetime.errors import EnvironmentFault
 from kvlifetime.harness.faults import FaultConfig, crash_tick
 from kvlifetime.harness.transfer import InprocTarget, TargetMemory
 from kvlifetime.harness.wire import (
@@ -34,9 +34,10 @@ from kvlifetime.harness.wire import (
 CRASH_EXIT = 70  # exit status of a deliberate crash
 
 
-class PeerFailed(KVLifetimeError):
-    """A peer process could not be started or answered nothing at all. Whose fault: the
-    environment (engine missing, process killed). The run stopped; every process was reaped."""
+class PeerFailed(EnvironmentFault):
+    """A peer process could not be started or answered nothing.
+    Whose fault: the environment (engine missing, process killed). The run stopped; every
+    process was reaped."""
 
     kind = "peer_failed"
 

@@ -100,8 +100,9 @@ PLANTED = 1 << 40  # request number of the "other request" a planted stale read 
 
 
 class ReaderFailed(PeerFailed):
-    """The decode (reader) process could not be started or answered nothing at all. Whose
-    fault: the environment. The run stopped; every process was reaped."""
+    """The pull run's reader process failed to start or to answer.
+    The reader is the decode side. Whose fault: the environment. The run stopped; every process
+    was reaped."""
 
     kind = "reader_failed"
 

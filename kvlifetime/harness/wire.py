@@ -46,8 +46,9 @@ MAX_TEXT = 4096  # chars: a rejection's reason
 
 
 class MalformedMessage(MalformedEvidence):
-    """A control frame that is not a message of this schema: not msgpack, another schema
-    version, an unknown type, or a field missing, extra or of the wrong type.
+    """A control frame that is not a message of this schema.
+    Not msgpack, another schema version, an unknown type, or a field missing, extra or of the
+    wrong type.
 
     Whose fault: the peer (or the wire). State left: unchanged; the frame is dropped.
     """
@@ -56,7 +57,8 @@ class MalformedMessage(MalformedEvidence):
 
 
 class UnauthorizedMessage(UnauthorizedEvidence):
-    """A well-formed control message about a grant (a rejection, a transfer failure, a read
+    """A control message about a grant from a connection not its peer's.
+    A well-formed control message about a grant (a rejection, a transfer failure, a read
     report, a reader's pending count) from a connection that is not that grant's peer: a
     stranger, another prefill, another tensor rank, or an incarnation already fenced. Decided
     by the transport's identity of the connection, never by a name inside the message.

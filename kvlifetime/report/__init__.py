@@ -51,9 +51,9 @@ _log = structlog.get_logger("kvlifetime")
 
 
 class ReportInputError(UsageError):
-    """The harness results file is not one: unreadable JSON, not a list of runs, a run with a
-    missing or mistyped field. Whose fault: the input file (or whoever wrote it). State left:
-    nothing written."""
+    """The harness results file is not one.
+    Unreadable JSON, not a list of runs, a run with a missing or mistyped field. Whose fault: the
+    input file (or whoever wrote it). State left: nothing written."""
 
     kind = "report_input"
 

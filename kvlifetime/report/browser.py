@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from kvlifetime.errors import KVLifetimeError
+from kvlifetime.errors import EnvironmentFault
 
 CHROMIUM_FLAGS: tuple[str, ...] = (
     "--headless",
@@ -43,14 +43,17 @@ MAX_HEIGHT = 16_000
 _VERDICT = re.compile(r'<pre id="verdict"[^>]*>(.*?)</pre>', re.S)
 
 
-class BrowserError(KVLifetimeError):
-    """The page could not be checked in a browser. Whose fault: the environment (no Chromium,
-    or a Chromium that failed), or the page (no verdict: its check never ran)."""
+class BrowserError(EnvironmentFault):
+    """The page could not be checked in a browser.
+    Whose fault: the environment (no Chromium, or a Chromium that failed), or the page (no
+    verdict: its check never ran)."""
 
     kind = "browser"
 
 
 class ChromiumNotFound(BrowserError):
+    """No Chromium on ``PATH`` (the page's browser check needs it)."""
+
     kind = "chromium_not_found"
 
     def __init__(self) -> None:

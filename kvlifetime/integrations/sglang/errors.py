@@ -8,32 +8,33 @@ from kvlifetime.errors import UsageError
 
 
 class UnsupportedEngineVersion(UsageError):
-    """The installed SGLang is not the version the hooks were built and tested for: its release
-    points (the functions the hooks wrap, and what each one frees) may have moved, so wrapping
-    them could guard nothing while looking installed. Whose fault: the deployment. State left:
-    nothing wrapped."""
+    """The installed SGLang is not the version the hooks were built for.
+    The hooks were built and tested for one version: its release points (the functions the hooks
+    wrap, and what each one frees) may have moved, so wrapping them could guard nothing while
+    looking installed. Whose fault: the deployment. State left: nothing wrapped."""
 
     kind = "unsupported_engine_version"
 
 
 class UnsupportedEngineSetting(UsageError):
-    """An SGLang setting the guard cannot work with (deferred decode KV release turned off:
-    SGLang then frees a failed transfer's pages at once and never counts ABORT_ACKs). Whose
-    fault: the deployment. State left: nothing wrapped."""
+    """An SGLang setting the guard cannot work with.
+    Deferred decode KV release turned off: SGLang then frees a failed transfer's pages at once
+    and never counts ABORT_ACKs. Whose fault: the deployment. State left: nothing wrapped."""
 
     kind = "unsupported_engine_setting"
 
 
 class GuardNotBound(UsageError):
-    """The guard's ledger was used before its size was known (``bind``; the hooks bind it from
-    SGLang's KV allocator when the first disaggregation queue is built). State left:
-    unchanged."""
+    """The guard's ledger was used before its size was known.
+    ``bind`` sets it; the hooks bind it from SGLang's KV allocator when the first disaggregation
+    queue is built. Whose fault: the caller. State left: unchanged."""
 
     kind = "guard_not_bound"
 
 
 class AlreadyInstalled(UsageError):
-    """``install`` called while the hooks are installed (call ``uninstall`` first). State left:
-    the hooks installed earlier, unchanged."""
+    """``install`` called while the hooks are installed.
+    Call ``uninstall`` first. Whose fault: the caller. State left: the hooks installed earlier,
+    unchanged."""
 
     kind = "already_installed"
