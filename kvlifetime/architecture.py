@@ -187,11 +187,15 @@ def _type_checking(node: ast.If) -> bool:
     )
 
 
-def _import_nodes(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement under ``node``, at any depth (in functions, classes, ``try``),
-    except in the body of an ``if TYPE_CHECKING:`` (its ``else`` runs, so it counts)."""
+def _import_nodes(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom | ast.Call]:
+    """Every import under ``node``, at any depth (in functions, classes, ``try``): the
+    statements, and ``importlib.import_module`` / ``__import__`` of a literal name; except in
+    the body of an ``if TYPE_CHECKING:`` (its ``else`` runs, so it counts)."""
     for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.Import | ast.ImportFrom):
+        by_name = isinstance(child, ast.Call) and _imports_by_name(child)
+        if isinstance(child, ast.Import | ast.ImportFrom | ast.Call) and (
+            by_name or not isinstance(child, ast.Call)
+        ):
             yield child
         if isinstance(child, ast.If) and _type_checking(child):
             for stmt in child.orelse:
@@ -200,18 +204,54 @@ def _import_nodes(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
         yield from _import_nodes(child)
 
 
-def imports(module: str, modules: set[str], root: pathlib.Path = PACKAGE) -> set[str]:
+def _imports_by_name(node: ast.Call) -> bool:
+    if not node.args:
+        return False
+    f, arg = node.func, node.args[0]
+    called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+    literal = isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+    return literal and called in ("import_module", "__import__")
+
+
+def lazy_exports(root: pathlib.Path = PACKAGE) -> dict[str, str]:
+    """``kvlifetime``'s table of exports (name -> defining module): ``from kvlifetime import
+    BlockLedger`` loads ``kvlifetime.ledger`` through the package's ``__getattr__``, so it is an
+    import of that module. Read from the source (the ``_EXPORTS = ...`` literal)."""
+    tree = ast.parse((root / "__init__.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        target: ast.expr | None = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        value = getattr(node, "value", None)
+        if isinstance(target, ast.Name) and target.id == "_EXPORTS" and value is not None:
+            code = compile(ast.Expression(value), "_EXPORTS", "eval")
+            table = eval(code, {"__builtins__": {}, "dict": dict})  # a literal of our own source
+            return {str(k): str(v) for k, v in table.items()}
+    return {}
+
+
+def imports(
+    module: str,
+    modules: set[str],
+    root: pathlib.Path = PACKAGE,
+    exports: dict[str, str] | None = None,
+) -> set[str]:
     """The package's modules ``module`` imports, read from its source. ``from kvlifetime.spec
     import table`` is an import of ``kvlifetime.spec.table`` when that is a module, of
-    ``kvlifetime.spec`` otherwise. The parent packages Python runs on the way are not counted:
-    a package's ``__init__`` importing its own modules would otherwise close a circle with
-    every one of them."""
+    ``kvlifetime.spec`` otherwise; ``from kvlifetime import BlockLedger`` of the module that
+    defines the export (``lazy_exports``). The parent packages Python runs on the way are not
+    counted: a package's ``__init__`` importing its own modules would otherwise close a circle
+    with every one of them."""
+    exports = lazy_exports(root) if exports is None else exports
     path = module_path(module, root)
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
     for node in _import_nodes(tree):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Call):
+            arg = node.args[0]
+            targets = [str(arg.value)] if isinstance(arg, ast.Constant) else []
+        elif isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         else:
             base = node.module or ""
@@ -219,8 +259,15 @@ def imports(module: str, modules: set[str], root: pathlib.Path = PACKAGE) -> set
                 parts = package.split(".")
                 parts = parts[: len(parts) - node.level + 1]
                 base = ".".join([*parts, base] if base else parts)
-            targets = [f"{base}.{alias.name}" for alias in node.names]
-            targets = [t if t in modules else base for t in targets]
+            targets = []
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                if sub in modules:
+                    targets.append(sub)
+                elif base == "kvlifetime" and alias.name in exports:
+                    targets.append(exports[alias.name])
+                else:
+                    targets.append(base)
         for target in targets:
             while target and target not in modules:
                 target = target.rpartition(".")[0]
@@ -232,7 +279,8 @@ def imports(module: str, modules: set[str], root: pathlib.Path = PACKAGE) -> set
 def import_graph(root: pathlib.Path = PACKAGE) -> dict[str, set[str]]:
     """Each module of the package -> the modules of the package it imports."""
     modules = set(module_names(root))
-    return {m: imports(m, modules, root) for m in sorted(modules)}
+    exports = lazy_exports(root)
+    return {m: imports(m, modules, root, exports) for m in sorted(modules)}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

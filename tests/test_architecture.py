@@ -48,7 +48,10 @@ TOY_LAYERS = (
 
 def _toy(tmp_path: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
     root = tmp_path / "kvlifetime"  # the checker names modules from the package's own name
-    for rel, text in {"__init__.py": "", **files}.items():
+    for rel, text in {
+        "__init__.py": '_EXPORTS = {**dict.fromkeys(("Thing",), "kvlifetime.top")}\n',
+        **files,
+    }.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text), encoding="utf-8")
@@ -69,24 +72,28 @@ def test_the_checker_sees_every_kind_of_import_and_skips_type_checking(
                     pass
                 def later():
                     import kvlifetime.core.inner  # lazy: still an arrow up
+                    importlib.import_module("kvlifetime.top")  # by a literal name: too
             """,
             "core/__init__.py": "from . import inner\n",
-            "core/inner.py": "from .. import base\nfrom kvlifetime import __version__\n",
+            "core/inner.py": "from .. import base\nfrom kvlifetime import __version__, Thing\n",
             "top.py": "from kvlifetime.core import inner as i\nfrom kvlifetime.base import x\n",
         },
     )
     graph = import_graph(root)
     assert graph == {
         "kvlifetime": set(),
-        "kvlifetime.base": {"kvlifetime.core.inner"},
+        "kvlifetime.base": {"kvlifetime.core.inner", "kvlifetime.top"},
         "kvlifetime.core": {"kvlifetime.core.inner"},
-        "kvlifetime.core.inner": {"kvlifetime.base", "kvlifetime"},
+        # Thing is an export kvlifetime loads from kvlifetime.top when first asked for
+        "kvlifetime.core.inner": {"kvlifetime.base", "kvlifetime", "kvlifetime.top"},
         "kvlifetime.top": {"kvlifetime.core.inner", "kvlifetime.base"},
     }
     assert layer_violations(root, TOY_LAYERS) == [
-        "cycle: kvlifetime.base <-> kvlifetime.core.inner",
+        "cycle: kvlifetime.base <-> kvlifetime.core.inner <-> kvlifetime.top",
         "no such module: layer high names gone.py",
         "upward: kvlifetime.base (low) -> kvlifetime.core.inner (mid)",
+        "upward: kvlifetime.base (low) -> kvlifetime.top (high)",
+        "upward: kvlifetime.core.inner (mid) -> kvlifetime.top (high)",
     ]
 
 
