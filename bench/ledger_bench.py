@@ -38,8 +38,8 @@ from kvlifetime.evidence import (
 )
 from kvlifetime.grant import Access
 from kvlifetime.ledger import BlockLedger
-from kvlifetime.machines import RequestLifecycle
-from kvlifetime.proof import GrantProof
+from kvlifetime.spec.lifecycles import RequestLifecycle
+from kvlifetime.spec.proof import GrantProof
 
 REQUESTS = 1000
 BLOCKS = 64

@@ -51,7 +51,7 @@ from kvlifetime.grant import Access, GrantId
 from kvlifetime.harness import pattern
 from kvlifetime.harness.transfer import Slice, Status
 from kvlifetime.ledger import BlockLedger
-from kvlifetime.machines import BlockState
+from kvlifetime.spec.vocabulary import BlockState
 
 BATCH_BLOCKS = 16  # blocks per transfer batch (one Mooncake batch / one NIXL transfer)
 

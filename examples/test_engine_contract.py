@@ -29,7 +29,7 @@ from kvlifetime import (
     SchedulingStopped,
     TransferQuiesced,
 )
-from kvlifetime.table import request_table
+from kvlifetime.spec.table import request_table
 from kvlifetime.testing import assert_transitions
 
 # The engine's signal -> the named transition it must fire, in the order they come.

@@ -23,7 +23,7 @@ import numpy as np
 from kvlifetime.evidence import TransferCompleted
 from kvlifetime.grant import Access, BlockIds, RequestKey
 from kvlifetime.ledger import BlockLedger
-from kvlifetime.machines import BlockState
+from kvlifetime.spec.vocabulary import BlockState
 
 
 class KVCacheBlock:

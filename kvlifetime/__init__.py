@@ -71,10 +71,8 @@ _EXPORTS: dict[str, str] = {
         ("BatchOutcome", "BlockLedger", "LedgerStats", "QuarantineInfo", "Refusal", "Transition"),
         "kvlifetime.ledger",
     ),
-    **dict.fromkeys(
-        ("BlockLifecycle", "BlockState", "RequestLifecycle", "RequestState"),
-        "kvlifetime.machines",
-    ),
+    **dict.fromkeys(("BlockLifecycle", "RequestLifecycle"), "kvlifetime.spec.lifecycles"),
+    **dict.fromkeys(("BlockState", "RequestState"), "kvlifetime.spec.vocabulary"),
     **dict.fromkeys(("LOCAL", "Source", "SourceKind"), "kvlifetime.source"),
 }
 
@@ -128,8 +126,9 @@ if TYPE_CHECKING:  # what the names are, for mypy and editors; at run time __get
         Refusal,
         Transition,
     )
-    from kvlifetime.machines import BlockLifecycle, BlockState, RequestLifecycle, RequestState
     from kvlifetime.source import LOCAL, Source, SourceKind
+    from kvlifetime.spec.lifecycles import BlockLifecycle, RequestLifecycle
+    from kvlifetime.spec.vocabulary import BlockState, RequestState
 
 
 def __getattr__(name: str) -> object:

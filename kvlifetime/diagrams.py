@@ -30,7 +30,7 @@ import attrs
 
 from kvlifetime.errors import EnvironmentFault
 from kvlifetime.evidence import BY_NAME, Claim, claims_matrix, proves_text
-from kvlifetime.table import Row, TransitionTable, table_for
+from kvlifetime.spec.table import Row, TransitionTable, table_for
 
 if TYPE_CHECKING:
     from kvlifetime.profiles import EngineProfile

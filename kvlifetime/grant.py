@@ -1,7 +1,7 @@
 """Grants: the fact that a peer *may* access some blocks.
 
 A grant exists from the moment a block address leaves the process (or a transfer reading it was
-posted). From then on only evidence can end it (see ``proof.py``).
+posted). From then on only evidence can end it (see ``kvlifetime.spec.proof``).
 """
 
 from __future__ import annotations

@@ -106,16 +106,16 @@ from kvlifetime.ledger_values import LedgerStats as LedgerStats
 from kvlifetime.ledger_values import QuarantineInfo as QuarantineInfo
 from kvlifetime.ledger_values import Refusal as Refusal
 from kvlifetime.ledger_values import Transition as Transition
-from kvlifetime.machines import (
+from kvlifetime.provenance import check_grant_peer, check_source
+from kvlifetime.source import SourceKind
+from kvlifetime.spec.proof import GrantProof
+from kvlifetime.spec.table import request_table
+from kvlifetime.spec.vocabulary import (
     ENDED_STATES,
     PROOF_CHAIN,
     BlockState,
     RequestState,
 )
-from kvlifetime.proof import GrantProof
-from kvlifetime.provenance import check_grant_peer, check_source
-from kvlifetime.source import SourceKind
-from kvlifetime.table import request_table
 
 FREE = -1
 ORPHANED = -2
@@ -1503,7 +1503,7 @@ class BlockLedger:
                 if self.checked:
                     # The specification loads only for a checked ledger (an unchecked one
                     # never imports python-statemachine).
-                    from kvlifetime.lifecycles import RequestLifecycle
+                    from kvlifetime.spec.lifecycles import RequestLifecycle
 
                     req.machine = RequestLifecycle(req, start_value=req.state)
                 new._requests[key] = req
@@ -1561,7 +1561,7 @@ class BlockLedger:
         self._next_slot = (slot + 1) & 0x7FFFFFFF
         req = RequestRecord(request, slot, None)
         if self.checked:
-            from kvlifetime.lifecycles import RequestLifecycle
+            from kvlifetime.spec.lifecycles import RequestLifecycle
 
             req.machine = RequestLifecycle(req)
         self._requests[request] = req

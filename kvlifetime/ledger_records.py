@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvlifetime.grant import BlockIds, Grant, RequestKey
-from kvlifetime.machines import RequestState
-from kvlifetime.proof import GrantProof
+from kvlifetime.spec.proof import GrantProof
+from kvlifetime.spec.vocabulary import RequestState
 
 if TYPE_CHECKING:
-    from kvlifetime.machines import RequestLifecycle
+    from kvlifetime.spec.lifecycles import RequestLifecycle
 
 
 class GrantRecord(GrantProof):

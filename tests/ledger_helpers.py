@@ -8,7 +8,7 @@ import numpy as np
 
 from kvlifetime.grant import RequestKey
 from kvlifetime.ledger import BlockLedger
-from kvlifetime.machines import BlockState, RequestState
+from kvlifetime.spec.vocabulary import BlockState, RequestState
 
 F = BlockState.FREE
 O = BlockState.OWNED  # noqa: E741

@@ -22,7 +22,7 @@ from kvlifetime.diagrams import evidence_markdown, render
 from kvlifetime.errors import InsufficientEvidence
 from kvlifetime.evidence import Claim, claims_matrix
 from kvlifetime.profiles import PROFILES
-from kvlifetime.table import table_for
+from kvlifetime.spec.table import table_for
 
 HAS_DOT = shutil.which("dot") is not None
 # CI sets KVLIFETIME_REQUIRE_GRAPHVIZ=1: there a missing `dot` fails these tests, never skips.

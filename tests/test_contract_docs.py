@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvlifetime.evidence import BY_NAME
-from kvlifetime.table import block_table, request_table
+from kvlifetime.spec.table import block_table, request_table
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

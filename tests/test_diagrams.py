@@ -25,7 +25,7 @@ from kvlifetime.diagrams import (
 )
 from kvlifetime.errors import KVLifetimeError
 from kvlifetime.evidence import EVIDENCE_CLASSES
-from kvlifetime.table import Row, table_for
+from kvlifetime.spec.table import Row, table_for
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"

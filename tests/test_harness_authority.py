@@ -20,7 +20,7 @@ from kvlifetime.harness.faults import FaultConfig
 from kvlifetime.harness.pull import PullConfig, SourceOwner
 from kvlifetime.harness.transfer import InprocTarget
 from kvlifetime.ledger import BlockLedger
-from kvlifetime.machines import RequestState
+from kvlifetime.spec.vocabulary import RequestState
 
 BB = 512
 NBLOCKS = 256

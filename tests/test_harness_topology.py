@@ -24,7 +24,7 @@ from kvlifetime.harness.transfer import (
     InprocTarget,
 )
 from kvlifetime.ledger import BlockLedger
-from kvlifetime.machines import RequestState
+from kvlifetime.spec.vocabulary import RequestState
 
 SEED = 11
 N = 1000

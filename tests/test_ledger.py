@@ -22,7 +22,7 @@ from kvlifetime.evidence import (
 )
 from kvlifetime.grant import Access, Grant, GrantId
 from kvlifetime.ledger import BlockLedger, Transition
-from kvlifetime.machines import RequestState
+from kvlifetime.spec.vocabulary import RequestState
 
 R = RequestState
 NOT_ENDED = "transfers_ended through the last posted transfer"

@@ -19,7 +19,7 @@ from kvlifetime import errors
 from kvlifetime.evidence import AccessRevoked, SchedulingStopped, TransferCompleted
 from kvlifetime.grant import Access
 from kvlifetime.ledger import BlockLedger, Counts
-from kvlifetime.machines import RequestState
+from kvlifetime.spec.vocabulary import RequestState
 
 R = RequestState
 W, RD = Access.WRITE, Access.READ

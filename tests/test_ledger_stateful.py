@@ -38,14 +38,15 @@ from kvlifetime.evidence import (
 )
 from kvlifetime.grant import Access, Grant, GrantId, RequestKey
 from kvlifetime.ledger import BlockLedger, Counts
-from kvlifetime.machines import BlockLifecycle, BlockState, RequestState
+from kvlifetime.spec.lifecycles import BlockLifecycle
+from kvlifetime.spec.vocabulary import BlockState, RequestState
 
 # =========================================================================== differential
 
 
 @dataclasses.dataclass
 class BlockFactsModel:
-    """``machines.BlockFacts`` for the one block under test, counted after each event."""
+    """``spec.vocabulary.BlockFacts`` for the one block under test, counted after each event."""
 
     holders: int = 0
     live_holders: int = 0

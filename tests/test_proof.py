@@ -19,7 +19,7 @@ from kvlifetime.evidence import (
     TransferQuiesced,
 )
 from kvlifetime.grant import GrantId
-from kvlifetime.proof import GrantProof
+from kvlifetime.spec.proof import GrantProof
 
 GID = GrantId("inc", 1)
 

@@ -21,9 +21,9 @@ from kvlifetime.harness import wire
 from kvlifetime.harness.decode import DecodeWorker, SimConfig
 from kvlifetime.harness.transfer import InprocTarget
 from kvlifetime.ledger import BlockLedger
-from kvlifetime.machines import RequestState
 from kvlifetime.provenance import RESTS_ON_PEER, RULES, rules_matrix
 from kvlifetime.source import LOCAL, Source
+from kvlifetime.spec.vocabulary import RequestState
 from kvlifetime.testing import captured_logs
 
 KINDS = [c.__name__ for c in EVIDENCE_CLASSES]

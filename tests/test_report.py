@@ -27,7 +27,7 @@ from kvlifetime.report.counterexamples import (
     same_shape,
 )
 from kvlifetime.report.tables import inline
-from kvlifetime.table import table_for
+from kvlifetime.spec.table import table_for
 
 REFUTED_POLICIES = ("naive", "timeout", "trusting", "sglang-0.5.23")
 

@@ -29,8 +29,8 @@ from kvlifetime.grant import Access, Grant
 from kvlifetime.harness.decode import SimConfig, run
 from kvlifetime.harness.transfer import InprocEngine, InprocTarget, Status
 from kvlifetime.ledger import BlockLedger
-from kvlifetime.machines import BlockState, RequestState
 from kvlifetime.source import Source
+from kvlifetime.spec.vocabulary import BlockState, RequestState
 
 OLD = "previous-incarnation"
 

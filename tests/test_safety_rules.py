@@ -29,7 +29,7 @@ from kvlifetime import errors
 from kvlifetime.evidence import TransferCompleted
 from kvlifetime.grant import Access, RequestKey
 from kvlifetime.ledger import COUNTS, BlockLedger, Counts
-from kvlifetime.machines import RequestState as R
+from kvlifetime.spec.vocabulary import RequestState as R
 
 Hold = Callable[[BlockLedger, RequestKey, list[int]], None]
 

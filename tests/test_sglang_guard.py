@@ -27,8 +27,8 @@ from kvlifetime.errors import (
     UsageError,
 )
 from kvlifetime.integrations.sglang import PROFILE, GuardNotBound, SGLangGuard
-from kvlifetime.machines import RequestState
 from kvlifetime.profiles import NOTHING, profile
+from kvlifetime.spec.vocabulary import RequestState
 
 P0 = "127.0.0.1:8998"  # a prefill's bootstrap address
 P1 = "127.0.0.1:9998"

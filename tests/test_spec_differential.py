@@ -29,15 +29,14 @@ from kvlifetime.evidence import (
     TransferQuiesced,
 )
 from kvlifetime.grant import GrantId
-from kvlifetime.machines import (
+from kvlifetime.spec.lifecycles import BlockLifecycle, RequestLifecycle
+from kvlifetime.spec.proof import GrantProof
+from kvlifetime.spec.table import TransitionTable, block_table, request_table
+from kvlifetime.spec.vocabulary import (
     PROOF_CHAIN,
     BlockEvent,
-    BlockLifecycle,
     RequestEvent,
-    RequestLifecycle,
 )
-from kvlifetime.proof import GrantProof
-from kvlifetime.table import TransitionTable, block_table, request_table
 
 Outcome = tuple[str, str]  # ("moved", target) | ("refused", "no_row" | "guard")
 

@@ -47,7 +47,7 @@ from kvlifetime.evidence import (
 )
 from kvlifetime.grant import Access, Grant, GrantId
 from kvlifetime.ledger import BlockLedger, Counts
-from kvlifetime.machines import RequestState
+from kvlifetime.spec.vocabulary import RequestState
 
 N = 16
 FREE_ID = 8  # a free block of the populated ledger

@@ -20,16 +20,15 @@ from statemachine import StateMachine
 from statemachine.exceptions import TransitionNotAllowed
 
 from kvlifetime.errors import IllegalTransition
-from kvlifetime.machines import (
+from kvlifetime.spec.lifecycles import BlockLifecycle, RequestLifecycle
+from kvlifetime.spec.proof import GrantProof
+from kvlifetime.spec.table import TransitionTable, block_table, request_table
+from kvlifetime.spec.vocabulary import (
     BlockEvent,
-    BlockLifecycle,
     BlockState,
     RequestEvent,
-    RequestLifecycle,
     RequestState,
 )
-from kvlifetime.proof import GrantProof
-from kvlifetime.table import TransitionTable, block_table, request_table
 
 Pair = tuple[str, str]
 Rule = tuple[str, str | None]  # (target, guard); None: unconditional
@@ -87,7 +86,7 @@ EXPECTED_BLOCK: dict[Pair, list[Rule]] = {
 }
 EXPECTED_BLOCK_UNSAFE = {"force_released"}
 
-# What each guard means, restated independently of machines.py (a guard bug must show up here).
+# What each guard means, restated independently of spec/vocabulary.py (a guard bug must show here).
 REQUEST_GUARD_MEANING: Mapping[str, Any] = {
     "all_cancel_received": lambda ps: all(p.cancel_received or p.last_seq is not None for p in ps),
     "all_scheduling_stopped": lambda ps: all(p.last_seq is not None or p.revoked for p in ps),

@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from kvlifetime.table import block_table, compiled_from_spec, request_table
+from kvlifetime.spec.table import block_table, compiled_from_spec, request_table
 
 
 @pytest.mark.parametrize(("machine", "table"), [("request", request_table), ("block", block_table)])
 def test_the_committed_data_is_the_compiled_specification(machine: str, table: object) -> None:
-    """Fails when kvlifetime/lifecycles.py changed and the data did not.
-    Fix: `python -m kvlifetime.table` and commit kvlifetime/table_data.py."""
+    """Fails when kvlifetime/spec/lifecycles.py changed and the data did not.
+    Fix: `python -m kvlifetime.spec.table` and commit kvlifetime/spec/table_data.py."""
     assert callable(table)
     got, want = table(), compiled_from_spec(machine)
     assert got == want  # states, initial, finals, events and every row, in order

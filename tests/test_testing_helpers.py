@@ -14,7 +14,7 @@ from kvlifetime.errors import EvidenceError
 from kvlifetime.evidence import Evidence, SchedulingStopped, TransferQuiesced
 from kvlifetime.grant import Grant
 from kvlifetime.ledger import BlockLedger
-from kvlifetime.machines import RequestState
+from kvlifetime.spec.vocabulary import RequestState
 from kvlifetime.testing import (
     adversarial_evidence,
     assert_transitions,

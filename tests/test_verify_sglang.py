@@ -22,7 +22,7 @@ from structlog.testing import capture_logs
 
 from kvlifetime.cli import main
 from kvlifetime.grant import Access
-from kvlifetime.machines import BlockState, RequestState
+from kvlifetime.spec.vocabulary import BlockState, RequestState
 from kvlifetime.testing import to_jsonl
 from kvlifetime.verify import (
     POLICY_RULES,

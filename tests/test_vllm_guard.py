@@ -9,8 +9,8 @@ import structlog
 
 from kvlifetime.grant import Access
 from kvlifetime.integrations.vllm import PROFILE, ConnectorGuard, Load, Phase
-from kvlifetime.machines import RequestState
 from kvlifetime.profiles import profile
+from kvlifetime.spec.vocabulary import RequestState
 
 
 def _exposed(g: ConnectorGuard, request: str = "p1", ids: tuple[int, ...] = (1, 2, 3)) -> None:

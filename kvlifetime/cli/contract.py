@@ -18,7 +18,7 @@ from kvlifetime.diagrams import (
     render,
 )
 from kvlifetime.evidence import claims_matrix
-from kvlifetime.table import table_for
+from kvlifetime.spec.table import table_for
 
 TABLE_FORMATS: tuple[str, ...] = ("md", "csv", "json")
 EVIDENCE_FORMATS: tuple[str, ...] = ("md", "json")

@@ -9,7 +9,7 @@ from typing import TextIO
 
 from kvlifetime.cli.output import Logger, library_logger, write_text
 from kvlifetime.diagrams import MACHINES, evidence_markdown, render
-from kvlifetime.table import table_for
+from kvlifetime.spec.table import table_for
 
 DEMO_BACKENDS: tuple[str, ...] = ("inproc", "mooncake", "nixl")
 

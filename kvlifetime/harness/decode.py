@@ -86,7 +86,7 @@ from kvlifetime.harness.wire import (
     encode,
 )
 from kvlifetime.ledger import BlockLedger, LedgerStats
-from kvlifetime.machines import BlockState, RequestState
+from kvlifetime.spec.vocabulary import BlockState, RequestState
 
 log = structlog.get_logger("kvlifetime")
 

@@ -19,7 +19,7 @@ from kvlifetime.grant import RequestKey
 from kvlifetime.harness.series import StateSeries
 from kvlifetime.ledger import BlockLedger
 from kvlifetime.ledger_values import LedgerStats
-from kvlifetime.machines import BlockState
+from kvlifetime.spec.vocabulary import BlockState
 
 if TYPE_CHECKING:
     from kvlifetime.harness.oracle import TransportOracle

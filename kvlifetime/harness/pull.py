@@ -91,7 +91,7 @@ from kvlifetime.harness.wire import (
     encode,
 )
 from kvlifetime.ledger import BlockLedger
-from kvlifetime.machines import BlockState, RequestState
+from kvlifetime.spec.vocabulary import BlockState, RequestState
 
 log = structlog.get_logger("kvlifetime")
 

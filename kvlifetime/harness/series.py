@@ -18,7 +18,7 @@ from __future__ import annotations
 import attrs
 
 from kvlifetime.ledger_values import LedgerStats
-from kvlifetime.machines import BlockState
+from kvlifetime.spec.vocabulary import BlockState
 
 BLOCK_COLUMNS: tuple[str, ...] = tuple(s.label for s in BlockState)
 """One column per block state, in the state machine's order."""

@@ -12,7 +12,7 @@ import re
 import attrs
 
 from kvlifetime.diagrams import LOOP_MARK, layout, svg
-from kvlifetime.table import table_for
+from kvlifetime.spec.table import table_for
 
 _ID = re.compile(r'\bid="([^"]*)"')
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from kvlifetime.machines import RequestState
+from kvlifetime.spec.vocabulary import RequestState
 from kvlifetime.verify.events import (
     BUDGETED,
     fences_may_close,

@@ -34,8 +34,8 @@ from kvlifetime.errors import EvidenceError, KVLifetimeError, UsageError
 from kvlifetime.evidence import AccessRevoked, Evidence, GrantEvidence, from_record, to_dict
 from kvlifetime.grant import Access, Grant, GrantId
 from kvlifetime.ledger import BlockLedger, Transition
-from kvlifetime.machines import RequestState
-from kvlifetime.table import request_table
+from kvlifetime.spec.table import request_table
+from kvlifetime.spec.vocabulary import RequestState
 
 # Calls whose first transition is the one named here (the rest follow from evidence held).
 _CALL_EVENTS: Mapping[str, frozenset[str]] = {

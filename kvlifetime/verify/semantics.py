@@ -25,7 +25,7 @@ from kvlifetime.evidence import (
 )
 from kvlifetime.grant import Access, Grant
 from kvlifetime.ledger import BlockLedger
-from kvlifetime.machines import BlockState, RequestState
+from kvlifetime.spec.vocabulary import BlockState, RequestState
 from kvlifetime.verify.events import (
     PEER_EVENTS,
     enabled,

@@ -34,8 +34,8 @@ from kvlifetime.grant import Grant
 from kvlifetime.integrations.sglang.errors import GuardNotBound
 from kvlifetime.integrations.sglang.events import Events, emit, listening, log_refusal
 from kvlifetime.ledger import BlockLedger
-from kvlifetime.machines import RequestState
 from kvlifetime.source import Source
+from kvlifetime.spec.vocabulary import RequestState
 
 Role = Literal["decode", "prefill"]
 ROLES: tuple[Role, ...] = ("decode", "prefill")

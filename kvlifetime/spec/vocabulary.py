@@ -1,51 +1,25 @@
-"""The specification: the request and block lifecycles as python-statemachine classes.
+"""The specification's vocabulary: the states, events and guards of both lifecycles.
 
-The contract they encode, with the reasons and the precise rules where the pictures leave a
-choice, is docs/contract.md (#request-lifecycle, #block-lifecycle, #precise-rules).
+The python-statemachine classes that arrange them into transitions are in
+``kvlifetime.spec.lifecycles``; this module is what they are made of and what the ledger's fast
+path needs too, in plain Python, so that a ledger that is not checked never imports
+python-statemachine. The contract they encode is docs/contract.md (#request-lifecycle,
+#block-lifecycle, #precise-rules).
 
-The classes (``RequestLifecycle``, ``BlockLifecycle``, defined in ``kvlifetime.lifecycles`` and
-named here, loaded on first use) are the one source of truth. ``table.py`` compiles them into
-plain data that the ledger's fast path runs (committed as ``table_data.py`` and checked against
-them); ``diagrams.py`` draws them; ``BlockLedger(checked=True)`` mirrors every request
-transition into a ``RequestLifecycle`` and fails loudly when the two disagree. This module holds
-what they are made of and the fast path needs too: the states, the events and the guards.
-
-Guards are named conditions over *facts*: what has been proven about each grant (``GrantProof``)
-and, for blocks, how many holders and grants touch it. The caller updates the facts first, then
-sends the event; a guard reads the facts as they are after the event. Guards are plain functions
-in ``REQUEST_GUARDS`` / ``BLOCK_GUARDS`` so that the tables can evaluate exactly the same code.
-
-Both classes are strict ``StateMachine`` subclasses: an event with no transition from the current
-state raises, and exceptions are never swallowed.
+Guards are named conditions over *facts*: what has been proven about each grant
+(``kvlifetime.spec.proof.GrantProof``) and, for blocks, how many holders and grants touch it.
+The caller updates the facts first, then sends the event; a guard reads the facts as they are
+after the event. Guards are plain functions in ``REQUEST_GUARDS`` / ``BLOCK_GUARDS`` so that the
+compiled tables evaluate exactly the same code as the classes.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from kvlifetime.proof import GrantProof
-
-if TYPE_CHECKING:  # what the lazily loaded names are, for the type checker
-    from kvlifetime.lifecycles import SPECS as SPECS
-    from kvlifetime.lifecycles import BlockLifecycle as BlockLifecycle
-    from kvlifetime.lifecycles import RequestLifecycle as RequestLifecycle
-
-# The python-statemachine classes live in kvlifetime.lifecycles and load on first use: the
-# ledger's fast path runs the compiled tables (kvlifetime.table) and needs only the states,
-# events and guards below, so `from kvlifetime import BlockLedger` does not import
-# python-statemachine. `kvlifetime.machines.RequestLifecycle` still names the class.
-_LAZY = frozenset({"RequestLifecycle", "BlockLifecycle", "SPECS"})
-
-
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        from kvlifetime import lifecycles
-
-        return getattr(lifecycles, name)
-    raise AttributeError(f"module 'kvlifetime.machines' has no attribute {name!r}")
-
+from kvlifetime.spec.proof import GrantProof
 
 # =========================================================================== request lifecycle
 

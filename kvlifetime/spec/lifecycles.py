@@ -1,12 +1,12 @@
 """The specification's python-statemachine classes: ``RequestLifecycle`` and ``BlockLifecycle``.
 
 They are the one source of truth (docs/contract.md#request-lifecycle,
-docs/contract.md#block-lifecycle): ``kvlifetime.table`` compiles them into the data the
+docs/contract.md#block-lifecycle): ``kvlifetime.spec.table`` compiles them into the data the
 ledger's fast path runs (and checks its committed copy against them), ``kvlifetime.diagrams``
 draws them, and ``BlockLedger(checked=True)`` mirrors every request transition into a
 ``RequestLifecycle``. The states, events and guard functions they use are plain Python in
-``kvlifetime.machines``, which also names these classes (loading this module on first use), so
-that a ledger that is not checked never imports python-statemachine.
+``kvlifetime.spec.vocabulary``, which does not import this module, so that a ledger that is not
+checked never imports python-statemachine.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from statemachine import Event, State, StateMachine
 
-from kvlifetime.machines import (
+from kvlifetime.spec.vocabulary import (
     BlockFacts,
     BlockState,
     RequestFacts,
