@@ -11,33 +11,51 @@ checked never imports python-statemachine.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from statemachine import Event, State, StateMachine
 
 from kvlifetime.spec.vocabulary import (
+    BLOCK_GUARDS,
+    REQUEST_GUARDS,
     BlockFacts,
     BlockState,
     RequestFacts,
     RequestState,
-    all_cancel_received,
-    all_grants_closed,
-    all_scheduling_stopped,
-    block_has_open_grant,
-    has_holder,
-    has_live_holder,
-    has_open_grant,
-    no_holder,
-    no_live_holder,
-    no_open_grant,
-    no_open_write_grant,
-    quarantine_due,
-    write_needs_single_holder,
 )
 
 __all__ = ["SPECS", "BlockLifecycle", "RequestLifecycle"]
 
 
+def _condition(name: str, guard: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    def condition(self: Any) -> bool:
+        return guard(self.facts)
+
+    condition.__name__ = condition.__qualname__ = name
+    condition.__doc__ = guard.__doc__
+    return condition
+
+
+_SM = TypeVar("_SM", bound=type[StateMachine])
+
+
+def _conditions_from(guards: Mapping[str, Callable[[Any], bool]]) -> Callable[[_SM], _SM]:
+    """Give the class one condition method per guard, reading ``self.facts``: the name its
+    ``cond=`` uses calls the very function the compiled table calls (python-statemachine
+    resolves the names when a machine is made, so methods added after the class body count)."""
+
+    def add(cls: _SM) -> _SM:
+        for name, guard in guards.items():
+            if hasattr(cls, name):  # a guard must not shadow a state, an event or a method
+                raise TypeError(f"{cls.__name__}: guard {name!r} clashes with an attribute")
+            setattr(cls, name, _condition(name, guard))
+        return cls
+
+    return add
+
+
+@_conditions_from(REQUEST_GUARDS)
 class RequestLifecycle(StateMachine):
     """The lifetime of one request (docs/request.md).
 
@@ -99,22 +117,8 @@ class RequestLifecycle(StateMachine):
     def state(self) -> RequestState:
         return RequestState(self.current_state_value)
 
-    def all_cancel_received(self) -> bool:
-        return all_cancel_received(self.facts)
 
-    def all_scheduling_stopped(self) -> bool:
-        return all_scheduling_stopped(self.facts)
-
-    def all_grants_closed(self) -> bool:
-        return all_grants_closed(self.facts)
-
-    def has_open_grant(self) -> bool:
-        return has_open_grant(self.facts)
-
-    def quarantine_due(self) -> bool:
-        return quarantine_due(self.facts)
-
-
+@_conditions_from(BLOCK_GUARDS)
 class BlockLifecycle(StateMachine):
     """The lifetime of one KV block (docs/block.md).
 
@@ -189,30 +193,6 @@ class BlockLifecycle(StateMachine):
     @property
     def state(self) -> BlockState:
         return BlockState[str(self.current_state_value).upper()]
-
-    def no_open_grant(self) -> bool:
-        return no_open_grant(self.facts)
-
-    def has_open_grant(self) -> bool:
-        return block_has_open_grant(self.facts)
-
-    def no_live_holder(self) -> bool:
-        return no_live_holder(self.facts)
-
-    def has_live_holder(self) -> bool:
-        return has_live_holder(self.facts)
-
-    def no_holder(self) -> bool:
-        return no_holder(self.facts)
-
-    def has_holder(self) -> bool:
-        return has_holder(self.facts)
-
-    def no_open_write_grant(self) -> bool:
-        return no_open_write_grant(self.facts)
-
-    def write_needs_single_holder(self) -> bool:
-        return write_needs_single_holder(self.facts)
 
 
 SPECS: Mapping[str, type[StateMachine]] = {"request": RequestLifecycle, "block": BlockLifecycle}

@@ -9,15 +9,17 @@ python-statemachine. The contract they encode is docs/contract.md (#request-life
 Guards are named conditions over *facts*: what has been proven about each grant
 (``kvlifetime.spec.proof.GrantProof``) and, for blocks, how many holders and grants touch it.
 The caller updates the facts first, then sends the event; a guard reads the facts as they are
-after the event. Guards are plain functions in ``REQUEST_GUARDS`` / ``BLOCK_GUARDS`` so that the
-compiled tables evaluate exactly the same code as the classes.
+after the event. Each guard is written once, as a function in ``RequestGuards`` / ``BlockGuards``;
+``REQUEST_GUARDS`` / ``BLOCK_GUARDS`` map the names to them (the compiled tables call these), and
+the lifecycle classes get their condition methods from the same maps, so the tables and the
+classes evaluate exactly the same code.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvlifetime.spec.proof import GrantProof
 
@@ -82,55 +84,63 @@ class RequestFacts(Protocol):
     def open_proofs(self) -> Iterable[GrantProof]: ...
 
 
-def all_cancel_received(f: RequestFacts) -> bool:
-    """Every open grant's peer received the cancel (vacuously true with no open grant)."""
+class RequestGuards:
+    """The request guards, each written once: ``REQUEST_GUARDS`` maps each name to its function
+    (what the compiled tables call), and ``RequestLifecycle`` gets a condition method of the same
+    name from it (what its ``cond=`` names). A guard's name is the one its table rows show."""
+
     # Plain loops, not all(<genexpr>): the ledger evaluates these on its hot path.
-    for p in f.open_proofs():  # noqa: SIM110
-        if not p.cancel_acknowledged:
-            return False
-    return True
 
-
-def all_scheduling_stopped(f: RequestFacts) -> bool:
-    """Every open grant's peer stopped scheduling transfers for it."""
-    for p in f.open_proofs():  # noqa: SIM110
-        if not p.scheduling_stopped:
-            return False
-    return True
-
-
-def all_grants_closed(f: RequestFacts) -> bool:
-    """No grant of the request is open: no peer can touch its blocks any more."""
-    for _ in f.open_proofs():
-        return False
-    return True
-
-
-def has_open_grant(f: RequestFacts) -> bool:
-    """Some grant of the request is still open."""
-    for _ in f.open_proofs():
+    @staticmethod
+    def all_cancel_received(f: RequestFacts) -> bool:
+        """Every open grant's peer received the cancel (vacuously true with no open grant)."""
+        for p in f.open_proofs():  # noqa: SIM110
+            if not p.cancel_acknowledged:
+                return False
         return True
-    return False
 
+    @staticmethod
+    def all_scheduling_stopped(f: RequestFacts) -> bool:
+        """Every open grant's peer stopped scheduling transfers for it."""
+        for p in f.open_proofs():  # noqa: SIM110
+            if not p.scheduling_stopped:
+                return False
+        return True
 
-def quarantine_due(f: RequestFacts) -> bool:
-    """Some open grant is suspect: its deadline passed, its lease expired or its peer was lost."""
-    for p in f.open_proofs():  # noqa: SIM110
-        if p.suspect is not None:
+    @staticmethod
+    def all_grants_closed(f: RequestFacts) -> bool:
+        """No grant of the request is open: no peer can touch its blocks any more."""
+        for _ in f.open_proofs():
+            return False
+        return True
+
+    @staticmethod
+    def has_open_grant(f: RequestFacts) -> bool:
+        """Some grant of the request is still open."""
+        for _ in f.open_proofs():
             return True
-    return False
+        return False
+
+    @staticmethod
+    def quarantine_due(f: RequestFacts) -> bool:
+        """Some open grant is suspect: its deadline passed, its lease expired or its peer was
+        lost."""
+        for p in f.open_proofs():  # noqa: SIM110
+            if p.suspect is not None:
+                return True
+        return False
 
 
-REQUEST_GUARDS: Mapping[str, Callable[[RequestFacts], bool]] = {
-    g.__name__: g
-    for g in (
-        all_cancel_received,
-        all_scheduling_stopped,
-        all_grants_closed,
-        has_open_grant,
-        quarantine_due,
-    )
-}
+def _guards_of(namespace: type) -> dict[str, Callable[[Any], bool]]:
+    """Every guard a ``*Guards`` class defines, by name, in definition order."""
+    return {
+        name: getattr(namespace, name)
+        for name, value in vars(namespace).items()
+        if isinstance(value, staticmethod)
+    }
+
+
+REQUEST_GUARDS: Mapping[str, Callable[[RequestFacts], bool]] = _guards_of(RequestGuards)
 
 
 # =========================================================================== block lifecycle
@@ -171,47 +181,49 @@ class BlockFacts(Protocol):
     open_write_grants: int  # of those, grants that may write
 
 
-def no_open_grant(f: BlockFacts) -> bool:
-    return f.open_grants == 0
+class BlockGuards:
+    """The block guards, each written once (as ``RequestGuards``): ``BLOCK_GUARDS`` for the
+    tables, condition methods of the same names for ``BlockLifecycle``."""
+
+    @staticmethod
+    def no_open_grant(f: BlockFacts) -> bool:
+        """No open grant touches the block: no peer may reach it."""
+        return f.open_grants == 0
+
+    @staticmethod
+    def has_open_grant(f: BlockFacts) -> bool:
+        """Some open grant touches the block."""
+        return f.open_grants > 0
+
+    @staticmethod
+    def no_live_holder(f: BlockFacts) -> bool:
+        """Every holder's owner has ended its request."""
+        return f.live_holders == 0
+
+    @staticmethod
+    def has_live_holder(f: BlockFacts) -> bool:
+        """Some holder's request is still running."""
+        return f.live_holders > 0
+
+    @staticmethod
+    def no_holder(f: BlockFacts) -> bool:
+        """No request holds the block any more: it may return to the pool."""
+        return f.holders == 0
+
+    @staticmethod
+    def has_holder(f: BlockFacts) -> bool:
+        """Some request still holds the block."""
+        return f.holders > 0
+
+    @staticmethod
+    def no_open_write_grant(f: BlockFacts) -> bool:
+        """Sharing is only allowed while the block's content is settled."""
+        return f.open_write_grants == 0
+
+    @staticmethod
+    def write_needs_single_holder(f: BlockFacts) -> bool:
+        """A write grant is refused on a block with more than one holder."""
+        return f.open_write_grants == 0 or f.holders == 1
 
 
-def block_has_open_grant(f: BlockFacts) -> bool:
-    return f.open_grants > 0
-
-
-def no_live_holder(f: BlockFacts) -> bool:
-    return f.live_holders == 0
-
-
-def has_live_holder(f: BlockFacts) -> bool:
-    return f.live_holders > 0
-
-
-def no_holder(f: BlockFacts) -> bool:
-    return f.holders == 0
-
-
-def has_holder(f: BlockFacts) -> bool:
-    return f.holders > 0
-
-
-def no_open_write_grant(f: BlockFacts) -> bool:
-    """Sharing is only allowed while the block's content is settled."""
-    return f.open_write_grants == 0
-
-
-def write_needs_single_holder(f: BlockFacts) -> bool:
-    """A write grant is refused on a block with more than one holder."""
-    return f.open_write_grants == 0 or f.holders == 1
-
-
-BLOCK_GUARDS: Mapping[str, Callable[[BlockFacts], bool]] = {
-    "no_open_grant": no_open_grant,
-    "has_open_grant": block_has_open_grant,
-    "no_live_holder": no_live_holder,
-    "has_live_holder": has_live_holder,
-    "no_holder": no_holder,
-    "has_holder": has_holder,
-    "no_open_write_grant": no_open_write_grant,
-    "write_needs_single_holder": write_needs_single_holder,
-}
+BLOCK_GUARDS: Mapping[str, Callable[[BlockFacts], bool]] = _guards_of(BlockGuards)
