@@ -1,9 +1,9 @@
 """Diagrams and generated documents, drawn from the compiled transition tables.
 
-Nothing here is drawn by hand: every edge comes from a ``Row`` of ``table.request_table()`` /
-``table.block_table()``, which are compiled from the python-statemachine specification in
-``machines.py``. A review picture therefore cannot drift from the code, and ``tests`` pin the
-generated ``docs/`` byte for byte.
+Nothing here is drawn by hand: every edge comes from a ``Row`` of
+``kvlifetime.spec.table.request_table()`` / ``block_table()``, which are compiled from the
+python-statemachine classes in ``kvlifetime.spec.lifecycles``. A review picture therefore cannot
+drift from the code, and ``tests`` pin the generated ``docs/`` byte for byte.
 
 Formats:
 

@@ -3,7 +3,7 @@ touched only under its lock).
 
 A request record holds the batches of block ids it acquired and its grants; a grant record is
 the grant together with what has been proven about it. They hold no rule of their own: the
-ledger applies the rules; these are what the table guards read (``machines.RequestFacts``).
+ledger applies the rules; these are what the table guards read (``spec.vocabulary.RequestFacts``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class GrantRecord(GrantProof):
 
 
 class RequestRecord:
-    """Per-request record. Implements ``machines.RequestFacts`` for the guards."""
+    """Per-request record. Implements ``spec.vocabulary.RequestFacts`` for the guards."""
 
     __slots__ = (
         "deadline",

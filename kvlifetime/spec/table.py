@@ -1,10 +1,11 @@
 """Transition tables compiled from the specification, as plain data.
 
-``compile_table(RequestLifecycle)`` reads the python-statemachine class (states, events,
-transitions, guard names) into a ``TransitionTable``: the only thing the ledger's fast path runs.
-``request_table()`` and ``block_table()`` build it from ``kvlifetime.spec.table_data``, the compiled
-rows committed as data, so that a ledger imports no python-statemachine; a test checks that data
-against ``compile_table`` of the classes (regenerate it with ``python -m kvlifetime.spec.table``).
+``compile_table(RequestLifecycle, "request", REQUEST_GUARDS)`` reads a python-statemachine class
+of ``kvlifetime.spec.lifecycles`` (states, events, transitions, guard names) into a
+``TransitionTable``: the only thing the ledger's fast path runs. ``request_table()`` and
+``block_table()`` build it from ``kvlifetime.spec.table_data``, the compiled rows committed as
+data, so that a ledger imports no python-statemachine; a test checks that data against
+``compile_table`` of the classes (regenerate it with ``python -m kvlifetime.spec.table``).
 A (state, event) pair with no row is a typed protocol error (``IllegalTransition``), as in h11.
 Exports: markdown, csv and json, all generated from the same rows.
 """
@@ -100,7 +101,7 @@ class TransitionTable:
         lines = [
             f"# {self.machine} lifecycle: transition table",
             "",
-            "Generated from `kvlifetime.machines` by `kvlifetime table "
+            "Generated from `kvlifetime.spec.lifecycles` by `kvlifetime table "
             f"{self.machine} --format md`. Do not edit.",
             "",
             f"Initial state: `{self.initial}`. Final: "
