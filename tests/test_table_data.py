@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from kvlifetime.spec.table import block_table, compiled_from_spec, request_table
+from kvlifetime.spec.table import block_table, compiled_from_spec, request_table, table_for
+from kvlifetime.spec.vocabulary import GUARDS
 
 
 @pytest.mark.parametrize(("machine", "table"), [("request", request_table), ("block", block_table)])
@@ -21,6 +22,21 @@ def test_the_committed_data_is_the_compiled_specification(machine: str, table: o
     assert got == want  # states, initial, finals, events and every row, in order
     assert got.index == want.index
     assert set(got.guards) == set(want.guards)
+
+
+@pytest.mark.parametrize("machine", ["request", "block"])
+def test_every_guard_is_written_once_and_used(machine: str) -> None:
+    """The tables call the guard functions themselves, the classes' conditions call the same
+    functions, and no guard is left that no row names."""
+    from kvlifetime.spec.lifecycles import SPECS
+
+    guards = GUARDS[machine]
+    table = table_for(machine)
+    assert {r.guard for r in table.rows} - {None} == set(guards)
+    assert all(table.guards[name] is fn for name, fn in guards.items())
+    for name, fn in guards.items():
+        condition = getattr(SPECS[machine], name)
+        assert condition.__name__ == name and condition.__doc__ == fn.__doc__
 
 
 def test_an_unchecked_ledger_does_not_import_python_statemachine() -> None:

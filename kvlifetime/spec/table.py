@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import attrs
 
 from kvlifetime.errors import IllegalTransition
-from kvlifetime.spec.vocabulary import BLOCK_GUARDS, REQUEST_GUARDS, UNSAFE_EVENTS
+from kvlifetime.spec.vocabulary import GUARDS, UNSAFE_EVENTS
 
 if TYPE_CHECKING:
     from statemachine import StateMachine
@@ -203,14 +203,14 @@ def _from_data(
 def request_table() -> TransitionTable:
     from kvlifetime.spec.table_data import REQUEST
 
-    return _from_data("request", REQUEST, REQUEST_GUARDS)
+    return _from_data("request", REQUEST, GUARDS["request"])
 
 
 @cache
 def block_table() -> TransitionTable:
     from kvlifetime.spec.table_data import BLOCK
 
-    return _from_data("block", BLOCK, BLOCK_GUARDS)
+    return _from_data("block", BLOCK, GUARDS["block"])
 
 
 def compiled_from_spec(machine: str) -> TransitionTable:
@@ -218,8 +218,7 @@ def compiled_from_spec(machine: str) -> TransitionTable:
     ``kvlifetime.spec.table_data`` must hold)."""
     from kvlifetime.spec.lifecycles import SPECS
 
-    guards = REQUEST_GUARDS if machine == "request" else BLOCK_GUARDS
-    return compile_table(SPECS[machine], machine, guards)
+    return compile_table(SPECS[machine], machine, GUARDS[machine])
 
 
 def table_data_source() -> str:

@@ -227,3 +227,9 @@ class BlockGuards:
 
 
 BLOCK_GUARDS: Mapping[str, Callable[[BlockFacts], bool]] = _guards_of(BlockGuards)
+
+GUARDS: Mapping[str, Mapping[str, Callable[[Any], bool]]] = {
+    "request": REQUEST_GUARDS,
+    "block": BLOCK_GUARDS,
+}
+"""Each machine's guards, by the machine's name (as ``lifecycles.SPECS`` names its class)."""
