@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NIXL_PKGS := nixl==1.5.1 nixl-cu13==1.5.1
 
-.PHONY: demo demo-mooncake demo-nixl soak test lint typecheck bench docs clean system-deps \
+.PHONY: demo demo-preflight demo-mooncake demo-nixl soak test lint typecheck bench docs clean system-deps \
 	vllm-venv vllm-src vllm-hf vllm-baseline test-vllm clean-vllm spin-anchor verify-depth \
 	sglang-venv test-sglang clean-sglang
 
@@ -18,7 +18,16 @@ $(STAMP): pyproject.toml
 	# NIXL, lean: no torch, no CUDA libraries (an extra cannot say --no-deps; plain
 	# `pip install nixl` pulls about 3 GB of them). Only numpy is needed to import it.
 	$(BIN)/pip install -q --no-deps $(NIXL_PKGS)
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+# What `make demo` needs and no more: the library with the harness and the report extras.
+DEMO_STAMP := $(VENV)/.installed-demo
+$(DEMO_STAMP): pyproject.toml
+	@echo "make demo: installing kvlifetime[harness,report] into $(VENV) (first time: about a minute)"
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip
+	$(BIN)/pip install -q -e '.[harness,report]'
+	touch $(DEMO_STAMP)
 
 # Debian packages some tests need: graphviz (svg diagrams), libibverbs1 & co (Mooncake's
 # import), spin (the model-checker anchor), chromium (the report's browser test). Installed when running as root with apt-get; otherwise install them yourself
@@ -44,16 +53,34 @@ typecheck: $(STAMP)
 test: system-deps $(STAMP) lint typecheck
 	$(BIN)/pytest
 
-# DEMO_ARGS: e.g. `--requests 100` (CI runs each demo target that small; the default is 10,000).
+# DEMO_ARGS: e.g. `--requests 100` (CI runs each demo target that small); the default is 1,000
+# requests per run, about a minute in all on 2 cores; `--requests 10000` is the manual's size.
 DEMO_ARGS ?=
 
-demo: $(STAMP)
+# Before anything is installed or run, one line and exit 1 for what `make demo` cannot do itself:
+# a Python older than 3.11, a Python without venv, or no Graphviz `dot` (installed here when
+# running as root with apt-get).
+demo-preflight:
+	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "make demo: needs Python 3.11 or newer; $(PY) is $$($(PY) -V 2>&1): run make demo PY=python3.11 (or newer)"; exit 1; }
+	@test -x $(BIN)/python || $(PY) -c 'import ensurepip' 2>/dev/null || { \
+	  echo "make demo: $(PY) cannot make a virtual environment: install python3-venv (apt-get install python3-venv)"; exit 1; }
+	@command -v dot >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "make demo: installing Graphviz (apt-get install graphviz)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      --no-install-recommends graphviz >/dev/null || exit 1; \
+	  else \
+	    echo "make demo: Graphviz's dot is not installed and cannot be installed here (not root with apt-get): install graphviz (apt-get install graphviz, dnf install graphviz, brew install graphviz), then make demo again"; exit 1; \
+	  fi; }
+
+demo: demo-preflight $(DEMO_STAMP)
 	$(BIN)/kvlifetime demo --out out $(DEMO_ARGS)
 
-demo-mooncake: system-deps $(STAMP)
+demo-mooncake: demo-preflight system-deps $(STAMP)
 	$(BIN)/kvlifetime demo --out out --backend mooncake $(DEMO_ARGS)
 
-demo-nixl: $(STAMP)
+demo-nixl: demo-preflight $(STAMP)
 	$(BIN)/kvlifetime demo --out out --backend nixl $(DEMO_ARGS)
 
 # The long proof run with fences, 50,000 requests, on each backend (minutes on Mooncake).

@@ -102,7 +102,7 @@ def test_diagram_svg_without_dot_exits_2(
         status, out, err = run(capsys, "-v", "diagram", "request", "--format", "svg")
     assert status == 2
     assert out == ""
-    assert err.count("\n") == 1 and err.startswith("kvlifetime: error: ")
+    assert err.count("\n") == 1 and err.startswith("kvlifetime diagram: error: ")
     assert "graphviz" in err and "apt-get install graphviz" in err
     # capture_logs swaps the processors: the event is captured instead of printed
     assert logs == [
@@ -111,7 +111,7 @@ def test_diagram_svg_without_dot_exits_2(
             "log_level": "info",
             "command": "diagram",
             "error": "graphviz_not_found",
-            "message": err.removeprefix("kvlifetime: error: ").rstrip("\n"),
+            "message": err.removeprefix("kvlifetime diagram: error: ").rstrip("\n"),
         }
     ]
 
@@ -185,21 +185,40 @@ def test_docs_needs_out(capsys: Capsys) -> None:
 
 @pytest.mark.parametrize("backend", ["inproc", "mooncake", "nixl"])
 def test_demo(capsys: Capsys, tmp_path: Path, backend: str) -> None:
-    """What `make demo`, `make demo-mooncake` and `make demo-nixl` run, at a small size."""
+    """What `make demo`, `make demo-mooncake` and `make demo-nixl` run, at a small size: a
+    line per run and a short summary on stdout, everything else in files."""
     if backend == "mooncake":
         need_mooncake()
     elif backend == "nixl":
         need_nixl()
     out_dir = tmp_path / "out"
     n = "200" if backend == "inproc" else "100"  # ten runs, each starting engine processes
-    status, out, _ = run(
-        capsys, "demo", "--out", str(out_dir), "--backend", backend, "--requests", n
+    logs = tmp_path / "logs" / "events.jsonl"
+    status, out, err = run(
+        capsys,
+        *("demo", "--out", str(out_dir), "--backend", backend, "--requests", n),
+        *("--log-json", str(logs)),
     )
-    assert status == 0
-    assert f"backend: {backend}" in out
-    assert table_for("request").to_markdown() in out
-    assert table_for("block").to_markdown() in out
-    assert evidence_markdown() in out
+    assert (status, err) == (0, "")
+    assert sorted(p.name for p in logs.parent.iterdir()) == [
+        f"events-{i:02d}.jsonl" for i in range(1, 11)
+    ]
+    # run 9 (pull, lease) replays clean: its log is what replay checks
+    assert main(["replay", str(logs.parent / "events-09.jsonl")]) == 0
+    assert "every one legal" in capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith(
+        f"kvlifetime demo: 10 harness runs of {n} requests (backend {backend}"
+    )
+    runs = [line for line in lines if line.startswith("[")]
+    assert [r[:8] for r in runs] == [f"[{i:>2}/10] " for i in range(1, 11)]
+    assert all(" s  isolation " in r for r in runs)
+    # the proof policy's runs hold isolation; the naive push run breaks it
+    assert "push, proof " in runs[2] and "isolation held" in runs[2]
+    assert "pull, proof " in runs[9] and "isolation held" in runs[9]
+    assert "proof vs naive:" in out and f"open {out_dir / 'index.html'} in a browser" in out
+    assert len(lines) < 30  # a summary, not pages of tables
+    assert "|" not in out
     assert sorted(p.name for p in out_dir.iterdir()) == [
         "block.md",
         "block.mmd",
@@ -221,10 +240,17 @@ def test_demo_rejects_unknown_backend(capsys: Capsys, tmp_path: Path) -> None:
         run_demo(tmp_path, "rdma", io.StringIO())
 
 
-def test_run_demo_writes_to_given_stream(tmp_path: Path) -> None:
-    buf = io.StringIO()
-    assert run_demo(tmp_path, "inproc", buf, harness_requests=20) == 0
-    assert "==== evidence and claims ====" in buf.getvalue()
+def test_demo_without_graphviz_refuses_before_any_run(
+    capsys: Capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The page needs `dot`: without it the demo says so in one line, before minutes of runs,
+    and writes nothing (it used to run everything, then skip the page with exit 0)."""
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    status, out, err = run(capsys, "demo", "--out", str(tmp_path / "out"), "--requests", "5")
+    assert (status, out) == (2, "")
+    assert err.count("\n") == 1 and "apt-get install graphviz" in err
+    assert err.startswith("kvlifetime demo: error: ")
+    assert not (tmp_path / "out").exists()
 
 
 # --------------------------------------------------------------------------- plumbing
@@ -265,7 +291,7 @@ def test_os_error_exits_1(capsys: Capsys, tmp_path: Path) -> None:
     blocker.write_text("")
     status, _, err = run(capsys, "table", "request", "-o", str(blocker / "t.md"))
     assert status == 1
-    assert err.startswith("kvlifetime: error: ") and err.count("\n") == 1
+    assert err == f"kvlifetime table: error: {blocker}: file exists\n"  # mkdir of its folder
 
 
 def _add_hello(p: argparse.ArgumentParser) -> None:
@@ -287,7 +313,7 @@ def test_a_new_subcommand_is_one_entry(capsys: Capsys, monkeypatch: pytest.Monke
     status, out, err = run(capsys, "hello", "--fail")
     assert (status, out) == (2, "")
     assert err == (
-        "kvlifetime: error: request 'r1' cannot be released; "
+        "kvlifetime hello: error: request 'r1' cannot be released; "
         "still unproven: inc#1: cancel_received, scheduling_stopped\n"
     )
 
@@ -303,6 +329,34 @@ def test_verbose_logs_to_stderr_and_changes_no_global_config(
     # without -v, info events stay quiet: stdout and stderr carry only what was asked for
     status, out, err = run(capsys, "table", "request", "-o", str(tmp_path / "t2.md"))
     assert (status, out, err) == (0, "", "")
+
+
+@pytest.mark.parametrize(
+    ("argv", "what"),
+    [
+        (["replay", "nosuch.jsonl"], "log nosuch.jsonl"),
+        (["report", "--results", "nosuch.json"], "--results nosuch.json"),
+    ],
+)
+def test_a_missing_input_file_is_exit_2_in_one_line_naming_the_command(
+    capsys: Capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], what: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    status, out, err = run(capsys, *argv)
+    assert (status, out) == (2, "")
+    assert err == f"kvlifetime {argv[0]}: error: {what}: no such file\n"
+    assert list(tmp_path.iterdir()) == []  # nothing written (report: no index.html)
+
+
+def test_a_refusal_is_one_line_not_a_log_line_as_well(capsys: Capsys, tmp_path: Path) -> None:
+    """A library warning about the refusal (report_refused) stays out of the command line's
+    stderr: the error line says it once."""
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    status, out, err = run(capsys, "report", "--results", str(bad), "--out", str(tmp_path))
+    assert (status, out) == (2, "")
+    assert err.count("\n") == 1 and err.startswith("kvlifetime report: error: ")
+    assert "is not JSON" in err
 
 
 def test_quiet_without_verbose_even_under_capture(capsys: Capsys, tmp_path: Path) -> None:

@@ -161,8 +161,8 @@ def test_ctrl_c_in_demo_says_which_runs_finished(
     status, _, err = run(capsys, "demo", "--out", str(tmp_path), "--requests", "20")
     assert status == EXIT_INTERRUPTED
     assert err.strip().splitlines()[-1] == (
-        "kvlifetime demo: interrupted: 1 of 10 harness runs finished (their reports are "
-        f"above); {tmp_path / 'report.*'} not written"
+        "kvlifetime demo: interrupted: 1 of 10 harness runs finished; "
+        f"{tmp_path / 'report.*'} not written"
     )
     assert not (tmp_path / "report.json").exists()
 

@@ -151,7 +151,11 @@ def test_cli_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert doc["ok"] is False and doc["illegal"]["line"] == 2
     junk = tmp_path / "junk.jsonl"
     junk.write_text("not json\n")
+    capsys.readouterr()
     assert main(["replay", str(junk)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvlifetime replay: error: {junk}: line 1: not JSON")
+    assert err.count("\n") == 1
 
 
 # --------------------------------------------------------------------------- every field checked
@@ -294,6 +298,7 @@ def test_a_log_with_no_kvlifetime_event_is_refused(
     assert main(["replay", str(path)]) == 3
     out, err = capsys.readouterr()
     assert out == "" and "no kvlifetime event" in err and "legal" not in err
+    assert err.count("\n") == 1 and "--log-json FILE" in err  # the refusal says how to make one
     with pytest.raises(NothingToCheck) as info:
         replay(read_log(text.splitlines()))
     assert isinstance(info.value, UsageError)

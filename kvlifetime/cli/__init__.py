@@ -9,8 +9,11 @@ Subcommands are data: ``COMMANDS`` lists ``Command(name, help, add_arguments, ru
 use.
 
 ``run`` receives the parsed arguments plus ``args.log``, a structlog logger that writes to stderr
-(stdout carries the tables), quiet below warning unless ``-v``. The command line never calls
-``structlog.configure``: the processors stay whatever the host set (``capture_logs`` works).
+(stdout carries the tables), silent unless ``-v``: every failure is said once, as the one
+``kvlifetime COMMAND: error: ...`` line ``main`` prints, never also as a log line. The command
+line never calls ``structlog.configure`` (the processors stay whatever the host set, and
+``capture_logs`` works), except for the run of a command given ``--log-json FILE``
+(``eventlog``).
 
 Options every command takes, before or after its name: ``-v`` (log every step to stderr),
 ``--progress`` / ``--no-progress`` (the bar of a long command on stderr; default: when stderr is
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -65,55 +69,93 @@ class Command:
     run: Callable[[argparse.Namespace], int]  # returns the exit status
     # Statuses of this command beyond EXIT_STATUS (e.g. replay's "no kvlifetime events").
     exit_status: tuple[tuple[int, str], ...] = ()
+    # Its own --help's first paragraph: what it does and how long it takes (default: help).
+    description: str = ""
 
 
 COMMANDS: list[Command] = [
     Command(
-        "table", "print a transition table (md, csv, json)", contract.add_table, contract.run_table
+        "table",
+        "print a lifecycle's transition table (instant)",
+        contract.add_table,
+        contract.run_table,
+        description="Print the request or block lifecycle's transition table: every allowed "
+        "transition, from and to, with its guard, compiled from the specification (md, csv, "
+        "json). Instant.",
     ),
     Command(
         "diagram",
-        "draw a lifecycle (mermaid, dot, svg, md)",
+        "draw a lifecycle (instant; svg needs Graphviz)",
         contract.add_diagram,
         contract.run_diagram,
+        description="Draw the request or block lifecycle from its transition table (mermaid, "
+        "dot, svg, md). Instant; svg runs Graphviz's dot.",
     ),
     Command(
         "evidence",
-        "print the evidence x claim matrix and who may make each claim; with --engine, what "
-        "each status of a transfer engine proves",
+        "print what each piece of evidence proves, and who may say it (instant)",
         contract.add_evidence,
         contract.run_evidence,
+        description="Print the evidence x claim matrix and who may make each claim; with "
+        "--engine, what each status of a transfer engine proves. Instant.",
     ),
     Command(
-        "docs", "write the generated documents into a folder", contract.add_docs, contract.run_docs
+        "docs",
+        "write the generated tables and diagrams into a folder (a second)",
+        contract.add_docs,
+        contract.run_docs,
     ),
-    Command("demo", "show the contract: tables, claims, diagrams", demo.add_arguments, demo.run),
+    Command(
+        "demo",
+        "ten harness runs side by side, then the design-review page (about a minute)",
+        demo.add_arguments,
+        demo.run,
+        description="Run the disaggregation harness ten times on one seed (push: naive, "
+        "timeout and proof release policies, naive and proof with every topology fault, a "
+        "decode restart naive and guarded; pull: naive, lease, proof), print one line per run "
+        "and a summary, and write the design-review page DIR/index.html with every run in "
+        "full beside it. About a minute on 2 cores at the default 1,000 requests per run; "
+        "--requests 10000 (the size of the manual's figures) several minutes.",
+    ),
     Command(
         "verify",
-        "explore every interleaving of a small configuration over the real ledger",
+        "explore every interleaving of a small configuration (seconds to hours)",
         verify.add_arguments,
         verify.run,
         verify.EXIT_STATUS,
+        description="Explore every interleaving of a small configuration (requests x peers x "
+        "blocks, with faults) over the real ledger and check isolation, single ownership and "
+        "no leak; a refuted policy gets its shortest counterexample. Seconds for one block "
+        "and one fault, minutes or more as the configuration grows (--max-states bounds it).",
     ),
     Command(
         "replay",
-        "check a recorded event log against the transition tables and evidence rules",
+        "check a recorded event log against the rules (seconds per 10,000 lines)",
         replay.add_arguments,
         replay.run,
         replay.EXIT_STATUS,
+        description="Check a recorded JSON event log (simulate --log-json FILE writes one) "
+        "step by step against the transition tables and the evidence rules; print the first "
+        "illegal step with the steps before it. A few seconds per 10,000 lines.",
     ),
     Command(
         "simulate",
-        "run prefill/decode disaggregation with faults under a release policy",
+        "one harness run under one release policy (seconds per 1,000 requests)",
         simulate.add_arguments,
         simulate.run,
+        description="One harness run: prefill and decode workers over a transfer engine with "
+        "injected aborts, rejections, failures and crashes, under one release policy; an "
+        "oracle at the transport counts every late write. A few seconds per 1,000 requests on "
+        "the in-process engine, more on mooncake and nixl.",
     ),
     Command(
         "report",
-        "write the design-review page (index.html): lifecycles, evidence, engine profiles, "
-        "harness plots, counterexamples as sequence diagrams",
+        "write the design-review page from demo's results (about 15 seconds)",
         report.add_arguments,
         report.run,
+        description="Write the design-review page DIR/index.html from the harness results demo "
+        "wrote (DIR/report.json): a summary, the lifecycles, evidence and engine profiles, the "
+        "harness plots, each refuted policy's counterexample. About 15 seconds.",
     ),
 ]
 """Every subcommand, in help order. Append new ones here (see the module docstring)."""
@@ -173,7 +215,7 @@ def build_parser(commands: Sequence[Command] | None = None) -> argparse.Argument
         p = sub.add_parser(
             cmd.name,
             help=cmd.help,
-            description=cmd.help,
+            description=textwrap.fill(cmd.description or cmd.help, 79),
             formatter_class=HelpFormatter,
             epilog=_epilog(cmd.exit_status),
         )
@@ -184,7 +226,9 @@ def build_parser(commands: Sequence[Command] | None = None) -> argparse.Argument
 
 
 def cli_logger(verbose: bool) -> Logger:
-    """A logger for the command line: stderr, warnings only unless ``verbose``.
+    """A logger for the command line: stderr, nothing below critical unless ``verbose`` (a
+    refusal is the command's one ``error:`` line, not a log line as well; kvlifetime logs
+    nothing critical).
 
     Only the output and the level are chosen here; the processors are resolved from the
     global structlog configuration when the logger is first used, so a host's configuration
@@ -193,13 +237,20 @@ def cli_logger(verbose: bool) -> Logger:
     return structlog.wrap_logger(
         structlog.PrintLogger(sys.stderr),
         wrapper_class=structlog.make_filtering_bound_logger(
-            logging.DEBUG if verbose else logging.WARNING
+            logging.DEBUG if verbose else logging.CRITICAL
         ),
     )
 
 
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())
+
+
+def _os_error(e: OSError) -> str:
+    """``[Errno 13] Permission denied: 'x'`` as ``x: permission denied``."""
+    if e.strerror and e.filename is not None:
+        return f"{e.filename}: {e.strerror[:1].lower()}{e.strerror[1:]}"
+    return _one_line(e)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -219,11 +270,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except KVLifetimeError as e:
         log.info("command_failed", command=args.command, error=e.kind, message=_one_line(e))
-        print(f"kvlifetime: error: {_one_line(e)}", file=sys.stderr)
+        print(f"kvlifetime {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except OSError as e:
-        log.info("command_failed", command=args.command, error="os_error", message=_one_line(e))
-        print(f"kvlifetime: error: {_one_line(e)}", file=sys.stderr)
+        log.info("command_failed", command=args.command, error="os_error", message=_os_error(e))
+        print(f"kvlifetime {args.command}: error: {_os_error(e)}", file=sys.stderr)
         return 1
 
 

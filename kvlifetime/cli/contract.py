@@ -129,7 +129,8 @@ def write_docs(out: Path, log: Logger) -> list[Path]:
     with_svg = graphviz_available()
     if not with_svg:
         print(
-            "kvlifetime: note: Graphviz `dot` not found, skipping .svg (apt-get install graphviz)",
+            "kvlifetime docs: note: Graphviz `dot` not found, skipping .svg "
+            "(apt-get install graphviz)",
             file=sys.stderr,
         )
     written = []

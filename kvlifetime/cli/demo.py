@@ -1,22 +1,38 @@
-"""``demo``: the contract, then the harness policy by policy, written to a folder."""
+"""``demo``: ten harness runs side by side, then the design-review page, written to a folder.
+
+What it prints is short on purpose: one line before anything runs, one line per harness run
+(its title, its wall time, what the oracle saw), a summary of the comparison, and the page to
+open. Everything else goes to files in ``--out``: every run in full (``report.txt``), the
+results the page is built from (``report.json``), the comparison table (``harness-table.md``),
+the lifecycles as Mermaid and Markdown, and the page itself (``index.html``).
+
+Everything the page needs (the harness and report extras, Graphviz's ``dot``, the backend's
+engine) is checked before the first run: a missing one is one line naming the install, exit 2,
+nothing written.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from kvlifetime.cli.output import Logger, library_logger, write_text
-from kvlifetime.diagrams import MACHINES, evidence_markdown, render
-from kvlifetime.spec.table import table_for
+from kvlifetime.diagrams import MACHINES, render
+
+if TYPE_CHECKING:
+    from kvlifetime.cli.eventlog import RunLogs
+    from kvlifetime.harness.report import Report
+    from kvlifetime.harness.simulate import DemoRun
 
 DEMO_BACKENDS: tuple[str, ...] = ("inproc", "mooncake", "nixl")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from kvlifetime.cli.output import bounded_int
-    from kvlifetime.harness.simulate import DEMO_REQUESTS
+    from kvlifetime.harness.simulate import DEMO_REQUESTS, DEMO_SEED, FULL_REQUESTS
 
     p.add_argument(
         "--out", type=Path, default=Path("out"), metavar="DIR", help="where the files go"
@@ -25,19 +41,98 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--backend",
         choices=DEMO_BACKENDS,
         default="inproc",
-        help="the transfer engine of the harness runs",
+        help="the transfer engine of the harness runs (mooncake and nixl start engine "
+        "processes: slower)",
     )
     p.add_argument(
         "--requests",
         type=bounded_int(1),
         default=None,
         metavar="N",
-        help=f"requests per harness run (default: {DEMO_REQUESTS:,}, the acceptance size)",
+        help=f"requests per harness run (default: {DEMO_REQUESTS:,}, about a minute in all on "
+        f"2 cores; {FULL_REQUESTS:,} is the size of the manual's figures, several minutes)",
+    )
+    p.add_argument(
+        "--seed",
+        type=bounded_int(0),
+        default=DEMO_SEED,
+        metavar="S",
+        help="the faults' random seed, the same for every run",
+    )
+    p.add_argument(
+        "--log-json",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write every run's ledger events as JSON lines, one file per run "
+        "(FILE's name with the run's number: events-01.jsonl, ...), each checkable by "
+        "kvlifetime replay",
     )
 
 
-def _section(title: str, body: str, stream: TextIO) -> None:
-    stream.write(f"\n==== {title} ====\n\n{body}")
+def require_demo(backend: str, what: str = "kvlifetime demo") -> None:
+    """Refuse before anything runs: the harness, the backend's engine, the report extra and
+    Graphviz's ``dot`` (the page's lifecycles), each named with its install."""
+    from kvlifetime.diagrams import GraphvizNotFound, graphviz_available
+    from kvlifetime.harness.simulate import require_backend
+    from kvlifetime.report import require_report_extra
+
+    require_backend(backend, what)
+    require_report_extra(what)
+    if not graphviz_available():
+        raise GraphvizNotFound()
+
+
+def outcome(r: Report) -> str:
+    """What the oracle saw in one run, in a few words."""
+    if r.direction == "pull":
+        parts = [f"{r.stale_reads:,} stale reads"]
+    else:
+        parts = [f"{r.seen('late_writes'):,} late writes"]
+    parts.append(f"{r.contaminated_requests:,} requests contaminated")
+    if r.unsafe_releases:
+        parts.append(f"{r.unsafe_releases:,} unsafe releases")
+    if r.peak_quarantined_blocks:
+        parts.append(
+            f"peak {r.peak_quarantined_blocks:,} blocks quarantined, "
+            f"{r.reclaimed_total:,} reclaimed by fences"
+        )
+    return ", ".join(parts)
+
+
+def isolation_held(r: Report) -> bool:
+    """No write landed late, no read was stale, no request consumed another's bytes."""
+    return r.seen("late_writes") == 0 and r.stale_reads == 0 and r.contaminated_blocks == 0
+
+
+class _Lines:
+    """One line per run on ``stream``: its title when it starts, its outcome when it ends;
+    and each run's event log opened and closed around it."""
+
+    def __init__(self, stream: TextIO, logs: RunLogs) -> None:
+        self.stream = stream
+        self.logs = logs
+        self.started = 0.0
+
+    def start(self, i: int, n: int, run: DemoRun) -> None:
+        self.logs.start(i)
+        self.started = time.monotonic()
+        self.stream.write(f"[{i:>2}/{n}] {run.title:<48} ")
+        self.stream.flush()
+
+    def done(self, i: int, n: int, run: DemoRun, r: Report) -> None:
+        self.logs.stop()
+        mark = "held  " if isolation_held(r) else "BROKEN"
+        took = time.monotonic() - self.started
+        self.stream.write(f"{took:5.1f} s  isolation {mark}  {outcome(r)}\n")
+        self.stream.flush()
+
+
+def _summary(reports: list[Report]) -> str:
+    from kvlifetime.harness.report import compare_markdown
+
+    closing = compare_markdown(reports).split("\n\n", 1)
+    return closing[1].strip() if len(closing) > 1 else ""
 
 
 def run_demo(
@@ -47,42 +142,70 @@ def run_demo(
     log: Logger | None = None,
     harness_requests: int | None = None,
     show_progress: bool | None = False,
+    seed: int | None = None,
+    log_json: Path | None = None,
 ) -> int:
-    """The demo: the contract as tables and pictures, then the harness, policy by policy.
+    """The demo: the harness, policy by policy, then the design-review page ``out/index.html``.
 
-    Step 1 prints what the specification allows and what each piece of evidence proves, and
-    writes the diagrams to ``out``. Step 2 runs the disaggregation harness on ``backend`` with
-    the naive, timeout and proof policies side by side and writes the report to ``out``.
+    ``stream`` gets a dozen lines (one per run, a summary, the page's path); the rest is in
+    ``out``. ``log_json``: each run's ledger events as JSON lines beside that path.
     """
     stream = sys.stdout if stream is None else stream
     log = library_logger() if log is None else log
     if backend not in DEMO_BACKENDS:
         raise ValueError(f"unknown backend {backend!r} ({', '.join(DEMO_BACKENDS)})")
-    from kvlifetime.harness.simulate import require_backend
+    # Before anything is printed: a missing extra or Graphviz is one line naming the install,
+    # not a note after minutes of harness runs.
+    require_demo(backend)
+    from kvlifetime.harness.simulate import DEMO_REQUESTS, DEMO_SEED, Narration, demo_harness
 
-    # Before anything is printed: a missing extra is one line naming the install, not a
-    # traceback after the contract's hundred lines.
-    require_backend(backend, "kvlifetime demo")
-    stream.write(f"kvlifetime demo (backend: {backend}), writing to {out}\n")
-    _section("request lifecycle", table_for("request").to_markdown(), stream)
-    _section("block lifecycle", table_for("block").to_markdown(), stream)
-    _section("evidence and claims", evidence_markdown(), stream)
+    began = time.monotonic()
+    n = DEMO_REQUESTS if harness_requests is None else harness_requests
+    seed = DEMO_SEED if seed is None else seed
+    stream.write(
+        f"kvlifetime demo: 10 harness runs of {n:,} requests (backend {backend}, seed {seed}), "
+        f"then the design-review page; writing to {out}/\n"
+    )
+    stream.flush()
     written = []
     for m in MACHINES:
         for suffix, fmt in (("mmd", "mermaid"), ("md", "md")):
             path = out / f"{m}.{suffix}"
             write_text(path, render(m, fmt), log)
             written.append(path)
-    from kvlifetime.harness.simulate import DEMO_REQUESTS, Narration, demo_harness
-
-    n = DEMO_REQUESTS if harness_requests is None else harness_requests
     narration = Narration(log=log, show_progress=show_progress, what="kvlifetime demo")
-    written += demo_harness(out, backend, stream, requests=n, narration=narration)
-    from kvlifetime.report import write_demo_page
+    from kvlifetime.cli.eventlog import per_run_logs
 
-    # Last: the design-review page of everything above (out/index.html).
-    written += write_demo_page(out, stream, log)
-    stream.write("\n" + "".join(f"wrote {p}\n" for p in written))
+    with per_run_logs(log_json) as logs:
+        lines = _Lines(stream, logs)
+        reports, files = demo_harness(
+            out,
+            backend,
+            requests=n,
+            seed=seed,
+            narration=narration,
+            on_start=lines.start,
+            on_done=lines.done,
+        )
+    written += files
+    summary = _summary(reports)
+    if summary:
+        stream.write("\n" + summary + "\n")
+    from kvlifetime.report import write_report
+
+    stream.write("\nbuilding the design-review page ...")
+    stream.flush()
+    page_began = time.monotonic()
+    page = write_report(out, log=log)
+    stream.write(f" {time.monotonic() - page_began:.1f} s\n")
+    written.append(page.path)
+    log.info("demo_written", files=[str(p) for p in written])
+    stream.write(
+        f"\nopen {page.path} in a browser (the design-review page); every run in full: "
+        f"{out / 'report.txt'}"
+        + (f"; event logs: {logs.pattern}" if log_json is not None else "")
+        + f"\ndone in {time.monotonic() - began:.0f} s\n"
+    )
     return 0
 
 
@@ -92,5 +215,8 @@ def run(args: argparse.Namespace) -> int:
         args.backend,
         log=args.log,
         harness_requests=args.requests,
-        show_progress=args.progress,
+        # the per-run lines are the demo's progress; a bar only when asked for
+        show_progress=bool(args.progress),
+        seed=args.seed,
+        log_json=args.log_json,
     )

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from kvlifetime.errors import UsageError
+
 if TYPE_CHECKING:
     from tqdm import tqdm
 
@@ -29,6 +31,24 @@ def write_text(path: Path, text: str, log: Logger) -> None:
     with path.open("w", encoding="utf-8", newline="\n") as f:
         f.write(text)
     log.info("file_written", path=str(path), bytes=len(text.encode("utf-8")))
+
+
+class MissingInput(UsageError):
+    """A file named on the command line as input does not exist, or is not a file.
+
+    Whose fault: the caller (a mistyped path). State left: nothing read, nothing written.
+    """
+
+    kind = "missing_input"
+
+
+def input_file(path: Path, what: str) -> Path:
+    """``path``, if it is a file to read; else ``MissingInput`` naming ``what`` it is."""
+    if not path.exists():
+        raise MissingInput(f"{what} {path}: no such file")
+    if not path.is_file():
+        raise MissingInput(f"{what} {path}: not a file")
+    return path
 
 
 def emit(text: str, args: argparse.Namespace) -> None:

@@ -20,8 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help="harness results to show (default: DIR/report.json, as kvlifetime demo writes "
-        "it; without that file the page has no harness section and says how to make one)",
+        help="harness results to show; a FILE that does not exist is an error (default: "
+        "DIR/report.json, as kvlifetime demo writes it; without that file the page has no "
+        "harness section and says how to make one)",
     )
     p.add_argument(
         "--screenshot",
@@ -32,9 +33,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvlifetime.cli.output import input_file
     from kvlifetime.report import require_report_extra, write_report
 
     require_report_extra()  # before anything runs: the missing extra, named
+    if args.results is not None:
+        input_file(args.results, "--results")  # named: its absence is the caller's mistake
     log = args.log
     done = write_report(
         args.out, args.results, log=log, on_step=lambda step: log.info("report_step", step=step)
@@ -43,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     if done.runs == 0:
         results = args.results or args.out / "report.json"
         print(
-            f"kvlifetime: note: no harness results at {results}: the page has no harness "
+            f"kvlifetime report: note: no harness results at {results}: the page has no harness "
             "section (make demo writes them)",
             file=sys.stderr,
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -23,7 +23,8 @@ PULL_POLICIES: tuple[str, ...] = ("naive", "lease", "proof")  # harness.pull: de
 DIRECTIONS: tuple[str, ...] = ("push", "pull")
 BACKENDS: tuple[str, ...] = ("inproc", "mooncake", "nixl")
 RESTARTS: tuple[str, ...] = ("none", "naive", "guarded")
-DEMO_REQUESTS = 10_000
+DEMO_REQUESTS = 1_000  # about a minute for the ten runs and the page on 2 cores
+FULL_REQUESTS = 10_000  # the acceptance size: make demo DEMO_ARGS="--requests 10000"
 DEMO_SEED = 2026
 
 
@@ -102,6 +103,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="stdout is the report as exactly one JSON document (the text report and the "
         "progress go to stderr)",
+    )
+    p.add_argument(
+        "--log-json",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write the ledger's events as JSON lines to FILE, the log kvlifetime replay "
+        "checks",
     )
 
 
@@ -253,20 +262,28 @@ def _simulate_pull(
 def run_command(args: argparse.Namespace) -> int:
     """``kvlifetime simulate``: the text report on stdout, or with ``--json`` on stderr and the
     report as the one JSON document on stdout."""
+    import contextlib
+
+    from kvlifetime.cli.eventlog import event_log
+
     narration = Narration(log=args.log, show_progress=args.progress, what="kvlifetime simulate")
-    report = simulate(
-        args.backend,
-        args.policy,
-        args.requests,
-        args.seed,
-        restart=args.restart,
-        fence=args.fence,
-        direction=args.direction,
-        topology=topology_faults(
-            args.tp_ranks, args.land_after_crash, args.p_redeliver, args.redeliver_after_done
-        ),
-        narration=narration,
-    )
+    with contextlib.ExitStack() as stack:
+        if args.log_json is not None:
+            require_backend(args.backend, "kvlifetime simulate")  # before the file is made
+            stack.enter_context(event_log(args.log_json))
+        report = simulate(
+            args.backend,
+            args.policy,
+            args.requests,
+            args.seed,
+            restart=args.restart,
+            fence=args.fence,
+            direction=args.direction,
+            topology=topology_faults(
+                args.tp_ranks, args.land_after_crash, args.p_redeliver, args.redeliver_after_done
+            ),
+            narration=narration,
+        )
     if args.json:
         sys.stderr.write(report.to_text())
         sys.stdout.write(report.to_json() + "\n")
@@ -275,69 +292,87 @@ def run_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def demo_harness(
-    out: Path,
-    backend: str,
-    stream: TextIO,
-    *,
-    requests: int = DEMO_REQUESTS,
-    seed: int = DEMO_SEED,
-    policies: Sequence[str] = POLICIES,
-    restarts: Sequence[str] = ("naive", "guarded"),
-    pulls: Sequence[str] = PULL_POLICIES,
-    topology_policies: Sequence[str] = ("naive", "proof"),
-    narration: Narration | None = None,
-) -> list[Path]:
-    """Run the harness once per policy under one seed, then naive and proof with every
-    topology knob on, then the proof policy with each decode restart, then the pull direction
-    once per pull policy; write out/report.txt, report.json and harness-table.md.
-
-    Ctrl-C ends it with ``Interrupted`` saying how many runs finished (their reports are
-    already on ``stream``); nothing is written to ``out`` then."""
-    from kvlifetime.cli.output import interrupted
-    from kvlifetime.harness.report import compare_markdown
-
-    narration = Narration(stream) if narration is None else narration
-
-    reports = []
+def demo_runs(backend: str) -> list[DemoRun]:
+    """The ten runs of ``kvlifetime demo``, in order: each push policy; naive and proof with
+    every topology knob on; the proof policy with each decode restart; each pull policy."""
     plain = topology_faults()
     # Every topology knob on: two prefill ranks per request, a dead initiator's handed-over
     # writes landing after it (the in-process engine models it), re-delivered slices.
     every = topology_faults(tp_ranks=2, land_after_crash=backend == "inproc", p_redeliver=0.02)
-    runs = [(policy, "none", "push", plain) for policy in policies]
-    runs += [(policy, "none", "push", every) for policy in topology_policies]
+    runs = [DemoRun("push", policy, "none", plain, "") for policy in POLICIES]
+    runs += [
+        DemoRun("push", policy, "none", every, "every topology knob on")
+        for policy in ("naive", "proof")
+    ]
     # A decode restart mid-run, naive vs guarded, under the proof policy.
-    runs += [("proof", restart, "push", plain) for restart in restarts]
+    runs += [DemoRun("push", "proof", restart, plain, "") for restart in ("naive", "guarded")]
     # vLLM's direction: decode reads prefill's blocks.
-    runs += [(policy, "none", "pull", plain) for policy in pulls]
+    runs += [DemoRun("pull", policy, "none", plain, "") for policy in PULL_POLICIES]
+    return runs
+
+
+@attrs.frozen(slots=True)
+class DemoRun:
+    """One harness run of the demo."""
+
+    direction: str  # push / pull
+    policy: str
+    restart: str  # none / naive / guarded
+    topology: dict[str, object]  # topology_faults(...)
+    knobs: str  # what the topology turns on, in words ("" for none)
+
+    @property
+    def title(self) -> str:
+        what = f"{self.direction}, {self.policy}"
+        what += f", decode restart {self.restart}" if self.restart != "none" else ""
+        return what + (f", {self.knobs}" if self.knobs else "")
+
+
+def demo_harness(
+    out: Path,
+    backend: str,
+    *,
+    requests: int = DEMO_REQUESTS,
+    seed: int = DEMO_SEED,
+    narration: Narration | None = None,
+    on_start: Callable[[int, int, DemoRun], None] | None = None,
+    on_done: Callable[[int, int, DemoRun, Report], None] | None = None,
+) -> tuple[list[Report], list[Path]]:
+    """Run ``demo_runs(backend)`` under one seed; write out/report.txt (every run in full and
+    the comparison), report.json (what ``kvlifetime report`` reads) and harness-table.md.
+    ``on_start`` / ``on_done`` are told of each run as it starts and ends (a progress line).
+
+    Ctrl-C ends it with ``Interrupted`` saying how many runs finished; nothing is written to
+    ``out`` then."""
+    from kvlifetime.cli.output import interrupted
+    from kvlifetime.harness.report import compare_markdown
+
+    narration = Narration() if narration is None else narration
+    reports: list[Report] = []
+    runs = demo_runs(backend)
     try:
-        for policy, restart, direction, topology in runs:
-            what = f"{direction}, policy {policy}"
-            what += f", decode restart {restart}" if restart != "none" else ""
-            what += ", every topology knob on" if topology is every else ""
-            stream.write(f"\nsimulating {requests} requests, backend {backend}, {what} ...\n")
-            stream.flush()
+        for i, run in enumerate(runs, 1):
+            if on_start is not None:
+                on_start(i, len(runs), run)
             r = simulate(
                 backend,
-                policy,
+                run.policy,
                 requests,
                 seed,
-                stream,
-                restart=restart,
-                direction=direction,
-                topology=topology,
+                restart=run.restart,
+                direction=run.direction,
+                topology=run.topology,
                 narration=narration,
             )
-            stream.write(r.to_text())
             reports.append(r)
+            if on_done is not None:
+                on_done(i, len(runs), run, r)
     except KeyboardInterrupt as e:
         done = (
-            f"{len(reports)} of {len(runs)} harness runs finished (their reports are above); "
-            f"{out / 'report.*'} not written"
+            f"{len(reports)} of {len(runs)} harness runs finished; {out / 'report.*'} not written"
         )
         raise interrupted(done, e) from e
     table = compare_markdown(reports)
-    stream.write("\n" + table)
     out.mkdir(parents=True, exist_ok=True)
     txt = out / "report.txt"
     txt.write_text(
@@ -351,4 +386,4 @@ def demo_harness(
     )
     md = out / "harness-table.md"
     md.write_text(table, encoding="utf-8", newline="\n")
-    return [txt, js, md]
+    return reports, [txt, js, md]

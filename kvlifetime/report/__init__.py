@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import structlog
@@ -39,7 +39,6 @@ __all__ = [
     "build_page",
     "load_results",
     "require_report_extra",
-    "write_demo_page",
     "write_report",
 ]
 
@@ -225,14 +224,3 @@ def write_report(
     log.info("report_written", path=str(path), runs=0 if runs is None else len(runs), bytes=n)
     return ReportWritten(path, 0 if runs is None else len(runs), n)
 
-
-def write_demo_page(out: Path, stream: TextIO, log: Any = None) -> list[Path]:
-    """``make demo``'s last step: the page, or one line saying why not (a missing extra or a
-    missing Graphviz must not undo minutes of harness runs already written)."""
-    try:
-        done = write_report(out, log=log)
-    except KVLifetimeError as e:
-        stream.write(f"\nkvlifetime: note: {out / INDEX} not written: {' '.join(str(e).split())}\n")
-        return []
-    stream.write(f"\ndesign-review page: {done.path} ({done.runs} harness runs)\n")
-    return [done.path]
