@@ -24,10 +24,10 @@ $(STAMP): pyproject.toml
 DEMO_STAMP := $(VENV)/.installed-demo
 $(DEMO_STAMP): pyproject.toml
 	@echo "make demo: installing kvlifetime[harness,report] into $(VENV) (first time: about a minute)"
-	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[harness,report]'
-	touch $(DEMO_STAMP)
+	@$(PY) -m venv $(VENV)
+	@$(BIN)/pip install -q -U pip
+	@$(BIN)/pip install -q -e '.[harness,report]'
+	@touch $(DEMO_STAMP)
 
 # Debian packages some tests need: graphviz (svg diagrams), libibverbs1 & co (Mooncake's
 # import), spin (the model-checker anchor), chromium (the report's browser test). Installed when running as root with apt-get; otherwise install them yourself
@@ -36,7 +36,7 @@ DEBS := graphviz libibverbs1 librdmacm1 libnuma1 spin chromium
 system-deps:
 	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  if [ "$$(id -u 2>/dev/null)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing Debian packages:$$missing"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	      --no-install-recommends $$missing >/dev/null; \
@@ -61,12 +61,14 @@ DEMO_ARGS ?=
 # a Python older than 3.11, a Python without venv, or no Graphviz `dot` (installed here when
 # running as root with apt-get).
 demo-preflight:
+	@command -v $(PY) >/dev/null 2>&1 || { \
+	  echo "make demo: $(PY) not found: install Python 3.11 or newer, or run make demo PY=/path/to/python3"; exit 1; }
 	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
 	  echo "make demo: needs Python 3.11 or newer; $(PY) is $$($(PY) -V 2>&1): run make demo PY=python3.11 (or newer)"; exit 1; }
 	@test -x $(BIN)/python || $(PY) -c 'import ensurepip' 2>/dev/null || { \
 	  echo "make demo: $(PY) cannot make a virtual environment: install python3-venv (apt-get install python3-venv)"; exit 1; }
 	@command -v dot >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  if [ "$$(id -u 2>/dev/null)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "make demo: installing Graphviz (apt-get install graphviz)"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	      --no-install-recommends graphviz >/dev/null || exit 1; \
