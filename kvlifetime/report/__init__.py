@@ -223,4 +223,3 @@ def write_report(
     n = len(text.encode("utf-8"))
     log.info("report_written", path=str(path), runs=0 if runs is None else len(runs), bytes=n)
     return ReportWritten(path, 0 if runs is None else len(runs), n)
-
