@@ -31,6 +31,52 @@ def test_the_20_line_example_runs_and_prints_what_it_says() -> None:
     assert lines[2] == "[0, 1, 2, 3, 4, 5, 6, 7] [1, 1, 1, 1, 1, 1, 1, 1]"
 
 
+def test_the_quick_start_runs_and_prints_what_it_says() -> None:
+    (example,) = [b for b in _blocks("python") if "your scheduler's loop" in b]
+    proc = subprocess.run(
+        [sys.executable, "-c", example], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        f"req-{i} [0, 1, 2, 3] generation [{i + 1}, {i + 1}, {i + 1}, {i + 1}]" for i in range(3)
+    ]
+    said = "Prints `req-0 [0, 1, 2, 3] generation [1, 1, 1, 1]`"
+    assert said in README
+
+
+def test_every_code_block_is_run_by_a_test() -> None:
+    """Each block is run here, or (needing an engine's venv) in tests/in_sglang/test_hooks.py
+    and tests/in_vllm/test_vllm_readme_config.py; a new block must join one of them."""
+    runs_here = ("your scheduler's loop", "BlockLedger(num_blocks=1024)", "test_abort_waits")
+    runs_in_engine_venv = ("kv_sglang.install", "vllm serve")
+    checked_by_shape = ("make demo", "pip install -e .")  # the set-up commands; install lines
+    for lang in ("python", "sh"):
+        for block in _blocks(lang):
+            assert any(m in block for m in runs_here + runs_in_engine_venv + checked_by_shape), (
+                block
+            )
+    assert len(_blocks("python")) == 4 and len(_blocks("sh")) == 3
+
+
+def test_the_install_lines_and_the_extras_named_are_the_packages_own() -> None:
+    import tomllib
+
+    extras = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    )
+    (install,) = [b for b in _blocks("sh") if "pip install -e ." in b]
+    used = {e for line in install.splitlines() for e in re.findall(r"\.\[([a-z,]+)\]", line)}
+    named = {e for group in used for e in group.split(",")}
+    sentence = README.split("Extras:", 1)[1].split("\n\n", 1)[0]
+    named |= set(re.findall(r"`([a-z]+)`\s+\(", sentence))
+    assert named and named <= extras, named - extras
+    assert extras - {"docs"} <= named, extras - named  # every extra is said
+
+
+def test_the_readme_is_short() -> None:
+    assert len(README.splitlines()) <= 250
+
+
 def test_readme_shows_the_generated_request_diagram() -> None:
     (diagram,) = _blocks("mermaid")
     assert diagram == render("request", "mermaid")

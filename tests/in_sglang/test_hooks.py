@@ -220,3 +220,21 @@ def test_a_refused_republish_keeps_the_receivers_lifecycle(clean: None) -> None:
     assert guard.stats().refused == {"exposed_page_reused": 1}
     _success_through_the_hooks(receiver)  # the receiver's lifecycle still ends through it
     assert guard.lifecycles() == [] and guard.stats().completed == 1
+
+
+def test_the_readmes_install_call_runs_as_written(clean: None) -> None:
+    """README, "In SGLang 0.5.23": its code block, run as written in the SGLang venv, installs
+    the decode hooks."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    (block,) = [
+        b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "kv_sglang" in b
+    ]
+    space: dict[str, Any] = {}
+    exec(block, space)
+    assert space["guard"] is kv_sglang.installed() and space["guard"].role == "decode"
+    assert sorted(name for _, name in hooks.wrapped_points()) == sorted(
+        name for _, _, name in POINTS["decode"]
+    )
