@@ -1,4 +1,4 @@
-"""``block_counters.counted``: a count at its dtype's limit widens the counter first (never
+"""``ledger.counters.counted``: a count at its dtype's limit widens the counter first (never
 wraps), whatever the byte search that rules the limit out says; past uint32, ``HolderLimit``
 with nothing changed."""
 
@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvlifetime.block_counters import counted
 from kvlifetime.errors import HolderLimit
+from kvlifetime.ledger.counters import counted
 
 
 @pytest.mark.parametrize(("dtype", "wider"), [(np.uint8, np.uint16), (np.uint16, np.uint32)])

@@ -262,11 +262,12 @@ def test_clean_force_release_is_not_a_warning(logs: list[MutableMapping[str, Any
 
 SCRIPT = textwrap.dedent(
     """
+    import structlog
     import kvlifetime.ledger as kl
     from kvlifetime.evidence import PeerLost, SchedulingStopped, TransferCompleted
     from kvlifetime import errors
     if {force_enabled}:
-        kl._enabled = lambda: True
+        structlog.configure()  # configured, with structlog's own defaults: it prints
     L = kl.BlockLedger(8)
     ids = L.allocate("a", 3)
     g = L.grant("a", "p", ids)

@@ -7,8 +7,7 @@ import itertools
 import pytest
 
 from kvlifetime.harness.series import BLOCK_COLUMNS, COLUMNS, StateSeries
-from kvlifetime.ledger import BlockLedger
-from kvlifetime.ledger_values import LedgerStats
+from kvlifetime.ledger import BlockLedger, LedgerStats
 
 
 def _stats(free: int, quarantined: int = 0) -> LedgerStats:

@@ -37,10 +37,10 @@ its holders' request states and open grants, so it is derived when asked (``bloc
 only where the contract needs it — to refuse a block that is not free, to record generations in a
 grant, and to put blocks back in the pool.
 
-Companion modules: ``ledger_records`` (the per-request and per-grant records),
-``ledger_events`` (the log events a call notes under the lock and emits after it),
-``ledger_values`` (``Transition``, ``LedgerStats``, ``QuarantineInfo``, re-exported here) and
-``block_counters`` (the open-grant counters that widen instead of wrapping).
+Companion modules of this package: ``records`` (the per-request and per-grant records),
+``events`` (the log events a call notes under the lock and emits after it), ``values``
+(``Transition``, ``LedgerStats``, ``QuarantineInfo``, re-exported by the package) and
+``counters`` (the open-grant counters that widen instead of wrapping).
 
 Thread safety: every public method holds one lock; evidence may arrive on transfer-engine
 threads while the scheduler allocates. Logging never runs under it: a call notes its log events
@@ -62,9 +62,6 @@ import numpy.typing as npt
 import structlog
 
 from kvlifetime import errors, inputs
-from kvlifetime.block_counters import Counts as _Counts
-from kvlifetime.block_counters import counted as _counted
-from kvlifetime.block_counters import narrowest as _narrowest
 from kvlifetime.errors import (
     BlockUnavailable,
     DoubleRelease,
@@ -99,13 +96,16 @@ from kvlifetime.grant import (
     make_grant,
     make_grant_id,
 )
-from kvlifetime.ledger_events import Event, describe, emit, note, note_released
-from kvlifetime.ledger_records import GrantRecord, RequestRecord
-from kvlifetime.ledger_values import BatchOutcome as BatchOutcome
-from kvlifetime.ledger_values import LedgerStats as LedgerStats
-from kvlifetime.ledger_values import QuarantineInfo as QuarantineInfo
-from kvlifetime.ledger_values import Refusal as Refusal
-from kvlifetime.ledger_values import Transition as Transition
+from kvlifetime.ledger.counters import Counts as _Counts
+from kvlifetime.ledger.counters import counted as _counted
+from kvlifetime.ledger.counters import narrowest as _narrowest
+from kvlifetime.ledger.events import Event, describe, emit, note, note_released
+from kvlifetime.ledger.records import GrantRecord, RequestRecord
+from kvlifetime.ledger.values import BatchOutcome as BatchOutcome
+from kvlifetime.ledger.values import LedgerStats as LedgerStats
+from kvlifetime.ledger.values import QuarantineInfo as QuarantineInfo
+from kvlifetime.ledger.values import Refusal as Refusal
+from kvlifetime.ledger.values import Transition as Transition
 from kvlifetime.provenance import check_grant_peer, check_source
 from kvlifetime.source import SourceKind
 from kvlifetime.spec.proof import GrantProof
