@@ -339,8 +339,8 @@ def explorer_argv(config: Config, policy: Policy) -> list[str]:
         "--format",
         "json",
     ]
-    if config.max_faults is not None:
-        argv += ["--max-faults", str(config.max_faults)]
+    # The command's default is one fault per run: say "none" for the per-kind bounds only.
+    argv += ["--max-faults", "none" if config.max_faults is None else str(config.max_faults)]
     return argv
 
 

@@ -8,7 +8,12 @@ Each target is a proof-policy search with every fault kind:
 - ``3x2x3-k1``: 3 requests x 2 peers x 3 blocks, at most one fault per run (the test's shape);
 - ``3x2x3-k2``: the same at two faults per run (the target: under 60 s on 2 cores);
 - ``2x2x2-kinds``: 2 x 2 x 2 with only the per-kind bounds, no total (target: to completion in
-  under 5 minutes on 2 cores).
+  under 5 minutes on 2 cores);
+- ``cli-default``: ``kvlifetime verify`` with no arguments, as a new user runs it, in its own
+  process: wall seconds to the verdict and its peak resident memory (target: under 30 s on 2
+  cores; its test checks the verdict, not the time).
+
+Every line carries the machine's load average when it started: the machine is shared.
 
 A search still running at ``--limit`` seconds is stopped there (through its progress callback)
 and reported with the states it reached and its rate, marked unfinished. ``--baseline DIR``:
@@ -22,22 +27,49 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
 from typing import Any
 
 TARGETS: dict[str, dict[str, Any]] = {
+    "cli-default": {},
     "3x2x3-k1": {"shape": (3, 2, 3), "max_faults": 1},
     "3x2x3-k2": {"shape": (3, 2, 3), "max_faults": 2},
     "2x2x2-kinds": {"shape": (2, 2, 2), "max_faults": None},
 }
 
 
+def run_default_command(limit: float) -> dict[str, Any]:
+    """``kvlifetime verify`` with no arguments, in a process of its own (JSON out)."""
+    code = "import sys; from kvlifetime.cli import main; sys.exit(main(sys.argv[1:]))"
+    t0 = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-c", code, "verify", "--format", "json", "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=limit,
+    ).stdout
+    wall = time.perf_counter() - t0
+    doc = json.loads(out)
+    return {
+        "target": "cli-default",
+        "verdict": doc["verdict"],
+        "finished": doc["complete"] or doc["violation"] is not None,
+        "states": doc["states"],
+        "seconds": round(wall, 1),
+        "states_per_second": round(doc["states_per_second"]),
+        "memory_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
+    }
+
+
 def run_one(name: str, limit: float) -> dict[str, Any]:
     """One target in this process, stopped at ``limit`` seconds."""
     from kvlifetime.verify import Config, Policy, explore, parse_faults
 
+    if name == "cli-default":
+        return run_default_command(limit)
     t = TARGETS[name]
     r_, p_, b_ = t["shape"]
     cfg = Config(r_, p_, b_, faults=parse_faults("all"), max_faults=t["max_faults"])
@@ -72,6 +104,7 @@ def run_one(name: str, limit: float) -> dict[str, Any]:
         "states": r.states,
         "seconds": round(r.seconds, 1),
         "states_per_second": round(r.states_per_second),
+        "memory_mb": round(r.memory_peak / 2**20),
     }
 
 
@@ -103,10 +136,12 @@ def main() -> None:
     print(f"cores: {os.cpu_count()}  limit: {args.limit:.0f} s per search")
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for name in args.only or list(TARGETS):
+        load = os.getloadavg()[0]
         cur = _in_subprocess(name, args.limit, here)
         line = (
             f"{name:>12}: {cur['verdict']}{'' if cur['finished'] else ' (stopped at limit)'}, "
-            f"{cur['states']:,} states, {cur['seconds']} s, {cur['states_per_second']:,} states/s"
+            f"{cur['states']:,} states, {cur['seconds']} s, {cur['states_per_second']:,} "
+            f"states/s, {cur.get('memory_mb', '?')} MB (load average {load:.1f})"
         )
         if args.baseline:
             base = _in_subprocess(name, args.limit, args.baseline)

@@ -168,3 +168,54 @@ def test_hash_compaction_is_never_a_pass_and_finds_what_the_exact_search_finds()
 def test_result_defaults_keep_old_positional_construction() -> None:
     r = Result(SMALL, Policy.PROOF, True, 1, 0, 0.0, 0, True, None, ())
     assert r.verdict == "pass" and not r.interrupted and r.omission_bound == 0.0
+
+
+def test_the_default_command_answers_with_progress_and_a_memory_budget(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``kvlifetime verify`` with no arguments: a verdict on 2 x 2 x 2 with every fault kind at
+    one fault per run, a start line and progress lines on stderr, and the memory it held under
+    its budget. How long it takes is a bench figure (``bench/verify_depth.py --only
+    cli-default``), not asserted here."""
+    assert main(["verify"]) == 0
+    out, err = capsys.readouterr()
+    assert "2 requests x 2 peers x 2 blocks" in out and "(at most 1 per run)" in out
+    assert "verdict: PASS" in out
+    assert "memory:" in out and "budget" in out
+    lines = err.splitlines()
+    assert lines[0].startswith("verify: policy proof, 2 requests x 2 peers x 2 blocks")
+    assert "memory budget" in lines[0]
+    progress = [ln for ln in lines[1:] if ln.startswith("verify: ") and " states, depth " in ln]
+    assert progress and progress[-1].startswith("verify: 15,105 states")  # the final count
+
+
+def test_the_memory_budget_stops_the_search_with_what_it_covered(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    full = explore(SMALL, Policy.PROOF)
+    r = explore(SMALL, Policy.PROOF, memory_budget=1)  # less than any process holds
+    assert r.out_of_memory and not r.complete and r.verdict == "incomplete"
+    assert 0 < r.states < full.states and r.queue > 0 and r.memory_peak > 1
+    text = r.to_text()
+    assert "INCOMPLETE: stopped at the memory budget" in text and "not a pass" in text
+    assert json.loads(json.dumps(r.to_dict()))["out_of_memory"] is True
+    assert full.memory_peak > 0 and not full.out_of_memory and full.memory_budget is None
+    shape = ["--requests", "2", "--peers", "2", "--blocks", "1", "--faults", "loss,crash"]
+    assert main(["verify", *shape, "--memory-budget", "1"]) == 3  # 1 MB: stops at once
+    out, err = capsys.readouterr()
+    assert "stopped at the memory budget (1 MB)" in out and "memory budget 1 MB" in err
+    assert main(["verify", *shape, "--memory-budget", "none", "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert "verdict: PASS" in out and "budget" not in out and err == ""
+    assert main(["verify", *shape, "--memory-budget", "0"]) == 2  # refused: not a budget
+
+
+def test_max_faults_none_means_only_the_per_kind_bounds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    shape = ["--requests", "1", "--peers", "1", "--blocks", "1", "--format", "json"]
+    assert main(["verify", *shape, "--max-faults", "none", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["max_faults"] is None
+    assert main(["verify", *shape, "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["max_faults"] == 1
+    assert main(["verify", *shape, "--max-faults", "many"]) == 2

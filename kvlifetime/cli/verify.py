@@ -1,10 +1,16 @@
 """``verify``: the bounded exhaustive explorer over the real ledger.
 
 The search runs in ``kvlifetime.verify.explore``, which writes nothing: this module turns its
-progress callback into a bar on stderr (``--progress``; by default when stderr is a terminal)
-and a ``verify_progress`` log event (``-v``), and its result into the text or JSON on stdout and
-the exit status. Ctrl-C ends the search, not the command: the partial result is printed and the
+progress callback into progress on stderr (a bar when stderr is a terminal, else a line about
+every second, then every ten; from the first second; ``--no-progress`` silences it) and a
+``verify_progress`` log event (``-v``), and its result into the text or JSON on stdout and the
+exit status. Ctrl-C ends the search, not the command: the partial result is printed and the
 status is 130.
+
+The defaults answer: 2 requests x 2 peers x 2 blocks, every fault kind, at most one fault per run
+(``--max-faults 1``), under a memory budget (``--memory-budget``; 2 GB, or half the available
+memory if less). Past the budget the search stops with what it covered (INCOMPLETE, exit 3),
+instead of being killed by the operating system.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from kvlifetime.cli.output import bounded_int
@@ -19,6 +26,7 @@ from kvlifetime.verify.state import POLICY_RULES, Policy
 
 if TYPE_CHECKING:
     from kvlifetime.verify.explore import Progress, Result
+    from kvlifetime.verify.state import Config
 
 EXIT_VIOLATION = 1
 EXIT_INCOMPLETE = 3
@@ -31,7 +39,7 @@ EXIT_STATUS: tuple[tuple[int, str], ...] = (
     (
         EXIT_INCOMPLETE,
         "incomplete: no violation found, but not every state was explored (--max-states, "
-        "or --hash-compaction, which may miss states)",
+        "the memory budget, or --hash-compaction, which may miss states)",
     ),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C): the partial result is printed"),
 )
@@ -87,6 +95,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(a prefix-cache hit) instead of allocating",
     )
     p.add_argument(
+        "--reuse-ids",
+        action="store_true",
+        help="client-chosen request ids: a new request may arrive with the id of an ended one "
+        "the engine still holds (vLLM #49796)",
+    )
+    p.add_argument(
         "--transfers", type=bounded_int(0), default=1, help="transfers a peer posts per grant"
     )
     p.add_argument(
@@ -103,11 +117,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-faults",
-        type=bounded_int(0),
-        default=None,
+        type=_fault_cap,
+        default=DEFAULT_MAX_FAULTS,
         metavar="K",
-        help="at most K fault events per run, over every kind (default: no total cap, only "
-        "the per-kind bounds)",
+        help="at most K fault events per run, over every kind; 'none': only the per-kind "
+        "bounds (at the default shape, minutes and gigabytes) (default: "
+        f"{DEFAULT_MAX_FAULTS}: a verdict in seconds)",
+    )
+    p.add_argument(
+        "--memory-budget",
+        type=_megabytes,
+        default=None,
+        metavar="MB",
+        help="stop the search once the process holds this much resident memory; the verdict "
+        "is then INCOMPLETE (exit 3), with the states and depth covered; 'none': no budget "
+        "(default: 2048, or half the available memory if less)",
     )
     p.add_argument(
         "--no-reduction", action="store_true", help="key states concretely (measures the factor)"
@@ -145,12 +169,18 @@ def run(args: argparse.Namespace) -> int:
             ranks=args.ranks,
             restarts=args.restarts,
             share=args.share,
+            reuse_ids=args.reuse_ids,
         )
     except ValueError as e:
         args.log.info("verify_refused", error=str(e))
         print(f"kvlifetime verify: error: {e}", file=sys.stderr)
         return 2
-    with _ProgressBar(args) as bar:
+    from kvlifetime.verify.memory import default_budget
+
+    budget: int | None = default_budget() if args.memory_budget is None else args.memory_budget
+    if budget == 0:
+        budget = None  # --memory-budget none
+    with _ProgressBar(args, _start_line(config, args.policy, budget)) as bar:
         result = explore(
             config,
             Policy(args.policy),
@@ -158,7 +188,9 @@ def run(args: argparse.Namespace) -> int:
             max_states=args.max_states,
             checked=args.checked,
             progress=bar.update,
+            progress_every=0.5,
             compact=args.hash_compaction,
+            memory_budget=budget,
         )
     if args.format == "json":
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
@@ -176,27 +208,67 @@ def exit_status(result: Result) -> int:
     return 0 if result.complete else EXIT_INCOMPLETE
 
 
-class _ProgressBar:
-    """The search's progress on stderr: a tqdm bar (states, depth, states/s, queue) when shown,
-    and a ``verify_progress`` log event either way."""
+DEFAULT_MAX_FAULTS = 1  # the default run's total fault bound: 2x2x2 answers in seconds
 
-    def __init__(self, args: argparse.Namespace) -> None:
+
+def _fault_cap(text: str) -> int | None:
+    """``--max-faults``: an integer >= 0, or ``none`` (only the per-kind bounds)."""
+    if text.strip().lower() == "none":
+        return None
+    return bounded_int(0)(text)
+
+
+def _megabytes(text: str) -> int:
+    """``--memory-budget``: megabytes >= 1, as bytes; ``none``: 0 (no budget)."""
+    if text.strip().lower() == "none":
+        return 0
+    return bounded_int(1)(text) * 2**20
+
+
+def _start_line(config: Config, policy: str, budget: int | None) -> str:
+    faults = ",".join(sorted(f.value for f in config.faults)) or "none"
+    cap = (
+        "per-kind bounds only"
+        if config.max_faults is None
+        else (f"at most {config.max_faults} per run")
+    )
+    mem = "no memory budget" if budget is None else f"memory budget {budget / 2**20:,.0f} MB"
+    return (
+        f"verify: policy {policy}, {config.requests} requests x {config.peers} peers x "
+        f"{config.blocks} blocks, faults {faults} ({cap}); {mem}"
+    )
+
+
+class _ProgressBar:
+    """The search's progress on stderr and as a ``verify_progress`` log event.
+
+    On a terminal a tqdm bar (states, depth, queue, memory); otherwise one line about every
+    second for the first ten, then about every ten, so a log or a CI job sees the search move
+    from its first second. ``--progress`` forces the bar, ``--no-progress`` silences both."""
+
+    def __init__(self, args: argparse.Namespace, start: str) -> None:
         self._show: bool | None = getattr(args, "progress", None)
         self._log: Any = args.log
+        self._start = start
         self._bar: Any = None
+        self._lines = self._show is None and not sys.stderr.isatty()
+        self._next_line = 1.0
 
     def __enter__(self) -> _ProgressBar:
         from tqdm import tqdm
 
+        if self._show is not False:
+            print(self._start, file=sys.stderr, flush=True)
         self._bar = tqdm(
             total=None,
             desc="verify",
             unit=" states",
             file=sys.stderr,
-            disable=None if self._show is None else not self._show,
+            disable=self._lines or (None if self._show is None else not self._show),
             leave=False,
             dynamic_ncols=True,
         )
+        self._t0 = time.perf_counter()
         return self
 
     def update(self, p: Progress) -> None:
@@ -207,11 +279,25 @@ class _ProgressBar:
             queue=p.queue,
             states_per_second=round(p.states_per_second),
             seconds=round(p.seconds, 1),
+            memory_mb=round(p.memory / 2**20),
         )
+        if self._lines:
+            if p.seconds >= self._next_line or p.queue == 0:
+                self._next_line = p.seconds + (1.0 if p.seconds < 10 else 10.0)
+                print(
+                    f"verify: {p.states:,} states, depth {p.depth}, queue {p.queue:,}, "
+                    f"{p.states_per_second:,.0f} states/s, {p.memory / 2**20:,.0f} MB, "
+                    f"{p.seconds:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return
         bar = self._bar
         if bar is not None and not bar.disable:
             bar.update(p.states - bar.n)
-            bar.set_postfix(depth=p.depth, queue=p.queue, refresh=True)
+            bar.set_postfix(
+                depth=p.depth, queue=p.queue, mem=f"{p.memory / 2**20:,.0f}MB", refresh=True
+            )
 
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:

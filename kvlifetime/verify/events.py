@@ -140,6 +140,11 @@ def enabled(state: State, config: Config) -> list[Event]:
         free = config.blocks - sum(len(r.blocks) for r in env.reqs if r.phase != RELEASED)
     if env.admitted < config.requests and free >= config.blocks_per_request:
         out.append(Event("admit"))
+    if config.reuse_ids and env.admitted < config.requests:
+        # A new request with the id of an ended request the engine still holds.
+        out.extend(
+            Event("reuse", ri) for ri, r in enumerate(env.reqs) if r.phase in (FINISHED, REJECTED)
+        )
     if config.share and env.admitted < config.requests:
         # A prefix hit on a live request whose blocks are settled (every grant closed).
         for ri, r in enumerate(env.reqs):

@@ -212,6 +212,13 @@ proofs, so it commutes with none of that request's events; ``model.stubborn`` ex
 state of such a configuration in full, and the key adds which requests hold which blocks and
 which are prefix hits, concretely (block anonymity does not see sharing; a finer key is sound).
 
+**The field's policies and reused ids** (``first-failure``, ``counted-completions``,
+``ordered-reaper``; ``Config.reuse_ids``): their releases follow a transfer's failure, a count of
+notices over all of a request's grants, or the order requests ended, and a reused id reads the
+request whose id it takes; none of it is in the argument above. ``model.stubborn`` expands every
+state of such a search in full (trivially sound). The key lists the notices counted and the
+end order (both 0 under every other policy, so their keys do not change).
+
 **Hash compaction** (``compact=True``, ``--hash-compaction``): ``parents`` stores a 64-bit hash
 of each key instead of the key, and links hashes. A collision merges two distinct states, so a
 state may be missed: the result is never complete (never a pass), and states the bound
@@ -219,7 +226,10 @@ state may be missed: the result is never complete (never a pass), and states the
 A violation it reports is real: the trace is rebuilt from the links and replayed.
 
 **The search as a program.** ``explore`` reports through its ``progress`` callback about every
-``progress_every`` seconds and writes nothing itself. A ``KeyboardInterrupt`` inside the search
+``progress_every`` seconds and writes nothing itself. With a ``memory_budget`` it reads the
+process's resident memory every 64 expansions and stops at the budget: every state of the
+levels before the one it was expanding has been expanded (breadth first), so it reports how
+deep it covered, never a pass. A ``KeyboardInterrupt`` inside the search
 ends it with the partial result (``Result.interrupted``): every stored state was complete when
 it came (a step works on copies; a link is stored before its state is queued).
 
@@ -238,402 +248,40 @@ equal, and the refutations at 2x2x2 keep their pinned lengths.
 from __future__ import annotations
 
 import collections
-import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
-from kvlifetime.grant import Access
-from kvlifetime.verify.model import (
-    FAILED,
-    IN_FLIGHT,
-    INVARIANTS,
-    LANDED,
-    LIVE,
-    POLICY_RULES,
-    RELEASED,
+from kvlifetime.verify.events import enabled
+from kvlifetime.verify.keys import RENAMING_CAP, canonical_key, concrete_key, renamings
+from kvlifetime.verify.lies import lie_events
+from kvlifetime.verify.memory import resident_bytes
+from kvlifetime.verify.por import stubborn
+from kvlifetime.verify.result import Result, Step
+from kvlifetime.verify.semantics import check_quiet, describe_event, step
+from kvlifetime.verify.state import (
     Broken,
     Config,
-    Env,
     Event,
-    Fault,
-    GrantSide,
     Policy,
-    Snap,
     State,
     Violation,
-    check_quiet,
-    describe_event,
-    enabled,
     initial,
-    lie_events,
-    may_crash,
-    step,
-    stubborn,
 )
 
-
-@attrs.frozen(slots=True)
-class Step:
-    """One numbered step of a counterexample."""
-
-    number: int
-    event: Event
-    label: str  # what happened, in a few words
-    notes: tuple[str, ...]  # what it did, line by line
-
-
-@attrs.frozen(slots=True)
-class Result:
-    config: Config
-    policy: Policy
-    reduced: bool
-    states: int  # distinct states explored (after deduplication)
-    transitions: int  # successor states computed
-    seconds: float
-    max_depth: int
-    complete: bool  # every reachable state explored: False at a violation, at max_states,
-    # at an interrupt, and always for a hash-compacted search (it may have merged two states)
-    violation: Violation | None
-    trace: tuple[Step, ...]
-    interrupted: bool = False  # ended by Ctrl-C (KeyboardInterrupt): a partial result
-    compact: bool = False  # hash compaction: 64-bit hashes of the keys were stored
-    queue: int = 0  # states stored and not expanded when the search ended
-
-    @property
-    def verdict(self) -> str:
-        """``violation``, ``pass``, ``interrupted`` or ``incomplete`` (a hash-compacted search
-        that found nothing is incomplete: it may have missed states)."""
-        if self.violation is not None:
-            return "violation"
-        if self.interrupted:
-            return "interrupted"
-        return "pass" if self.complete else "incomplete"
-
-    @property
-    def omission_bound(self) -> float:
-        """For a hash-compacted search, a bound on the probability that a hash collision made
-        it skip a state: ``n(n-1)/2`` pairs of stored states, each colliding with probability
-        ``2**-64`` (if the hash were uniform; Python's tuple hash is not proven to be). 0 for an
-        exact search."""
-        n = self.states
-        return n * (n - 1) / 2 / 2.0**64 if self.compact else 0.0
-
-    @property
-    def states_per_second(self) -> float:
-        return self.states / self.seconds if self.seconds > 0 else float(self.states)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "verdict": self.verdict,
-            "policy": self.policy.value,
-            "config": self.config.describe(),
-            "reduction": self.reduced,
-            "states": self.states,
-            "transitions": self.transitions,
-            "seconds": round(self.seconds, 3),
-            "states_per_second": round(self.states_per_second, 1),
-            "max_depth": self.max_depth,
-            "complete": self.complete,
-            "interrupted": self.interrupted,
-            "queue": self.queue,
-            "hash_compaction": self.compact,
-            "omission_bound": self.omission_bound,
-            "violation": None
-            if self.violation is None
-            else {
-                "invariant": self.violation.invariant,
-                "statement": INVARIANTS[self.violation.invariant],
-                "message": self.violation.message,
-            },
-            "trace": [
-                {
-                    "step": s.number,
-                    "event": s.event.to_list(),
-                    "label": s.label,
-                    "notes": list(s.notes),
-                }
-                for s in self.trace
-            ],
-        }
-
-    def to_text(self) -> str:
-        c = self.config
-        lines = [
-            f"kvlifetime verify: policy {self.policy.value}, {c.requests} requests x {c.peers} "
-            f"peers x {c.blocks} blocks, faults: "
-            + (",".join(sorted(f.value for f in c.faults)) or "none")
-            + (f", {c.access.value} grants" if c.access is not Access.WRITE else "")
-            + (f", {c.ranks} ranks" if c.ranks > 1 else "")
-            + (f", {c.restarts} restart" if c.restarts else "")
-            + (", prefix sharing" if c.share else ""),
-            f"rule: {POLICY_RULES[self.policy]}",
-            f"states explored: {self.states} ({self.transitions} transitions, depth "
-            f"{self.max_depth}, reduction {'on' if self.reduced else 'off'})",
-            f"time: {self.seconds:.2f} s, {self.states_per_second:,.0f} states/s",
-        ]
-        if self.violation is None:
-            if self.complete:
-                kept = [k for k in INVARIANTS if k != "ledger_error"]
-                if Fault.LIE not in c.faults:
-                    kept.remove("provenance")  # no lie was sent
-                lines.append("verdict: PASS: every reachable state keeps " + ", ".join(kept))
-            elif self.interrupted:
-                lines.append(
-                    f"verdict: INTERRUPTED: no violation among the {self.states} states stored "
-                    f"({self.queue} of them not yet expanded); a partial result, not a pass"
-                )
-            elif self.compact:
-                lines.append(
-                    "verdict: INCOMPLETE (approximate): no violation in the states a "
-                    "hash-compacted search reached; a collision may have hidden a state "
-                    f"(probability at most {self.omission_bound:.1e} for a uniform 64-bit "
-                    "hash)"
-                    + (" and it stopped at --max-states" if self.queue else "")
-                    + "; not a pass"
-                )
-            else:
-                lines.append(
-                    f"verdict: INCOMPLETE: stopped at --max-states before the end "
-                    f"({self.queue} states not yet expanded); not a pass"
-                )
-            return "\n".join(lines) + "\n"
-        v = self.violation
-        lines.append(
-            f"verdict: VIOLATION of {v.invariant} ({INVARIANTS[v.invariant]}): policy "
-            f"{self.policy.value} is refuted in {len(self.trace)} steps"
-        )
-        lines.append(f"  {v.message}")
-        lines.append(f"shortest counterexample ({len(self.trace)} steps):")
-        for s in self.trace:
-            lines.append(f"  {s.number:>2}. {s.label}")
-            for n in s.notes:
-                lines.append(f"        {n}")
-        return "\n".join(lines) + "\n"
-
-
-# ------------------------------------------------------------------ state keys
-
-
-# The most peer renamings one key tries (see "renamings" in the module docstring).
-RENAMING_CAP = 720
-
-
-def renamings(
-    sig: Sequence[Any], used: Sequence[bool], cap: int = RENAMING_CAP
-) -> Iterator[list[int]]:
-    """The peer renamings (old index -> new name) that can give the least key, lazily.
-
-    Peers are named in the order of ``sig`` (a name-free signature of what the key keeps of
-    each): only peers with equal signatures are permuted among themselves, and only when the
-    key mentions them (``used``: a grant or a message names them); peers the key names only
-    through their flags are alike and keep one order. At most ``cap`` renamings are yielded.
-    """
-    order = sorted(range(len(sig)), key=lambda p: sig[p])
-    n = len(sig)
-    if all(sig[order[i]] != sig[order[i + 1]] or not used[order[i]] for i in range(n - 1)):
-        # No two alike peers that the key names: one renaming (the common case, by far).
-        perm = [0] * n
-        for new, old in enumerate(order):
-            perm[old] = new
-        yield perm
-        return
-    groups: list[list[int]] = []
-    for p in order:
-        if groups and sig[groups[-1][0]] == sig[p]:
-            groups[-1].append(p)
-        else:
-            groups.append([p])
-    for pick in itertools.islice(_orders(groups, used, 0), cap):
-        perm = [0] * len(sig)
-        for new, old in enumerate(p for grp in pick for p in grp):
-            perm[old] = new
-        yield perm
-
-
-def _orders(
-    groups: list[list[int]], used: Sequence[bool], i: int
-) -> Iterator[tuple[tuple[int, ...], ...]]:
-    """Every order of the peers of ``groups[i:]``, one group after the other, generated lazily
-    (``itertools.product`` would first build every permutation of every group)."""
-    if i == len(groups):
-        yield ()
-        return
-    g = groups[i]
-    firsts: Iterable[tuple[int, ...]] = (
-        itertools.permutations(g) if len(g) > 1 and used[g[0]] else (tuple(g),)
-    )
-    for first in firsts:
-        for rest in _orders(groups, used, i + 1):
-            yield (first, *rest)
-
-
-_CLOSED: tuple[Any, ...] = (False, -1, 0, False, "", True)
-
-
-def canonical_key(state: State, config: Config) -> Any:
-    """The state up to renaming requests, blocks and peers (see the module docstring)."""
-    env = state.env
-    snap = state.snap
-    reorder = Fault.REORDER in config.faults
-    best: Any = None
-    # What does not depend on the peer renaming, once.
-    base: list[tuple[Any, ...] | None] = []
-    talking = {m.grant for m in env.msgs}
-    for gi, g in enumerate(env.grants):
-        req = env.reqs[g.req]
-        if req.phase != LIVE and _dead(env, snap, g, gi in talking):
-            # Nothing of this grant can happen any more, and nothing reads it (see "dead
-            # grants" in the module docstring): only its peer is kept, for an ended request.
-            base.append(None)
-            continue
-        if req.phase == RELEASED:
-            proof: tuple[Any, ...] = ()
-        else:
-            pr = snap.proof(g.grant)
-            # A closed grant's facts are never read again (see the module docstring), and a
-            # suspect grant's reason is only a label: neither is part of the state.
-            proof = _CLOSED if pr[-1] else (*pr[:4], "s" if pr[4] else "", False)
-        base.append(
-            (
-                g.transfers,
-                snap.stale_old(g.grant) if g.old else snap.stale(g.grant),
-                g.old,
-                g.cancelled,
-                g.stopped,
-                g.quiesced_sent,
-                g.lease_fired,
-                g.retries,
-                g.silent,
-                proof,
-            )
-        )
-    rstates = [(r.phase, "" if r.phase == RELEASED else snap.state(r.key)) for r in env.reqs]
-    # A dead grant of a released request is not in the key at all.
-    listed = [
-        b is not None or env.reqs[g.req].phase != RELEASED
-        for g, b in zip(env.grants, base, strict=True)
-    ]
-    # "May still crash" only while the budgets allow it: then the peers are alike again.
-    pflags = [
-        (may_crash(env, p) and not ps.crashed, ps.crashed, ps.fenced, ps.lost_reported)
-        for p, ps in enumerate(env.peers)
-    ]
-    perms: Iterable[list[int]] = [list(range(len(env.peers)))]
-    if len(env.peers) > 1:
-        gsig: list[list[Any]] = [[] for _ in env.peers]
-        msig: list[list[Any]] = [[] for _ in env.peers]
-        for gi, g in enumerate(env.grants):
-            if listed[gi]:
-                gsig[g.peer].append((rstates[g.req], base[gi] or ()))
-        for m in env.msgs:
-            msig[m.peer].append((m.dest, m.kind, m.value, m.dupable, m.delayed))
-        sig = [(*fl, sorted(gs), sorted(ms)) for fl, gs, ms in zip(pflags, gsig, msig, strict=True)]
-        used = [bool(gs or ms) for gs, ms in zip(gsig, msig, strict=True)]
-        perms = renamings(sig, used)
-    for perm in perms:
-        gdesc = [
-            (perm[g.peer], *b) if b is not None else (perm[g.peer],)
-            for g, b in zip(env.grants, base, strict=True)
-        ]
-        reqs: list[tuple[Any, list[int]]] = []
-        orphans: list[tuple[Any, int]] = []
-        for ri, r in enumerate(env.reqs):
-            if r.phase == RELEASED:
-                orphans.extend((gdesc[gi], gi) for gi in r.grants if listed[gi])
-                continue
-            gs = sorted(r.grants, key=lambda gi: gdesc[gi])
-            reqs.append(((*rstates[ri], len(r.blocks), tuple(gdesc[gi] for gi in gs)), gs))
-        reqs.sort(key=lambda t: t[0])
-        orphans.sort(key=lambda t: t[0])
-        order = [gi for _, gs in reqs for gi in gs] + [gi for _, gi in orphans]
-        cidx = {gi: n for n, gi in enumerate(order)}
-        msgs = [
-            (m.dest, perm[m.peer], m.kind, cidx[m.grant], m.value, m.dupable, m.delayed)
-            for m in env.msgs
-        ]
-        # FIFO channels (one per grant and direction) keep their order; which channel comes
-        # first does not matter.
-        msgs.sort() if reorder else msgs.sort(key=lambda m: (m[0], m[3]))
-        inv = [0] * len(perm)
-        for old, new in enumerate(perm):
-            inv[new] = old
-        peers = tuple(pflags[o] for o in inv)
-        key = (
-            env.admitted,
-            env.dups_left,
-            env.delays_left,
-            env.losses_left,
-            env.crashes_left,
-            env.faults_left,
-            env.restarts_left,
-            env.incarnation,
-            peers,
-            tuple(d for d, _ in reqs),
-            tuple(d for d, _ in orphans),
-            tuple(msgs),
-        )
-        if best is None or key < best:
-            best = key
-    if config.share:
-        # Which requests share which blocks is not in the anonymous key: add it concretely
-        # (more detail in a key splits states, never merges them: sound, less reduced).
-        best = (best, tuple((r.phase, r.blocks, r.shared) for r in env.reqs))
-    return best
-
-
-def _dead(env: Env, snap: Snap, g: GrantSide, talking: bool) -> bool:
-    """Whether no event of grant ``g`` (of an ended or released request) can happen any more:
-    no message of it on the wire, no write still to land, the ledger has closed it (or
-    forgotten its request), and its peer can neither post nor answer (stopped, or silent on it)."""
-    if talking or any(t in (IN_FLIGHT, FAILED) for t in g.transfers):
-        return False
-    if env.reqs[g.req].phase != RELEASED and not snap.proof(g.grant)[-1]:
-        return False
-    if g.silent:
-        return True
-    if not g.stopped:
-        return False
-    # A stopped peer still reports quiescence once every transfer it saw has landed.
-    return g.quiesced_sent or not g.transfers or not all(t == LANDED for t in g.transfers)
-
-
-def concrete_key(state: State, config: Config) -> Any:
-    """Without reduction: the ledger's own fingerprint and the environment as it is."""
-    env = state.env
-    grants = tuple(
-        (
-            g.grant.id.serial,
-            g.req,
-            g.peer,
-            g.transfers,
-            g.cancelled,
-            g.stopped,
-            g.quiesced_sent,
-            g.lease_fired,
-            g.retries,
-            g.silent,
-            g.old,
-        )
-        for g in env.grants
-    )
-    return (
-        state.snap.ledger.fingerprint(),
-        env.reqs,
-        grants,
-        env.msgs,
-        env.peers,
-        env.admitted,
-        env.dups_left,
-        env.delays_left,
-        env.losses_left,
-        env.crashes_left,
-        env.faults_left,
-        env.restarts_left,
-        env.incarnation,
-    )
+__all__ = [
+    "RENAMING_CAP",
+    "Progress",
+    "Result",
+    "Step",
+    "canonical_key",
+    "concrete_key",
+    "explore",
+    "readable_steps",
+    "renamings",
+]
 
 
 # ------------------------------------------------------------------ the search
@@ -648,6 +296,7 @@ class Progress:
     depth: int  # the BFS level being expanded
     queue: int  # states stored and not yet expanded
     seconds: float
+    memory: int = 0  # the process's resident memory, bytes (``memory.resident_bytes``)
 
     @property
     def states_per_second(self) -> float:
@@ -666,6 +315,7 @@ def explore(
     progress_every: float = 1.0,
     quiet: set[Any] | None = None,
     compact: bool = False,
+    memory_budget: int | None = None,
 ) -> Result:
     """Explore every state reachable under ``config``; stop at the shortest violation.
 
@@ -676,7 +326,9 @@ def explore(
     event enabled) reached: the partial-order reduction must reach the same ones as the full
     search (the tests check). ``compact``: hash compaction, an approximate search that stores
     a 64-bit hash of each key instead of the key (see "hash compaction" in the module
-    docstring); its result is never a pass.
+    docstring); its result is never a pass. ``memory_budget`` (bytes): the search reads the
+    process's resident memory as it goes and stops once it reaches the budget; the result is
+    then incomplete (``out_of_memory``), with the states stored and the depth it had covered.
     """
     t0 = time.perf_counter()
     base_key = canonical_key if reduce else concrete_key
@@ -697,11 +349,14 @@ def explore(
     capped = False  # stopped at max_states
     expanded = 0
     last_report = t0
+    memory = resident_bytes()
+    peak = memory
+    out_of_memory = False
 
     def report() -> None:
         if progress is not None:
             now = time.perf_counter()
-            progress(Progress(len(parents), transitions, depth, len(queue), now - t0))
+            progress(Progress(len(parents), transitions, depth, len(queue), now - t0, memory))
 
     try:
         while queue:
@@ -710,11 +365,18 @@ def explore(
                 break  # every shorter counterexample has been looked for
             max_depth = max(max_depth, depth)
             expanded += 1
-            if progress is not None and expanded % 64 == 0:
-                now = time.perf_counter()
-                if now - last_report >= progress_every:
-                    last_report = now
-                    report()
+            if expanded % 64 == 1:
+                memory = resident_bytes()
+                peak = max(peak, memory)
+                if memory_budget is not None and memory >= memory_budget:
+                    out_of_memory = True
+                    queue.appendleft((state, key, depth))  # not expanded: still to do
+                    break
+                if progress is not None:
+                    now = time.perf_counter()
+                    if now - last_report >= progress_every:
+                        last_report = now
+                        report()
             # Lies that the ledger refuses are self-loops, left out ("lies" above).
             events = enabled(state, config) + lie_events(state, config, policy, answers)
             if not events:
@@ -770,7 +432,9 @@ def explore(
     except KeyboardInterrupt:  # a second Ctrl-C (or a callback that stops the search) here
         interrupted = True
     seconds = time.perf_counter() - t0
-    complete = found is None and not interrupted and not compact and not capped
+    complete = (
+        found is None and not interrupted and not compact and not capped and not out_of_memory
+    )
     trace: tuple[Step, ...] = ()
     violation = None
     if found is not None:
@@ -790,6 +454,10 @@ def explore(
         interrupted=interrupted,
         compact=compact,
         queue=len(queue),
+        memory_peak=max(peak, resident_bytes()),
+        memory_budget=memory_budget,
+        out_of_memory=out_of_memory,
+        covered_depth=depth - 1 if queue else max_depth,
     )
 
 

@@ -18,6 +18,11 @@ the wire — and the *release policy* of the engine around it:
   ledger with every block free (refuted with ``restarts=1``);
 - ``untracked-share``: as ``proof``, but a prefix hit (``Config.share``) is kept in the
   engine's own cache, never told to the ledger (refuted with ``share=True``);
+- ``first-failure``, ``counted-completions``, ``ordered-reaper``, ``id-overwrite``: the field's
+  bug classes (vLLM #56104, #51786, #58222 / #50789, #49796): the first FAILED transfer frees
+  the request; completion notices counted per request; a head-of-line reaper; a reused id
+  takes a held request's entry (refuted with the fail fault, duplicate and two grants, two
+  requests, ``Config.reuse_ids``);
 - ``sglang-0.5.23``: SGLang 0.5.23's own rules: an aborted request is held until every grant is
   closed or its deadline passes (its first lease), then ``force_release``d; with READ grants
   (its prefill) freed at the abort (refuted with the ``timeout`` fault; with READ, with none).
@@ -47,14 +52,18 @@ A state is immutable: ``step`` returns a new one. Steps that do not touch the le
 posts, a transfer lands, a message is duplicated) share the parent's ledger object, so most
 successors cost no ledger copy at all.
 
-The model lives in five modules, one per concept; this one re-exports them:
+The model lives in these modules, one per concept; this one re-exports them:
 
 - ``state``: the configuration (``Config``), the policies, the fault kinds, and the immutable
   state of the environment (``Env``, ``State``, ``Snap``);
 - ``events``: which events are enabled (the prompt rule, the fault budgets, crashes);
 - ``lies``: the lying peer's table of lies and the ledger's answers to them;
 - ``por``: the stubborn sets of the partial-order reduction (argued in ``explore.py``);
-- ``semantics``: ``step``, what each event does, the release policies and the checks.
+- ``semantics``: ``step``, what each event does (over ``scratch``, one step's scratch);
+- ``policies``: the release policies run after each step, and the checks (progress,
+  exclusivity, no leak).
+
+The search is ``explore`` (its keys in ``keys``, its outcome in ``result``).
 
 ``docs/verification.md`` describes the events, fault kinds, policies and reductions in one place.
 """

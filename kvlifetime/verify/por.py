@@ -31,6 +31,11 @@ from kvlifetime.verify.state import (
     State,
 )
 
+# Policies whose states are expanded in full (see ``stubborn``).
+FIELD_POLICIES = frozenset(
+    {Policy.FIRST_FAILURE, Policy.COUNTED_COMPLETIONS, Policy.ORDERED_REAPER}
+)
+
 
 def stubborn(
     state: State,
@@ -57,11 +62,18 @@ def stubborn(
         # A believed lie is a peer-wide event that may close or quarantine any request's grant
         # at any moment: no request is isolated (explore.py, "lies").
         return events
-    if config.restarts or config.share:
+    if policy in FIELD_POLICIES:
+        # The field's bug classes free on a failure report, on a count of notices, or in the
+        # order requests ended: none of that is in the argument of explore.py (a release
+        # there follows only proofs, deadlines or the owner's own decision about one
+        # request). Expanded in full: trivially sound.
+        return events
+    if config.restarts or config.share or config.reuse_ids:
         # A restart replaces the whole ledger, and after one the restarted owner's fencings and
         # the previous incarnation's transfers meet every request: no request is isolated
         # (expanded in full, trivially sound; see "restart" in explore.py). A prefix hit reads
         # its source request's phase and proofs: it commutes with none of that request's events.
+        # A reused id reads (and, under id-overwrite, ends) the request whose id it takes.
         return events
     mine: dict[int, list[Event]] = {}
     for e in events:

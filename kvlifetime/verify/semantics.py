@@ -1,21 +1,13 @@
-"""Taking a step: the owner's calls, the peers, the wire, the release policies, the checks."""
+"""Taking a step: the owner's calls, the peers, the wire (the release policies and the checks
+are ``policies``; a step's scratch is ``scratch``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import attrs
 import numpy as np
 
-from kvlifetime.errors import (
-    ContradictoryEvidence,
-    EvidenceError,
-    KVLifetimeError,
-    MismatchedEvidence,
-    StaleEvidence,
-    UnauthorizedEvidence,
-)
 from kvlifetime.evidence import (
     AccessRevoked,
     Evidence,
@@ -25,7 +17,6 @@ from kvlifetime.evidence import (
 )
 from kvlifetime.grant import Access, Grant
 from kvlifetime.ledger import BlockLedger
-from kvlifetime.spec.vocabulary import BlockState, RequestState
 from kvlifetime.verify.events import (
     PEER_EVENTS,
     enabled,
@@ -39,6 +30,18 @@ from kvlifetime.verify.lies import (
     lies,
     wire_source,
 )
+from kvlifetime.verify.policies import (
+    check_exclusive,
+    check_progress,
+    check_quiet,
+    count_completion,
+    end_order,
+    free_on_failure,
+    reuse_id,
+    settle,
+    sglang_frees_at_failed,
+)
+from kvlifetime.verify.scratch import Scratch, msg_text
 from kvlifetime.verify.state import (
     FAILED,
     FINISHED,
@@ -54,7 +57,6 @@ from kvlifetime.verify.state import (
     TO_PEER,
     Broken,
     Config,
-    Env,
     Event,
     GrantSide,
     Msg,
@@ -67,149 +69,13 @@ from kvlifetime.verify.state import (
     peer_name,
 )
 
-# ------------------------------------------------------------------ taking a step
-
-
-class _Step:
-    """The mutable scratch of one step: a ledger copy made on first need, and the notes."""
-
-    def __init__(self, state: State, config: Config, policy: Policy) -> None:
-        self.parent = state
-        self.config = config
-        self.policy = policy
-        self.env = state.env
-        self._ledger: BlockLedger | None = None
-        self.notes: list[str] = []
-
-    @property
-    def ledger(self) -> BlockLedger:
-        if self._ledger is None:
-            self._ledger = self.parent.snap.ledger.copy()
-        return self._ledger
-
-    @property
-    def view(self) -> BlockLedger:
-        """The ledger for queries: the copy if one was made, else the parent's."""
-        return self._ledger if self._ledger is not None else self.parent.snap.ledger
-
-    def call(self, what: str, fn: Any, *args: Any, **kw: Any) -> Any:
-        try:
-            return fn(*args, **kw)
-        except KVLifetimeError as e:
-            raise Broken(
-                "ledger_error", f"{what} raised {type(e).__name__}: {' '.join(str(e).split())}"
-            ) from e
-
-    def set_req(self, ri: int, **changes: Any) -> None:
-        reqs = list(self.env.reqs)
-        reqs[ri] = attrs.evolve(reqs[ri], **changes)
-        self.env = attrs.evolve(self.env, reqs=tuple(reqs))
-
-    def set_grant(self, gi: int, **changes: Any) -> None:
-        grants = list(self.env.grants)
-        grants[gi] = attrs.evolve(grants[gi], **changes)
-        self.env = attrs.evolve(self.env, grants=tuple(grants))
-
-    def set_peer(self, pi: int, **changes: Any) -> None:
-        peers = list(self.env.peers)
-        peers[pi] = attrs.evolve(peers[pi], **changes)
-        self.env = attrs.evolve(self.env, peers=tuple(peers))
-
-    def crash(self, p: int) -> None:
-        """The first crash event of peer ``p`` (silent, PeerLost, fencing) spends a crash."""
-        if not self.env.peers[p].crashed:
-            self.set_peer(p, crashed=True)
-            self.env = attrs.evolve(self.env, crashes_left=self.env.crashes_left - 1)
-            self.notes.append(f"{peer_name(p)} crashes")
-
-    def send(self, msg: Msg) -> None:
-        self.env = attrs.evolve(self.env, msgs=(*self.env.msgs, msg))
-
-    def take_msg(self, i: int) -> Msg:
-        msgs = self.env.msgs
-        self.env = attrs.evolve(self.env, msgs=msgs[:i] + msgs[i + 1 :])
-        return msgs[i]
-
-    def apply(self, ev: Evidence, what: str, *, old: bool = False) -> None:
-        try:
-            self.ledger.apply(ev)
-        except MismatchedEvidence as e:
-            if not old:
-                raise Broken(
-                    "ledger_error", f"honest evidence {what} refused: {type(e).__name__}: {e}"
-                ) from e
-            self.notes.append(f"ledger refuses {what}: it is about the previous incarnation")
-        except StaleEvidence:
-            self.notes.append(f"ledger refuses {what}: stale (its request was released)")
-        except ContradictoryEvidence as e:
-            if not self.policy.believes_the_wire:
-                raise Broken(
-                    "ledger_error", f"honest evidence {what} refused: {type(e).__name__}: {e}"
-                ) from e
-            # Only a believed lie can contradict an honest peer.
-            self.notes.append(f"ledger refuses {what}: it contradicts a lie it believed")
-        except EvidenceError as e:
-            raise Broken(
-                "ledger_error", f"honest evidence {what} refused: {type(e).__name__}: {e}"
-            ) from e
-        except KVLifetimeError as e:
-            raise Broken("ledger_error", f"apply({what}) raised {type(e).__name__}: {e}") from e
-
-    def apply_lie(self, ev: Evidence, what: str) -> bool:
-        """Send a lie to the ledger; return whether it changed anything."""
-        assert self._ledger is None  # a lie is the step's only ledger call
-        try:
-            self.ledger.apply(ev)
-        except EvidenceError as e:
-            changed = self.ledger.fingerprint() != self.parent.snap.fingerprint()
-            self._ledger = None  # a refused lie leaves the ledger as it was: keep the parent's
-            if changed:
-                raise Broken(
-                    "provenance", f"the lie ({what}) was refused ({e.kind}) yet changed the ledger"
-                ) from e
-            if not (isinstance(e, UnauthorizedEvidence) or self.policy.believes_the_wire):
-                raise Broken(
-                    "provenance",
-                    f"the lie ({what}) refused as {type(e).__name__}, not as unauthorized: {e}",
-                ) from e
-            self.notes.append(f"ledger refuses it: {type(e).__name__}: {' '.join(str(e).split())}")
-            return False
-        except KVLifetimeError as e:
-            raise Broken("ledger_error", f"apply({what}) raised {type(e).__name__}: {e}") from e
-        if not self.policy.believes_the_wire:
-            raise Broken("provenance", f"the ledger accepted a lie: {what} (stamped {ev.source})")
-        if self.env.faults_left > 0:
-            self.env = attrs.evolve(self.env, faults_left=self.env.faults_left - 1)
-        self.notes.append("the ledger believes it")
-        return True
-
-    def snap_view(self) -> Snap:
-        """The ledger for queries, as a ``Snap`` (a fresh one for a copy made in this step)."""
-        return self.parent.snap if self._ledger is None else Snap(self._ledger)
-
-    def release_as(self, ri: int, ids: Any, how: str) -> None:
-        self.set_req(ri, phase=RELEASED)
-        self.notes.append(
-            f"{how} {self.env.reqs[ri].key}: blocks {list(map(int, ids))} to the pool"
-        )
+__all__ = ["check_quiet", "describe_event", "msg_text", "run_events", "step"]
 
 
 def _evidence(kind: str, g: Grant, value: int) -> Evidence:
     if kind not in ("CancelReceived", "SchedulingStopped", "TransferQuiesced", "TransferCompleted"):
         raise ValueError(f"not an acknowledgement: {kind}")
     return about(g, kind, value)
-
-
-def msg_text(env: Env, m: Msg) -> str:
-    g = env.grants[m.grant]
-    name = f"grant #{g.grant.id.serial}"
-    if m.kind == "Cancel":
-        return f"Cancel({name}) to {peer_name(m.peer)}"
-    if m.kind in ("SchedulingStopped", "TransferCompleted"):
-        return f"{m.kind}({name}, last_seq={m.value}) from {peer_name(m.peer)}"
-    if m.kind == "TransferQuiesced":
-        return f"{m.kind}({name}, through_seq={m.value}) from {peer_name(m.peer)}"
-    return f"{m.kind}({name}) from {peer_name(m.peer)}"
 
 
 def _strongest_ack(g: GrantSide) -> tuple[str, int]:
@@ -224,19 +90,20 @@ def _strongest_ack(g: GrantSide) -> tuple[str, int]:
 
 def step(state: State, event: Event, config: Config, policy: Policy) -> tuple[State, list[str]]:
     """Take ``event`` from ``state``. Raises ``Broken`` when an invariant breaks in the step."""
-    s = _Step(state, config, policy)
+    s = Scratch(state, config, policy)
     if s.env.faults_left > 0:
         cost = is_fault(s.env, event)
         if cost:
             s.env = attrs.evolve(s.env, faults_left=s.env.faults_left - cost)
     try:
         if _do(s, event):
-            _settle(s)
-            _check_progress(s)
+            settle(s)
+            check_progress(s)
     except Broken as b:
         b.notes = s.notes
         raise
-    snap = state.snap if s._ledger is None else Snap(s._ledger)
+    made = s.copy_made
+    snap = state.snap if made is None else Snap(made)
     return State(snap, s.env), s.notes
 
 
@@ -253,7 +120,7 @@ _PEER_ACKS: dict[str, tuple[str, dict[str, bool], str]] = {
 }
 
 
-def _do(s: _Step, ev: Event) -> bool:
+def _do(s: Scratch, ev: Event) -> bool:
     """Perform the event; return whether the ledger may have changed."""
     env = s.env
     k = ev.kind
@@ -267,7 +134,7 @@ def _do(s: _Step, ev: Event) -> bool:
         )
         gens = s.ledger.generation(ids).tolist()
         s.notes.append(f"{key} admitted: allocates blocks {list(blocks)} (generations {gens})")
-        _check_exclusive(s, len(s.env.reqs) - 1)
+        check_exclusive(s, len(s.env.reqs) - 1)
         return True
     if k == "grant":
         req, p = env.reqs[ev.a], ev.b
@@ -291,13 +158,13 @@ def _do(s: _Step, ev: Event) -> bool:
     if k == "finish":
         req = env.reqs[ev.a]
         s.call(f"finish({req.key!r})", s.ledger.finish, req.key)
-        s.set_req(ev.a, phase=FINISHED)
+        s.set_req(ev.a, phase=FINISHED, ended=end_order(s))
         s.notes.append(f"{req.key} finished on the owner's side")
         return True
     if k == "reject":
         req = env.reqs[ev.a]
         s.call(f"reject({req.key!r})", s.ledger.reject, req.key, "abort")
-        s.set_req(ev.a, phase=REJECTED)
+        s.set_req(ev.a, phase=REJECTED, ended=end_order(s))
         s.notes.append(f"{req.key} rejected / aborted: error response sent")
         for gi in req.grants:
             g = env.grants[gi]
@@ -308,7 +175,7 @@ def _do(s: _Step, ev: Event) -> bool:
                 f"force_release({req.key!r})", s.ledger.force_release, req.key, "naive: rejected"
             )
             s.release_as(ev.a, ids, "naive policy releases")
-        elif _sglang_frees_at_failed(s):
+        elif sglang_frees_at_failed(s):
             ids = s.call(
                 f"force_release({req.key!r})",
                 s.ledger.force_release,
@@ -344,7 +211,7 @@ def _do(s: _Step, ev: Event) -> bool:
             f"transfer {ev.b + 1} of grant #{g.grant.id.serial} reports FAILED "
             "(its bytes may still land)"
         )
-        return False
+        return free_on_failure(s, g.req)
     if k == "land":
         g = env.grants[ev.a]
         tr = list(g.transfers)
@@ -438,6 +305,7 @@ def _do(s: _Step, ev: Event) -> bool:
             )
             return False
         s.notes.append(f"ledger receives {text}")
+        count_completion(s, m, g)
         evd = _evidence(m.kind, g.grant, m.value)
         s.apply(attrs.evolve(evd, source=wire_source(s.policy, m.peer)), text, old=g.old)
         return True
@@ -477,6 +345,8 @@ def _do(s: _Step, ev: Event) -> bool:
         )
         s.apply(AccessRevoked(peer_name(ev.a)), f"AccessRevoked({peer_name(ev.a)})")
         return True
+    if k == "reuse":
+        return reuse_id(s, ev.a)
     if k == "share":
         src = env.reqs[ev.a]
         key = f"r{env.admitted + 1}"
@@ -514,7 +384,7 @@ def _verb(config: Config) -> str:
     return "read" if config.access is Access.READ else "write"
 
 
-def _restart(s: _Step) -> None:
+def _restart(s: Scratch) -> None:
     """The owner's process restarts over the same arena: a new ledger (a new incarnation),
     every request of the old one gone on the owner's side; the peers know nothing of it."""
     env = s.env
@@ -522,11 +392,11 @@ def _restart(s: _Step) -> None:
     inc = f"{INCARNATION}-{n}"
     checked = s.parent.snap.ledger.checked
     if s.policy is Policy.FRESH_RESTART:
-        s._ledger = BlockLedger(s.config.blocks, checked=checked, incarnation=inc)
+        s.replace_ledger(BlockLedger(s.config.blocks, checked=checked, incarnation=inc))
         how = "a fresh ledger: every block free"
     else:
         names = [peer_name(p) for p in range(s.config.peers)]
-        s._ledger = s.call(
+        restarted = s.call(
             "after_restart",
             BlockLedger.after_restart,
             s.config.blocks,
@@ -535,6 +405,7 @@ def _restart(s: _Step) -> None:
             checked=checked,
             incarnation=inc,
         )
+        s.replace_ledger(restarted)
         how = (
             "BlockLedger.after_restart: every block quarantined (previous incarnation) until "
             f"each of {', '.join(names)} is fenced"
@@ -553,125 +424,6 @@ def _restart(s: _Step) -> None:
     )
 
 
-def _settle(s: _Step) -> None:
-    """The engine's release policy, run after every step that may have changed the ledger."""
-    if s._ledger is None:
-        return
-    led = s._ledger
-    if s.policy is Policy.TIMEOUT:
-        for ri, r in enumerate(s.env.reqs):
-            if r.phase in (FINISHED, REJECTED) and led.state(r.key) is RequestState.QUARANTINED:
-                ids = s.call(f"force_release({r.key!r})", led.force_release, r.key, "lease reaper")
-                s.release_as(ri, ids, "lease reaper (timeout policy) releases")
-    if s.policy is Policy.FIRST_RANK:
-        for ri, r in enumerate(s.env.reqs):
-            if r.phase in (FINISHED, REJECTED) and _one_rank_closed_per_peer(s, r.grants):
-                ids = s.call(
-                    f"force_release({r.key!r})", led.force_release, r.key, "first rank done"
-                )
-                s.release_as(ri, ids, "first-rank policy (one rank closed per peer) releases")
-    if s.policy is Policy.SGLANG_0_5_23 and s.config.access is Access.WRITE:
-        for ri, r in enumerate(s.env.reqs):
-            if r.phase == REJECTED and _sglang_deadline_passed(s, r):
-                ids = s.call(
-                    f"force_release({r.key!r})",
-                    led.force_release,
-                    r.key,
-                    "sglang-0.5.23: deferred release timed out without a full drain ack",
-                )
-                s.release_as(
-                    ri,
-                    ids,
-                    "sglang-0.5.23's decode (deadline passed without every rank's drain ACK: "
-                    '"releasing anyway") releases',
-                )
-    freed = s.call("collect_releasable()", led.collect_releasable)
-    for key, ids in freed.items():
-        if key == PREVIOUS:
-            s.notes.append(
-                f"collect_releasable reclaims blocks {list(map(int, ids))} of the previous "
-                "incarnation: every peer is fenced"
-            )
-            continue
-        ri = next(i for i, r in enumerate(s.env.reqs) if r.key == key)
-        s.release_as(ri, ids, "collect_releasable releases")
-
-
-def _sglang_frees_at_failed(s: _Step) -> bool:
-    """SGLang 0.5.23's prefill frees the source pages its transfer worker reads (READ grants)
-    as soon as the sender's poll says Failed (``handle_inflight_transfer_failure``), which it
-    does at the abort, with a chunk still in flight."""
-    return s.policy is Policy.SGLANG_0_5_23 and s.config.access is Access.READ
-
-
-def _sglang_deadline_passed(s: _Step, r: ReqSide) -> bool:
-    """SGLang 0.5.23's decode, ``resolve_deferred_releases``: ``ready = drained or now >=
-    deadline``. Drained (every rank's grant closed) is ``collect_releasable``'s; this is the
-    other half: a grant is still open and the held entry's one deadline, started at the abort
-    as every lease of ``r`` is, has passed (the first of ``r``'s leases fired)."""
-    return bool(s.view.open_grants(r.key)) and any(s.env.grants[gi].lease_fired for gi in r.grants)
-
-
-def _one_rank_closed_per_peer(s: _Step, grants: tuple[int, ...]) -> bool:
-    """Whether a grant is still open while each peer has one closed (what an engine that
-    tracks one transfer per request and peer takes for the end)."""
-    led = s.view
-    closed: dict[int, bool] = {}
-    some_open = False
-    for gi in grants:
-        g = s.env.grants[gi]
-        c = led.proof_of(g.grant).closed
-        some_open = some_open or not c
-        closed[g.peer] = closed.get(g.peer, False) or c
-    return some_open and all(closed.values())
-
-
-def _check_progress(s: _Step) -> None:
-    led = s.view
-    for r in s.env.reqs:
-        if r.phase in (FINISHED, REJECTED) and not led.open_grants(r.key):
-            raise Broken(
-                "progress",
-                f"{r.key} has every grant closed but is still held in state "
-                f"{led.state(r.key).value}: collect_releasable did not release it",
-            )
-
-
-def _check_exclusive(s: _Step, ri: int) -> None:
-    new = s.env.reqs[ri]
-    for other in s.env.reqs:
-        if other is new or other.phase == RELEASED:
-            continue
-        both = set(other.blocks) & set(new.blocks)
-        if both:
-            raise Broken(
-                "exclusivity",
-                f"blocks {sorted(both)} handed to {new.key} while {other.key} still holds them",
-            )
-
-
-def check_quiet(state: State) -> Violation | None:
-    """No leak: in a state where nothing can happen any more, every block is free or
-    quarantined with a reason."""
-    led = state.snap.ledger
-    bs = led.block_state(np.arange(led.num_blocks))
-    bad = [
-        (b, BlockState(int(c)).label)
-        for b, c in enumerate(bs.tolist())
-        if c not in (BlockState.FREE, BlockState.QUARANTINED)
-    ]
-    if bad:
-        return Violation(
-            "no_leak",
-            "quiet state with blocks neither free nor quarantined: "
-            + ", ".join(f"block {b} {lab}" for b, lab in bad),
-        )
-    for q in led.stats().quarantined:
-        if not q.reason:
-            return Violation("no_leak", f"{q.request} quarantined without a reason")
-    return None
-
-
 def describe_event(state: State, event: Event, config: Config) -> str:
     """A short label for ``event`` taken from ``state`` (the notes say what it did)."""
     env = state.env
@@ -682,6 +434,8 @@ def describe_event(state: State, event: Event, config: Config) -> str:
         return f"grant {env.reqs[event.a].key} -> {peer_name(event.b)}"
     if k in ("finish", "reject"):
         return f"{k} {env.reqs[event.a].key}"
+    if k == "reuse":
+        return f"a new request arrives with {env.reqs[event.a].key}'s id"
     if k == "share":
         return f"admit r{env.admitted + 1} sharing {env.reqs[event.a].key}'s blocks"
     if k in ("land", "fail"):

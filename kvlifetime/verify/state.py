@@ -51,6 +51,28 @@ class Policy(enum.Enum):
     # finish waits for proof (decode runs a request only after KVPoll.Success, every rank
     # done). Refuted with the timeout fault (an early deadline), and with --access read.
     SGLANG_0_5_23 = "sglang-0.5.23"
+    # The field's bug classes (docs/verification.md, "The field's bug classes"). vLLM's NIXL
+    # receiver before #56104: the first transfer of a request to report FAILED ends it and
+    # frees its blocks while its other transfers (sibling handles, one per remote rank) may
+    # still write. Refuted with the fail fault (ranks 2: the sibling).
+    FIRST_FAILURE = "first-failure"
+    # Completion notices counted per request, not per grant (vLLM #51786 MultiConnector,
+    # vllm-ascend #14407): once as many notices as the request has grants have arrived, the
+    # engine takes its transfers as over; a notice delivered twice, or one channel's counted
+    # for another's, frees the blocks a grant still writes. Refuted with the duplicate fault
+    # and two grants.
+    COUNTED_COMPLETIONS = "counted-completions"
+    # A head-of-line reaper (vLLM #58222, #50789: ``_reqs_to_send`` scanned from its head,
+    # stopping at the first entry not yet over): ended requests are released in the order
+    # they ended, and the walk stops at the first one not provably over, stranding every
+    # releasable request behind it. Refuted (progress) with two requests, no fault needed.
+    ORDERED_REAPER = "ordered-reaper"
+    # A transfer table keyed by the client's request id (vLLM #49796): a new request with the
+    # id of an ended one still held takes its entry, and the old request's blocks are freed
+    # to make room (the worker-side defence of #49796) while its transfer may still land.
+    # Refuted with Config.reuse_ids; under every other policy the ledger refuses the
+    # duplicate id (DuplicateRequest) and the new request is turned away before admission.
+    ID_OVERWRITE = "id-overwrite"
 
     @property
     def believes_the_wire(self) -> bool:
@@ -71,6 +93,18 @@ POLICY_RULES: dict[Policy, str] = {
     "--restarts 1",
     Policy.UNTRACKED_SHARE: "as proof, but a prefix hit is kept in the engine's cache only, "
     "not told to the ledger; refuted with --share",
+    Policy.FIRST_FAILURE: "as proof, but the first transfer of a request to report FAILED "
+    "ends the request and frees its blocks (vLLM's NIXL receiver before #56104: sibling "
+    "handles may still write); refuted with --faults fail",
+    Policy.COUNTED_COMPLETIONS: "as proof, but completion notices are counted per request, "
+    "and an ended request with as many notices as grants is freed (vLLM #51786 "
+    "MultiConnector); refuted with --faults duplicate and two grants",
+    Policy.ORDERED_REAPER: "as proof, but ended requests are released in the order they "
+    "ended, stopping at the first not provably over (vLLM #58222 / #50789: a head-of-line "
+    "lease reaper); refuted with two requests (progress)",
+    Policy.ID_OVERWRITE: "as proof, but a new request with the id of an ended one still held "
+    "takes its entry and the old one's blocks are freed (vLLM #49796, client-chosen ids); "
+    "refuted with --reuse-ids",
     Policy.SGLANG_0_5_23: "SGLang 0.5.23's decode: an aborted request's pages are held until "
     "every prefill rank's drain ACK (every grant closed) or the deferred-release deadline (a "
     "lease), whichever comes first, then released (ready = drained or now >= deadline); with "
@@ -179,6 +213,9 @@ class Config:
     # Prefix sharing: a new request may take a live request's blocks shared (a prefix-cache
     # hit) instead of allocating, once their content is settled (every grant on them closed).
     share: bool = False
+    # Client-chosen request ids (vLLM #49796): a new request may arrive with the id of an
+    # ended request the engine still holds (its transfers may still be in flight).
+    reuse_ids: bool = False
 
     def __attrs_post_init__(self) -> None:
         for name in ("requests", "peers", "blocks", "blocks_per_request", "ranks"):
@@ -230,6 +267,7 @@ class Config:
             "ranks": self.ranks,
             "restarts": self.restarts,
             "share": self.share,
+            "reuse_ids": self.reuse_ids,
         }
 
 
@@ -254,6 +292,8 @@ class ReqSide:
     blocks: tuple[int, ...]  # what allocate returned
     grants: tuple[int, ...]  # env grant indices, one per peer granted
     shared: bool = False  # its blocks were taken shared (a prefix hit): it grants nothing
+    completions: int = 0  # completion notices the engine counted (counted-completions only)
+    ended: int = 0  # the n-th request to end, from 1 (ordered-reaper only; else 0)
 
 
 @attrs.frozen(slots=True)
