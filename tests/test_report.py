@@ -29,7 +29,15 @@ from kvlifetime.report.counterexamples import (
 from kvlifetime.report.tables import inline
 from kvlifetime.spec.table import table_for
 
-REFUTED_POLICIES = ("naive", "timeout", "trusting", "sglang-0.5.23")
+REFUTED_POLICIES = (
+    "naive",
+    "timeout",
+    "trusting",
+    "sglang-0.5.23",
+    "first-failure",
+    "counted-completions",
+    "id-overwrite",
+)
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +178,7 @@ def test_page_is_self_contained_and_complete(report_page: Path) -> None:
         assert f'id="{fid}" data-kind="plot"' in text
     for policy in REFUTED_POLICIES:
         assert f'id="fig-cx-{policy}" data-kind="sequence"' in text
-    assert text.count('class="lane"') == 12  # three lanes in each of the four
+    assert text.count('class="lane"') == 3 * len(REFUTED_POLICIES)  # three lanes in each
     for engine in ("inproc", "mooncake-tcp", "nixl-ucx"):
         assert f'id="engine-{engine}"' in text
     assert "CancelReceived" in text and "access_revoked" in text

@@ -26,19 +26,29 @@ ENGINE = "engine"
 
 # The configurations the report refutes: tiny, so the whole report stays quick (each explores
 # a few hundred states at most).
-REFUTED: tuple[tuple[str, str, int, int], ...] = (
-    # policy, faults, requests, peers
+# Options beyond the shape, as (Config field, value) pairs: ("ranks", 2), ("reuse_ids", True).
+Options = tuple[tuple[str, Any], ...]
+Shape = tuple[str, str, int, int] | tuple[str, str, int, int, Options]
+REFUTED: tuple[Shape, ...] = (
+    # policy, faults, requests, peers[, options]
     ("naive", "none", 1, 1),
     ("timeout", "timeout", 1, 1),
     ("trusting", "lie", 1, 2),
     # SGLang 0.5.23's decode rule: the deadline passing early is the incident (a prefill
     # stalled past the 30 s deferred-release timeout).
     ("sglang-0.5.23", "timeout", 1, 1),
+    # The field's bug classes (docs/verification.md): vLLM #56104, #51786, #49796.
+    ("first-failure", "fail", 1, 1),
+    ("counted-completions", "duplicate", 1, 1, (("ranks", 2),)),
+    ("id-overwrite", "none", 2, 1, (("reuse_ids", True),)),
 )
-PASSING: tuple[tuple[str, str, int, int], ...] = (
+PASSING: tuple[Shape, ...] = (
     ("proof", "none", 1, 1),
     ("proof", "timeout", 1, 1),
     ("proof", "lie", 1, 2),
+    ("proof", "fail", 1, 1),
+    ("proof", "duplicate", 1, 1, (("ranks", 2),)),
+    ("proof", "none", 2, 1, (("reuse_ids", True),)),
 )
 WHY = {
     "naive": "frees the blocks when it rejects or aborts the request (the error response read "
@@ -48,6 +58,15 @@ WHY = {
     "trusting": "waits for proof, but its receiver stamps what arrives on the wire as local: "
     "it believes a peer about anything, even that its own access was revoked",
     "proof": "frees only what the evidence proves (collect_releasable)",
+    "first-failure": "frees a request's blocks as soon as one of its transfers reports "
+    "FAILED (vLLM's NIXL receiver before #56104: the first handle in ERR invalidates the "
+    "blocks while its sibling handles, one per remote rank, may still write)",
+    "counted-completions": "counts completion notices per request and frees an ended "
+    "request once it has as many as grants, whichever grant each was about (vLLM #51786: "
+    "one notice twice, or on both channels)",
+    "id-overwrite": "keys its transfer table by the client's request id: a new request "
+    "with the id of one still held takes its entry, and the old request's blocks are freed "
+    "(vLLM #49796)",
     "sglang-0.5.23": "is SGLang 0.5.23's decode: on an abort it holds the pages until every "
     "prefill rank has acknowledged the abort (a drain ACK of the request's generation) or the "
     "deferred-release deadline passes, whichever comes first (ready = drained or now >= "
@@ -282,10 +301,11 @@ def sequence_svg(figure_id: str, trace: Sequence[Mapping[str, Any]]) -> str:
 def same_shape(refuted: Verdict, verdicts: Sequence[Verdict]) -> Verdict | None:
     """The proof policy's verdict on ``refuted``'s configuration, if it was explored."""
     for v in verdicts:
-        if v.policy == "proof" and (v.faults, v.requests, v.peers) == (
+        if v.policy == "proof" and (v.faults, v.requests, v.peers, v.options) == (
             refuted.faults,
             refuted.requests,
             refuted.peers,
+            refuted.options,
         ):
             return v
     return None
@@ -300,6 +320,7 @@ class Verdict:
     requests: int
     peers: int
     result: Mapping[str, Any]  # Result.to_dict()
+    options: Options = ()  # beyond the shape: ("ranks", 2), ("reuse_ids", True)
 
     @property
     def refuted(self) -> bool:
@@ -308,25 +329,44 @@ class Verdict:
     @property
     def title(self) -> str:
         """The configuration, in words."""
-        return f"{self.requests} request x {self.peers} peer(s) x 1 block, faults: {self.faults}"
+        extra = "".join(f", {_OPTION_WORDS[k](v)}" for k, v in self.options)
+        return (
+            f"{self.requests} request x {self.peers} peer(s) x 1 block, faults: {self.faults}"
+            + extra
+        )
+
+    @property
+    def flags(self) -> str:
+        """The options as ``kvlifetime verify`` takes them."""
+        return "".join(f" {_OPTION_FLAGS[k](v)}" for k, v in self.options)
 
 
-def explore_policies(
-    configs: Sequence[tuple[str, str, int, int]] = REFUTED + PASSING,
-) -> list[Verdict]:
-    """Run the verifier on each (policy, faults, requests, peers), one block, at most one
-    fault event per run (a few hundred states each: well under a second in all)."""
+_OPTION_WORDS: dict[str, Any] = {
+    "ranks": lambda v: f"{v} ranks",
+    "reuse_ids": lambda v: "reused request ids",
+}
+_OPTION_FLAGS: dict[str, Any] = {
+    "ranks": lambda v: f"--ranks {v}",
+    "reuse_ids": lambda v: "--reuse-ids",
+}
+
+
+def explore_policies(configs: Sequence[Shape] = REFUTED + PASSING) -> list[Verdict]:
+    """Run the verifier on each (policy, faults, requests, peers[, options]), one block, at
+    most one fault event per run (a few hundred states each: about a second in all)."""
     from kvlifetime.verify import Config, Policy, explore, parse_faults
 
     out = []
-    for policy, faults, requests, peers in configs:
+    for policy, faults, requests, peers, *more in configs:
+        options: Options = more[0] if more else ()
         cfg = Config(
             requests=requests,
             peers=peers,
             blocks=1,
             faults=parse_faults(faults),
             max_faults=1,
+            **dict(options),
         )
         result = explore(cfg, Policy(policy))
-        out.append(Verdict(policy, faults, requests, peers, result.to_dict()))
+        out.append(Verdict(policy, faults, requests, peers, result.to_dict(), options))
     return out

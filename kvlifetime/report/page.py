@@ -145,7 +145,7 @@ def counterexample_figure(v: Verdict) -> Figure:
         "sequence",
         sequence_svg(fid, trace),
         f"kvlifetime verify --policy {v.policy} --requests {v.requests} --peers {v.peers} "
-        f"--blocks 1 --faults {v.faults} --max-faults 1: the shortest counterexample, "
+        f"--blocks 1 --faults {v.faults} --max-faults 1{v.flags}: the shortest counterexample, "
         f"{len(trace)} steps ({v.result.get('states')} states explored).",
         len(trace),
         cls="sequence",

@@ -112,12 +112,7 @@ def canonical_key(state: State, config: Config) -> Any:
                 g.transfers,
                 snap.stale_old(g.grant) if g.old else snap.stale(g.grant),
                 g.old,
-                g.cancelled,
-                g.stopped,
-                g.quiesced_sent,
-                g.lease_fired,
-                g.retries,
-                g.silent,
+                *_grant_flags(g),
                 proof,
             )
         )
@@ -174,14 +169,7 @@ def canonical_key(state: State, config: Config) -> Any:
             inv[new] = old
         peers = tuple(pflags[o] for o in inv)
         key = (
-            env.admitted,
-            env.dups_left,
-            env.delays_left,
-            env.losses_left,
-            env.crashes_left,
-            env.faults_left,
-            env.restarts_left,
-            env.incarnation,
+            *_counters(env),
             peers,
             tuple(d for d, _ in reqs),
             tuple(d for d, _ in orphans),
@@ -221,12 +209,7 @@ def concrete_key(state: State, config: Config) -> Any:
             g.req,
             g.peer,
             g.transfers,
-            g.cancelled,
-            g.stopped,
-            g.quiesced_sent,
-            g.lease_fired,
-            g.retries,
-            g.silent,
+            *_grant_flags(g),
             g.old,
         )
         for g in env.grants
@@ -237,6 +220,18 @@ def concrete_key(state: State, config: Config) -> Any:
         grants,
         env.msgs,
         env.peers,
+        *_counters(env),
+    )
+
+
+def _grant_flags(g: GrantSide) -> tuple[bool | int, ...]:
+    """What the peer and the owner did with a grant, as both keys list it."""
+    return (g.cancelled, g.stopped, g.quiesced_sent, g.lease_fired, g.retries, g.silent)
+
+
+def _counters(env: Env) -> tuple[int, ...]:
+    """The environment's counters and budgets, as both keys list them."""
+    return (
         env.admitted,
         env.dups_left,
         env.delays_left,
