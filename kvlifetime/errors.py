@@ -32,6 +32,7 @@ KVLifetimeError
 │   ├── InvalidField              An argument or a value object's field of a wrong type or value
 │   ├── UnsafeTransport           An engine set up so its statuses prove nothing (Mooncake TCP v1)
 │   ├── UnsafeUcxTransport        UCX set to transports no target-side fence can stop (shm, CMA)
+│   ├── MissingInput              An input file named on the command line is missing (or not a file)
 │   ├── UnsupportedEngineVersion  The installed SGLang is not the version the hooks were built for
 │   ├── UnsupportedEngineSetting  An SGLang setting the guard cannot work with
 │   ├── GuardNotBound             The guard's ledger was used before its size was known
@@ -61,6 +62,7 @@ KVLifetimeError
 Defined beside the code that raises them (kvlifetime.*, each imports this one):
   adapters.mooncake           UnsafeTransport
   adapters.nixl               UnsafeUcxTransport
+  cli.output                  MissingInput
   diagrams                    DiagramError, GraphvizNotFound, GraphvizFailed
   extras                      MissingExtra
   harness.peer                PeerFailed

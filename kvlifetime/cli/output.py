@@ -34,7 +34,7 @@ def write_text(path: Path, text: str, log: Logger) -> None:
 
 
 class MissingInput(UsageError):
-    """A file named on the command line as input does not exist, or is not a file.
+    """An input file named on the command line is missing (or not a file).
 
     Whose fault: the caller (a mistyped path). State left: nothing read, nothing written.
     """
