@@ -44,13 +44,15 @@ def walked() -> dict[str, object]:
 def test_errors_py_draws_every_error_class_of_the_package(walked: dict[str, object]) -> None:
     """Fails when an error class was added, moved, re-based or re-summarised and the drawing
     was not. Fix: `python -m kvlifetime.architecture` and commit kvlifetime/errors.py."""
-    assert committed_tree() == walked["tree"]
+    assert committed_tree() == walked["tree"], (
+        "kvlifetime/errors.py's tree is not the classes': run `python -m kvlifetime.architecture`"
+    )
 
 
 def test_every_error_class_can_be_drawn(walked: dict[str, object]) -> None:
     """Each class has a docstring whose first line is one sentence (its line in the tree), a
     ``kind`` of its own no other class uses, and fits the drawing's width."""
-    assert walked["problems"] == []
+    assert walked["problems"] == [], "fix the class, then `python -m kvlifetime.architecture`"
 
 
 def test_no_error_class_hides_in_a_module_this_environment_cannot_import(
