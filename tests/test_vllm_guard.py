@@ -328,6 +328,10 @@ def test_one_record_per_request_walks_running_ended_ready_then_is_forgotten() ->
         None,
     )
     assert g.finished("p1", (1, 2), delay=True, aborted=False) is True
+    view = g.request("p1")  # the READ exposure is in the step's journal
+    assert view is not None and view.phase is Phase.ENDED and view.read is None
+    assert g.stats().exposed == 1 and g.ledger.stats().open_grants == 0
+    g.flush()  # the step's end
     view = g.request("p1")
     assert view is not None and view.phase is Phase.ENDED and view.read is not None
     assert view.read.access is Access.READ and sorted(view.read.blocks.tolist()) == [1, 2]

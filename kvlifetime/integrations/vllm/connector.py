@@ -17,10 +17,14 @@ from the inner connector's own class (``guarded_class``): the inner connector ru
 block-freeing path:
 
 - scheduler role: ``on_new_request`` (which ids vLLM holds), ``update_state_after_alloc`` /
-  ``build_connector_meta`` (WRITE grants for asynchronous loads; at every step, what a fence
-  released: ended requests freed, held failed loads handed on as the receive vLLM waits for),
-  ``request_finished`` (READ grants when the inner delays the free; a delay for anything
-  unproven), ``update_connector_output`` (evidence in, ids out: ``guard.py``);
+  ``build_connector_meta`` (WRITE grants for asynchronous loads, the step's in one batch; the
+  inner connector is told of a load only once it is granted, so a refused one never reaches
+  the worker; at every step, what a fence released: ended requests freed, held failed loads
+  handed on as the receive vLLM waits for), ``request_finished`` (a READ exposure into the
+  step's journal when the inner delays the free; a delay for anything unproven),
+  ``update_connector_output`` (evidence in, ids out: ``guard.py``), ``get_kv_connector_stats``
+  (the step's end: the journal into the ledger; a refused READ grant's block ids are emptied
+  from the request's transfer parameters before its output leaves the scheduler);
 - worker role: the connector's lease reaper is watched (NIXL's ``_reap_expired_send_leases``) and
   the ids it reaped travel to the scheduler in the worker metadata (``GuardWorkerMeta``), so a
   reaped lease is told apart from a completed read where that is known.
@@ -132,7 +136,13 @@ class GuardedConnector(KVConnectorBase_V1):
         super().__init__(cfg, role, kv_cache_config)
         self.guard = None
         self._kvl_reaped: set[str] = set()
-        self._kvl_pending: list[tuple[Any, list[int], int]] = []
+        # The step's loads, held until build_connector_meta: (request, vLLM's blocks, their ids,
+        # external tokens); the inner connector is told of them once the guard granted them.
+        self._kvl_pending: list[tuple[Any, Any, list[int], int]] = []
+        # Transfer parameters of the requests the guard delayed this step (request id -> the
+        # dict vLLM puts in the request's output): emptied if their READ grant is refused.
+        self._kvl_params: dict[str, dict[str, Any]] = {}
+        self._kvl_refuse_load: Any = None
         self._kvl_null: int | None = None
         self._kvl_requests: dict[str, Any] | None = None
         self._kvl_free: Any = None
@@ -167,6 +177,7 @@ class GuardedConnector(KVConnectorBase_V1):
             self._kvl_requests = requests
             self._kvl_free = getattr(owner, "_free_blocks", None)
             self._kvl_received = _receive_in(owner)
+            self._kvl_refuse_load = _refuse_load_in(owner)
 
     def on_new_request(self, request: Any) -> None:
         super().on_new_request(request)
@@ -174,33 +185,53 @@ class GuardedConnector(KVConnectorBase_V1):
             self.guard.admitted(request.request_id)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
-        super().update_state_after_alloc(request, blocks, num_external_tokens)
-        if self.guard is not None and num_external_tokens > 0:
-            # Whether the load is asynchronous is vLLM's decision, made after this hook: read
-            # it at build_connector_meta, before the metadata carries the ids to the worker.
-            ids = self._kvl_ids(blocks.get_unhashed_block_ids_all_groups())
-            self._kvl_pending.append((request, ids, num_external_tokens))
+        if self.guard is None or num_external_tokens <= 0:
+            super().update_state_after_alloc(request, blocks, num_external_tokens)
+            return
+        # Whether the load is asynchronous is vLLM's decision, made after this hook: the guard
+        # grants it at build_connector_meta, and only then is the inner connector told of it
+        # (so a refused grant's blocks never reach the worker as a load target). Without vLLM's
+        # scheduler bound (a connector driven by hand) the inner is told now, as vLLM calls.
+        ids = self._kvl_ids(blocks.get_unhashed_block_ids_all_groups())
+        if self._kvl_refuse_load is None:
+            super().update_state_after_alloc(request, blocks, num_external_tokens)
+            blocks = None
+        self._kvl_pending.append((request, blocks, ids, num_external_tokens))
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
-        if self.guard is not None:
-            self.guard.handed_out(self._kvl_ids(_new_blocks(scheduler_output)))
-        if self.guard is not None and self._kvl_pending:
-            for request, ids, n in self._kvl_pending:
-                waiting = request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
-                self.guard.allocated(request.request_id, ids, n, load_async=waiting)
-            self._kvl_pending.clear()
+        guard = self.guard
+        if guard is not None:
+            self._kvl_flush()
+            if guard.loads_tracked:
+                guard.handed_out(self._kvl_ids(_new_blocks(scheduler_output)))
+        if guard is not None and self._kvl_pending:
+            pending, self._kvl_pending = self._kvl_pending, []
+            waiting = RequestStatus.WAITING_FOR_REMOTE_KVS
+            refused = guard.allocated_many(
+                [(req.request_id, ids) for req, _, ids, _ in pending if req.status == waiting]
+            )
+            for req, blocks, _, n in pending:
+                if blocks is None:
+                    continue  # the inner was told at the hook (no scheduler bound)
+                if req.request_id in refused:
+                    # Withheld: the inner connector never learns of this load, so no metadata
+                    # carries its blocks to the worker; vLLM takes it as a failed load that
+                    # loaded nothing and computes the prompt itself.
+                    self._kvl_refuse_load(req)
+                else:
+                    super().update_state_after_alloc(req, blocks, n)
         meta = super().build_connector_meta(scheduler_output)
-        if self.guard is not None and self._kvl_requests is not None and self._kvl_free:
+        if guard is not None and self._kvl_requests is not None and self._kvl_free:
             # Every step, whatever the model runner returns: what a fence released (revoke)
             # goes back to vLLM's pool now, not at a step that carries connector output (an
             # idle single-worker engine returns EMPTY_MODEL_RUNNER_OUTPUT and none comes).
-            for request_id in self.guard.take_released():
+            for request_id in guard.take_released():
                 req = self._kvl_requests.get(request_id)
                 if req is not None and req.is_finished():
                     self._kvl_free(req)
             # A fence ended a held failed load: vLLM gets the receive it waits for, as its
             # own _update_from_kv_xfer_finished would take it, and recovers at its next step.
-            fenced = self.guard.take_fenced_loads()
+            fenced = guard.take_fenced_loads()
             if fenced and self._kvl_received is not None:
                 for request_id in fenced:
                     req = self._kvl_requests.get(request_id)
@@ -212,22 +243,49 @@ class GuardedConnector(KVConnectorBase_V1):
                         self._kvl_received(req)
         return meta
 
+    def get_kv_connector_stats(self) -> Any:
+        # vLLM calls this once at the end of every update_from_output, after the step's
+        # request_finished calls and before the step's outputs leave the scheduler: the
+        # step's end, where the guard's journal goes into the ledger.
+        if self.guard is not None:
+            self._kvl_flush()
+        return super().get_kv_connector_stats()
+
+    def _kvl_flush(self) -> None:
+        """The guard's journal into its ledger; the block ids of a refused READ grant are kept
+        from the request's output (its transfer parameters emptied: no remote reader learns
+        them; vLLM still keeps the blocks until the inner connector's id frees them)."""
+        guard = self.guard
+        if guard is None:
+            return
+        guard.flush()
+        for request_id in guard.take_refused_reads():
+            params = self._kvl_params.get(request_id)
+            if params:
+                params.clear()
+        if self._kvl_params:
+            self._kvl_params.clear()
+
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         delay, params = super().request_finished(request, block_ids)
-        return self._kvl_finished(request, block_ids, delay), params
+        return self._kvl_finished(request, block_ids, delay, params), params
 
     def request_finished_all_groups(
         self, request: Any, block_ids: Any
     ) -> tuple[bool, dict[str, Any] | None]:
         delay, params = super().request_finished_all_groups(request, block_ids)
-        return self._kvl_finished(request, block_ids, delay), params
+        return self._kvl_finished(request, block_ids, delay, params), params
 
-    def _kvl_finished(self, request: Any, block_ids: Any, delay: bool) -> bool:
+    def _kvl_finished(self, request: Any, block_ids: Any, delay: bool, params: Any) -> bool:
         if self.guard is None:
             return delay
-        return self.guard.finished(
-            request.request_id, self._kvl_ids(block_ids), bool(delay), request.status in _ABORTED
+        rid = request.request_id
+        out = self.guard.finished(
+            rid, self._kvl_ids(block_ids) if delay else (), bool(delay), request.status in _ABORTED
         )
+        if delay and params and type(params) is dict:
+            self._kvl_params[rid] = params
+        return out
 
     def _kvl_ids(self, block_ids: Any) -> list[int]:
         """The distinct real blocks of vLLM's block-id list(s): one list per KV-cache group
@@ -319,6 +377,27 @@ def _receive_in(scheduler: Any) -> Any:
                 stage(req, KV_FETCH_COMPLETED_WAITING)
 
     return received
+
+
+def _refuse_load_in(scheduler: Any) -> Any:
+    """How vLLM's scheduler is told a load the guard refused loaded nothing: as its own
+    failed-load path marks one under ``kv_load_failure_policy="recompute"``
+    (``_handle_failed_recving``: no computed tokens, the id in ``failed_recving_kv_req_ids``)
+    with the receive it waits for (``finished_recving_kv_req_ids``); at its next step vLLM
+    frees the blocks and schedules the request again. None when the scheduler has no such
+    sets (the inner connector is then told of every load at once)."""
+    failed = getattr(scheduler, "failed_recving_kv_req_ids", None)
+    done = getattr(scheduler, "finished_recving_kv_req_ids", None)
+    if not isinstance(failed, set) or not isinstance(done, set):
+        return None
+
+    def refused(req: Any) -> None:
+        if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            req.num_computed_tokens = 0
+            failed.add(req.request_id)
+            done.add(req.request_id)
+
+    return refused
 
 
 def _new_blocks(scheduler_output: Any) -> list[int]:

@@ -55,6 +55,31 @@ ended -> ready, or finished with nothing exposed), its READ and WRITE grants and
 its load (``Load``). Forgetting a request is deleting its record; ``request`` / ``requests``
 show them.
 
+What is checked when (the step's journal). The hooks vLLM calls per request do no ledger work
+in the common case: ``finished`` decides vLLM's answer from the request's record alone (a
+remote reader has the block ids: delay) and appends the READ exposure to the step's journal;
+the connector holds a step's loads until ``build_connector_meta``. Once per scheduler step the
+journal becomes a few batch calls (``flush``: the READ grants, then ``finish_many`` /
+``reject_many``; ``allocated_many``: the WRITE grants; ``output``: one ``apply_many`` for the
+step's proofs, one ``finish_many`` for the landed loads, one ``collect_releasable``), each item
+granted or refused on its own. A refusal found there still keeps its promise:
+
+- a refused WRITE grant's blocks never reach the worker: the connector tells the inner
+  connector of a load only once the guard granted it (``build_connector_meta``), and vLLM takes
+  a refused one as a load that loaded nothing (it frees the blocks and schedules the request
+  again);
+- a refused READ grant's block ids never reach a remote reader: the flush runs at the step's
+  end (vLLM 0.33 calls ``get_kv_connector_stats`` at the end of every ``update_from_output``,
+  after the step's ``request_finished`` calls, before its outputs leave the scheduler) and the
+  connector empties the transfer parameters vLLM returns for the request; vLLM still keeps the
+  blocks until the inner connector's own id frees them;
+- nothing vLLM does between the hook and the flush frees an exposed block: vLLM keeps a
+  delayed request's blocks until its id comes back, and every path that hands an id back
+  (``output``, ``take_released``) or reads the ledger (``revoke``, ``allocated_many``,
+  ``handed_out``) flushes first. A request with a WRITE exposure (ended while loading) is done
+  at once, after the journal. ``stats`` counts a journaled exposure as exposed; the ledger's
+  own figures are as of the last flush.
+
 This module is sans-IO: ``connector.py`` calls it from vLLM's hooks; tests drive it directly.
 """
 
@@ -62,10 +87,11 @@ from __future__ import annotations
 
 import collections
 import enum
-from collections.abc import Callable, Iterable, Iterator, Set
+from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 
 import attrs
 import numpy as np
+import numpy.typing as npt
 import structlog
 
 from kvlifetime.errors import DoubleRelease, KVLifetimeError, UnknownRequest, UsageError
@@ -199,6 +225,10 @@ class ConnectorGuard:
         self._to_hand: dict[str, None] = {}
         self._fenced: dict[str, None] = {}
         self._writes_tracked = 0  # records with a WRITE grant (a step with none skips a check)
+        # The step's journal: READ exposures ``finished`` delayed (request, block ids, aborted),
+        # turned into ledger work by ``flush``; the requests whose grant it refused.
+        self._reads_due: list[tuple[str, list[int], bool]] = []
+        self._reads_refused: list[str] = []
         # Forgotten requests whose ids vLLM was handed (to tell a duplicate from an unknown id).
         self._handed: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._handed_back = 0
@@ -215,28 +245,40 @@ class ConnectorGuard:
 
     def allocated(
         self, request: str, block_ids: Iterable[int], num_external_tokens: int, load_async: bool
-    ) -> None:
-        """``update_state_after_alloc`` (flushed at ``build_connector_meta``, once vLLM has
-        decided whether the load is asynchronous): the blocks an asynchronous load will write
-        get a WRITE grant before the connector metadata carries their ids to the worker. A
-        synchronous load lands inside the step, ordered by vLLM itself: no grant."""
+    ) -> bool:
+        """``update_state_after_alloc`` of one request (the connector batches a step's into
+        ``allocated_many``): the blocks an asynchronous load will write get a WRITE grant. A
+        synchronous load lands inside the step, ordered by vLLM itself: no grant. Returns False
+        when the grant was refused (the load must not reach the worker)."""
         if num_external_tokens <= 0 or not load_async:
-            return
-        rec = self._record(request)
-        if rec.load is Load.RECEIVED:
-            rec.load = Load.NONE  # a new load (first, or after a preemption)
-        ids = np.fromiter(block_ids, dtype=np.int64)
-        if len(ids) == 0:
-            return
-        try:
-            # One call, all or nothing: a refused grant leaves no hold behind in the ledger.
-            write = self.ledger.acquire_and_grant(request, ids, self.peer, Access.WRITE)
+            return True
+        return not self.allocated_many([(request, list(block_ids))])
+
+    def allocated_many(self, loads: Sequence[tuple[str, Sequence[int]]]) -> set[str]:
+        """A step's asynchronous loads (``build_connector_meta``, once vLLM has decided which
+        loads are asynchronous, before the connector metadata carries their block ids to the
+        worker): a WRITE grant each, in one ledger call, each granted or refused on its own.
+        Returns the refused requests: vLLM handed out a block another request's transfer may
+        still touch; the ledger changed nothing for them, and the connector keeps their load
+        from the worker (``GuardedConnector``)."""
+        self.flush()
+        due: list[tuple[str, Sequence[int]]] = []
+        for request, ids in loads:
+            rec = self._record(request)
+            if rec.load is Load.RECEIVED:
+                rec.load = Load.NONE  # a new load (first, or after a preemption)
+            if len(ids):
+                due.append((request, ids))
+        refused: set[str] = set()
+        for (request, _), grant in zip(due, self._grant_many(due, Access.WRITE), strict=True):
+            if isinstance(grant, KVLifetimeError):
+                self._refused("exposed_block_reused", request, grant)
+                refused.add(request)
+                continue
+            rec = self._requests[request]
             self._writes_tracked += rec.write is None
-            rec.write, rec.load = write, Load.IN_FLIGHT
-        except KVLifetimeError as e:
-            # vLLM handed out a block that another request's transfer may still touch: the
-            # guard cannot stop vLLM here, so it says so (and the ledger changed nothing).
-            self._refused("exposed_block_reused", request, e)
+            rec.write, rec.load = grant, Load.IN_FLIGHT
+        return refused
 
     def handed_out(self, block_ids: Iterable[int]) -> None:
         """``build_connector_meta``: the blocks vLLM gave requests this step. One under an open
@@ -247,6 +289,7 @@ class ConnectorGuard:
         ids = np.fromiter(block_ids, dtype=np.int64)
         if len(ids) == 0 or not self._writes_tracked:
             return
+        self.flush()
         try:
             hit = ids[self.ledger.open_access(ids) == 2]
         except KVLifetimeError as e:
@@ -261,6 +304,11 @@ class ConnectorGuard:
 
         ``delay`` is the inner connector's answer (a remote reader has the block ids: READ
         grant). A request with an exposure still unproven is delayed whatever the inner said.
+
+        The common case does no ledger work here: the READ exposure goes into the step's
+        journal (``flush``, before anything can hand the id back to vLLM) and the answer is
+        ``True``; vLLM keeps the blocks until the id comes back, which only ``output`` /
+        ``take_released`` do, after the flush.
         """
         rec = self._requests.get(request)
         if rec is not None:
@@ -270,23 +318,62 @@ class ConnectorGuard:
                 # An ended request's failed load: withheld and quarantined as ended, and a fence
                 # hands it back as an ended one.
                 rec.load = Load.FAILED
-        if delay:
-            ids = np.fromiter(block_ids, dtype=np.int64)
-            if len(ids):
-                rec = self._expose_read(request, ids)
-        if rec is None or not rec.exposed:
-            if rec is not None:
-                self._finished_unexposed(request, rec, delay)
-            return delay  # nothing exposed: the inner connector's answer stands
-        if not self._end(request, aborted):
-            return delay
-        if rec.read is None:  # (an open READ grant: not releasable yet)
-            self._collect()  # not ENDED yet: released here means "free it now"
-            if rec.write is None:
-                self._finished_unexposed(request, rec, delay)
-                return delay
-        rec.phase = Phase.ENDED
-        return True
+            if rec.write is not None:
+                return self._finished_loading(request, rec, block_ids, delay, aborted)
+        ids = list(block_ids) if delay else []
+        if ids:
+            if rec is None:
+                rec = self._requests[request] = _Record()
+            rec.phase = Phase.ENDED
+            self._reads_due.append((request, ids, aborted))
+            return True
+        if rec is not None:
+            self._finished_unexposed(request, rec, delay)
+        return delay  # nothing exposed: the inner connector's answer stands
+
+    def flush(self) -> None:
+        """The step's journal into the ledger: the READ grants of the requests ``finished``
+        delayed, in one batch call, then their ends (``finish_many`` / ``reject_many``). Each
+        request's grant is granted or refused on its own; a refused one is logged and counted
+        (``exposed_block_reused``), its record has nothing exposed, and its id is kept for
+        ``take_refused_reads`` (the connector withholds its block ids from the output). Called
+        by every method that reads the ledger or hands an id back, and by the connector at
+        the step's end; a no-op when the journal is empty."""
+        due = self._reads_due
+        if not due:
+            return
+        self._reads_due = []
+        grants = self._grant_many([(r, ids) for r, ids, _ in due], Access.READ)
+        ends: tuple[list[str], list[str]] = ([], [])  # finished, aborted
+        for (request, _, aborted), grant in zip(due, grants, strict=True):
+            rec = self._requests[request]
+            if isinstance(grant, KVLifetimeError):
+                self._refused("exposed_block_reused", request, grant)
+                # Nothing exposed: vLLM keeps the blocks as the inner connector asked and the
+                # id that frees them passes through.
+                rec.phase = Phase.FINISHED
+                self._reads_refused.append(request)
+                continue
+            rec.read = grant
+            ends[aborted].append(request)
+        finished, aborted_ = ends
+        outcomes = []
+        if finished:
+            outcomes.append(self.ledger.finish_many(finished))
+        if aborted_:
+            outcomes.append(self.ledger.reject_many(aborted_, reason="aborted"))
+        for outcome in outcomes:
+            for refusal in outcome.refused:
+                self._refused("finish_refused", str(refusal.item), refusal.error)
+
+    def take_refused_reads(self) -> list[str]:
+        """The requests whose READ grant the journal's flush refused since the last call (each
+        once): vLLM was told to keep their blocks, and their block ids must not reach a remote
+        reader (the connector empties the transfer parameters vLLM returns for them)."""
+        out = self._reads_refused
+        if out:
+            self._reads_refused = []
+        return out
 
     def output(
         self,
@@ -298,6 +385,7 @@ class ConnectorGuard:
         lease_reaped: Set[str] = frozenset(),
     ) -> Handback:
         """``update_connector_output``: apply what the output proves; return what vLLM sees."""
+        self.flush()
         for loading, write in self._failed_loads(failed_recving, invalid_block_ids):
             self._expire(write, "load_failed")
             loading.load = Load.FAILED
@@ -308,7 +396,8 @@ class ConnectorGuard:
                 self._expire(rec.read, "lease_reaped")
                 rec.lease_reaped = True
                 self._reaped += 1
-        applied = False  # evidence that may have made an ended request releasable
+        completions: list[TransferCompleted] = []  # every proof the output carries
+        landed: list[str] = []  # running requests whose load landed: that exposure ends
         recving: set[str] = set()
         passed: set[str] = set()  # ids the guard has no exposure for, vLLM still holds
         for request in finished_recving or ():
@@ -327,13 +416,12 @@ class ConnectorGuard:
                 continue
             live = rec.phase is not Phase.ENDED
             if not rec.load_failed:
-                self._complete(rec.write)
-                applied = True
+                completions.append(TransferCompleted.of(rec.write, 0))
                 if live:
                     # The load landed: that exposure is over. Its record ends here; vLLM's
                     # counts keep the blocks for the running request (and may free them on a
                     # preemption without telling the connector).
-                    self._end(request, aborted=False)
+                    landed.append(request)
             elif not live:
                 continue  # an ended request's failed load: withheld (quarantined)
             else:
@@ -345,9 +433,6 @@ class ConnectorGuard:
             if live:
                 rec.load = Load.RECEIVED
                 recving.add(request)
-        # The step's remote reads that ended: every proof in one apply_many (each applied or
-        # refused on its own, as one apply each would be).
-        sent: list[TransferCompleted] = []
         for request in finished_sending or ():
             rec = self._requests.get(request)
             if rec is not None and rec.lease_reaped:
@@ -364,13 +449,17 @@ class ConnectorGuard:
                 if self._passed_through(request, passed, receive=False):
                     self._forget(request)  # vLLM frees it on this id
                 continue
-            sent.append(TransferCompleted.of(rec.read, 0))
-        if sent:
-            for refusal in self.ledger.apply_many(sent).refused:
-                ev = sent[refusal.position]
+            completions.append(TransferCompleted.of(rec.read, 0))
+        # Every proof of the step in one apply_many, then the landed loads' ends in one
+        # finish_many (each item applied or refused on its own, as one call each would be).
+        if completions:
+            for refusal in self.ledger.apply_many(completions).refused:
+                ev = completions[refusal.position]
                 self._refused("evidence_refused", str(ev.request), refusal.error)
-            applied = True
-        if applied:
+        if landed:
+            for refusal in self.ledger.finish_many(landed).refused:
+                self._refused("finish_refused", str(refusal.item), refusal.error)
+        if completions:
             self._collect()
         return Handback(self.take_released() | passed, recving | self.take_fenced_loads())
 
@@ -408,6 +497,7 @@ class ConnectorGuard:
         and hand the released requests back at the next scheduler step (``take_released``,
         ``take_fenced_loads``), or the next output. Local evidence only. Returns the ended
         requests released and the live ones whose held failed load the fence ended."""
+        self.flush()
         self.ledger.apply(AccessRevoked(self.peer, fence=fence))
         released = self._collect()
         fenced = [
@@ -426,10 +516,12 @@ class ConnectorGuard:
         return released | set(fenced)
 
     def stats(self) -> GuardStats:
+        """The guard's counts (the ledger's as of the journal's last ``flush``: the step's
+        end). A request whose READ exposure is still in the journal counts as exposed."""
         recs = self._requests.values()
         return GuardStats(
             ledger=self.ledger.stats(),
-            exposed=sum(rec.exposed for rec in recs),
+            exposed=sum(rec.exposed or rec.phase is Phase.ENDED for rec in recs),
             withheld=sum(rec.phase is Phase.ENDED for rec in recs),
             handed_back=self._handed_back,
             lease_reaped=self._reaped,
@@ -438,8 +530,15 @@ class ConnectorGuard:
             dropped=dict(self._dropped),
         )
 
+    @property
+    def loads_tracked(self) -> int:
+        """How many requests have a WRITE grant the ledger tracks (0: no block vLLM hands out
+        can be under a load: ``handed_out`` has nothing to check)."""
+        return self._writes_tracked
+
     def request(self, request: str) -> RequestView | None:
-        """The guard's record of one request (None: the guard holds none for it)."""
+        """The guard's record of one request (None: the guard holds none for it). A READ
+        exposure still in the journal shows once ``flush`` ran."""
         rec = self._requests.get(request)
         if rec is None:
             return None
@@ -461,12 +560,29 @@ class ConnectorGuard:
             rec = self._requests[request] = _Record()
         return rec
 
-    def _expose_read(self, request: str, ids: np.ndarray) -> _Record:
-        rec = self._record(request)
+    def _finished_loading(
+        self, request: str, rec: _Record, block_ids: Iterable[int], delay: bool, aborted: bool
+    ) -> bool:
+        """``finished`` of a request with a WRITE exposure (ended while its load is in flight,
+        or failed): done at once, after the journal (rare: an abort during a load)."""
+        self.flush()
+        if delay:
+            ids = np.fromiter(block_ids, dtype=np.int64)
+            if len(ids):
+                self._expose_read(request, rec, ids)
+        if not self._end(request, aborted):
+            return delay
+        if rec.read is None:  # (an open READ grant: not releasable yet)
+            self._collect()  # not ENDED yet: released here means "free it now"
+            if rec.write is None:
+                self._finished_unexposed(request, rec, delay)
+                return delay
+        rec.phase = Phase.ENDED
+        return True
+
+    def _expose_read(self, request: str, rec: _Record, ids: npt.NDArray[np.int64]) -> None:
+        """A READ grant over ``ids`` for a request that holds blocks for its load already."""
         try:
-            if rec.write is None:  # the common case: nothing held yet
-                rec.read = self.ledger.acquire_and_grant(request, ids, self.peer, Access.READ)
-                return rec
             held = self.ledger.blocks_of(request)
             new = np.setdiff1d(ids, held, assume_unique=True)
             if len(new):
@@ -474,7 +590,20 @@ class ConnectorGuard:
             rec.read = self.ledger.grant(request, self.peer, ids, Access.READ)
         except KVLifetimeError as e:
             self._refused("exposed_block_reused", request, e)
-        return rec
+
+    def _grant_many(
+        self, items: Sequence[tuple[str, Sequence[int]]], access: Access
+    ) -> list[Grant | KVLifetimeError]:
+        """``acquire_and_grant`` of each item (request, its blocks): the grant, or the typed
+        refusal (the ledger changed nothing for that request)."""
+        out: list[Grant | KVLifetimeError] = []
+        led, peer = self.ledger, self.peer
+        for request, ids in items:
+            try:
+                out.append(led.acquire_and_grant(request, ids, peer, access))
+            except KVLifetimeError as e:
+                out.append(e)
+        return out
 
     def _finished_unexposed(self, request: str, rec: _Record, delay: bool) -> None:
         """vLLM finished a request the guard holds no exposure of: it frees it now (``delay``
@@ -558,9 +687,6 @@ class ConnectorGuard:
             return True
         self._drop("duplicate_id" if request in self._handed else "unknown_id", request)
         return False
-
-    def _complete(self, grant: Grant) -> None:
-        self._apply(TransferCompleted.of(grant, 0), grant)
 
     def _expire(self, grant: Grant, why: str) -> None:
         self._apply(LeaseExpired.of(grant), grant)
