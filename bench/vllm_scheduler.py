@@ -103,17 +103,19 @@ class Workload:
             max_model_len=4096,
         )
 
-    def requests(self) -> list[Any]:
-        """Fresh requests (a Request is consumed by a run); distinct prompts, no prefix hits."""
+    def requests(self, count: int | None = None, *, live: bool = False) -> list[Any]:
+        """Fresh requests (a Request is consumed by a run); distinct prompts, no prefix hits.
+        ``live``: the requests that stay live through the timed run (one block, one token)."""
         v = self.v
         out = []
-        for _ in range(self.args.requests):
+        prompt = BLOCK if live else self.prompt
+        for _ in range(self.args.requests if count is None else count):
             n = next(self._ids)
-            params = v["SamplingParams"](max_tokens=self.max_tokens, ignore_eos=True)
+            params = v["SamplingParams"](max_tokens=1 if live else self.max_tokens, ignore_eos=True)
             params.update_from_generation_config({}, EOS)
             req = v["Request"](
-                request_id=f"{self.side}-{n}",
-                prompt_token_ids=[(7919 * n + i) % 50000 + 3 for i in range(self.prompt)],
+                request_id=f"{self.side}-{'live-' if live else ''}{n}",
+                prompt_token_ids=[(7919 * n + i) % 50000 + 3 for i in range(prompt)],
                 sampling_params=params,
                 pooling_params=None,
                 mm_features=None,
@@ -127,7 +129,7 @@ class Workload:
                     "do_remote_decode": False,
                     "remote_engine_id": "prefill-engine",
                     "remote_request_id": f"prefill-{n}",
-                    "remote_block_ids": list(range(self.args.prompt_blocks)),
+                    "remote_block_ids": list(range(prompt // BLOCK)),
                     "remote_host": "prefill-host",
                     "remote_port": 1234,
                     "tp_size": 1,
@@ -152,6 +154,72 @@ class Run:
         self._loading: dict[str, Any] = {}  # decode side: added, not yet seen waiting for KV
         self.added = self.steps = self.sched_ns = 0
         self.done = False
+        self.live: list[Any] = []
+        if wl.args.live:
+            self._hold_live(wl.args.live)
+
+    def _hold_live(self, count: int) -> None:
+        """Untimed set-up: ``count`` requests the timed run finds live and leaves so (prefill:
+        finished, their free delayed for a remote read; decode: waiting for a load), each
+        holding one block; the worker reports them done only after the timed run."""
+        s, v = self.s, self.wl.v
+        self.live = self.wl.requests(count, live=True)
+        for req in self.live:
+            s.add_request(req)
+        waiting = v["RequestStatus"].WAITING_FOR_REMOTE_KVS
+        prefill = self.wl.side == "prefill"
+
+        def held(r: Any) -> bool:
+            return bool(r.is_finished()) if prefill else bool(r.status == waiting)
+
+        for _ in range(10 * count):
+            if all(held(r) for r in self.live):
+                break
+            so = s.schedule()
+            ids = list(so.num_scheduled_tokens)
+            out = v["ModelRunnerOutput"](
+                req_ids=ids,
+                req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=[[0] for _ in ids],
+                logprobs=None,
+                prompt_logprobs_dict={},
+                pooler_output=None,
+                kv_connector_output=None,
+            )
+            s.update_from_output(so, out)
+        else:
+            raise RuntimeError(f"{self.wl.side}: the live requests were not all held")
+        self._live_ids = {r.request_id for r in self.live}
+
+    def release_live(self) -> None:
+        """Untimed: the worker reports every live request done; vLLM frees them all."""
+        if not self.live:
+            return
+        s, v, side = self.s, self.wl.v, self.wl.side
+        done = set(self._live_ids)
+        kv = v["KVConnectorOutput"](
+            finished_sending=done if side == "prefill" else None,
+            finished_recving=done if side == "decode" else None,
+            failed_recving=set(),
+            invalid_block_ids=set(),
+        )
+        for _ in range(100):
+            so = s.schedule()
+            ids = list(so.num_scheduled_tokens)
+            out = v["ModelRunnerOutput"](
+                req_ids=ids,
+                req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=[[0] for _ in ids],
+                logprobs=None,
+                prompt_logprobs_dict={},
+                pooler_output=None,
+                kv_connector_output=kv,
+            )
+            kv = None
+            s.update_from_output(so, out)
+            if not s.requests:
+                return
+        raise RuntimeError(f"{side}: the live requests were not all freed")
 
     def step(self) -> bool:
         """One engine step; False once the workload is over (nothing left to do)."""
@@ -162,8 +230,9 @@ class Run:
             self.added += 1
             if wl.side == "decode":
                 self._loading[req.request_id] = req
-        if self.added == a.requests and not s.requests and not self._due:
+        if self.added == a.requests and len(s.requests) == len(self.live) and not self._due:
             self.done = True
+            self.release_live()
             return False
         perf = time.perf_counter_ns
         t0 = perf()
@@ -228,6 +297,7 @@ class Run:
         out: dict[str, Any] = {
             "steps": self.steps,
             "finished": sum(r.is_finished() for r in self.reqs),
+            "live_held": len(self.live),
             "free_blocks": self.s.kv_cache_manager.block_pool.get_num_free_blocks(),
             "tokens_out": sum(r.num_output_tokens for r in self.reqs),
         }
@@ -285,7 +355,7 @@ def check(side: str, args: argparse.Namespace, plain: Run, guarded: Run) -> dict
     # Prefill: every request's free was delayed and handed back by the guard. Decode: the
     # loads' WRITE grants closed on finished_recving, so each request was released when it
     # ended (its free not delayed): nothing is left live in the ledger.
-    expect_back = args.requests if side == "prefill" else 0
+    expect_back = args.requests + args.live if side == "prefill" else 0
     clean = (
         gs["handed_back"] == expect_back
         and gs["exposed"] == gs["withheld"] == gs["open_grants"] == gs["live_requests"] == 0
@@ -299,7 +369,21 @@ def check(side: str, args: argparse.Namespace, plain: Run, guarded: Run) -> dict
 
 
 _NOT_HOOKS = frozenset({"revoke", "stats"})
-_LEDGER = ("acquire", "grant", "finish", "reject", "apply", "collect_releasable", "blocks_of")
+_LEDGER = (
+    "acquire",
+    "grant",
+    "acquire_and_grant",
+    "acquire_and_grant_many",
+    "finish",
+    "finish_many",
+    "reject",
+    "reject_many",
+    "apply",
+    "apply_many",
+    "collect_releasable",
+    "blocks_of",
+    "open_access",
+)
 
 
 def guard_time(wl: Workload) -> dict[str, Any]:
@@ -310,17 +394,27 @@ def guard_time(wl: Workload) -> dict[str, Any]:
     guard = run.s.connector.guard
     spent: dict[str, int] = {}
     calls: dict[str, int] = {}
+    # The time in the outermost call of each kind only (a guard method calling another, or the
+    # ledger calling itself, is counted once in the totals; each row is inclusive).
+    outer = {"guard": 0, "ledger": 0}
+    depth = {"guard": 0, "ledger": 0}
 
     def wrap(obj: Any, name: str, label: str) -> None:
         fn = getattr(obj, name)
         perf = time.perf_counter_ns
+        kind = label.split(".", 1)[0]
 
         def timed(*a: Any, **k: Any) -> Any:
+            depth[kind] += 1
             t0 = perf()
             try:
                 return fn(*a, **k)
             finally:
-                spent[label] = spent.get(label, 0) + perf() - t0
+                dt = perf() - t0
+                depth[kind] -= 1
+                if depth[kind] == 0:
+                    outer[kind] += dt
+                spent[label] = spent.get(label, 0) + dt
                 calls[label] = calls.get(label, 0) + 1
 
         setattr(obj, name, timed)
@@ -339,8 +433,7 @@ def guard_time(wl: Workload) -> dict[str, Any]:
             wrap(guard.ledger, name, f"ledger.{name}")
     common.quiet_run(run.to_end)
     n = wl.args.requests
-    in_guard = sum(spent.get(f"guard.{h}", 0) for h in hooks)
-    ledger = sum(v for k, v in spent.items() if k.startswith("ledger."))
+    in_guard, ledger = outer["guard"], outer["ledger"]
     return {
         "us_per_request": {k: spent[k] / n / 1e3 for k in sorted(spent)},
         "calls": dict(sorted(calls.items())),
@@ -379,9 +472,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=4096)
     p.add_argument("--num-blocks", type=int, default=8192)
+    p.add_argument(
+        "--live",
+        type=int,
+        default=0,
+        help="requests held live through the timed run (one block each, added to --num-blocks)",
+    )
     p.add_argument("--profile-top", type=int, default=12, help="0: no cProfile run")
     p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     args = p.parse_args(argv)
+    args.num_blocks += args.live
     common.write_hf_cache()
     v = _vllm()
     info = common.machine()
@@ -391,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{args.requests} requests per run, prompts of {args.prompt_blocks} blocks, "
-        f"{args.arrivals} arrivals per step, worker reports {args.lag} steps later; "
+        f"{args.arrivals} arrivals per step, worker reports {args.lag} steps later, "
+        f"{args.live} requests held live throughout; "
         f"{args.rounds} rounds, unguarded and guarded in lock-step; "
         "ratio guarded / unguarded per round: median [range]"
     )
