@@ -453,16 +453,11 @@ def one_block(samples: int = 5000, requests: int = 1000, steps: int = 8) -> dict
 
 def memory_per_block(n: int = 1_000_000) -> tuple[float, float]:
     ledger = BlockLedger(n)
-    arrays = (
-        ledger._owner.nbytes
-        + ledger._sharers.nbytes
-        + ledger._unsettled.nbytes
-        + ledger._readers.nbytes
-        + ledger._generation.nbytes
-    )
+    arrays = ledger.inspect().nbytes
     ledger.allocate("x", 1)
-    assert ledger._free_stack is not None
-    with_stack = arrays + ledger._free_stack.nbytes
+    inside = ledger.inspect()
+    assert inside.free_stack is not None
+    with_stack = inside.nbytes
     return arrays / n, with_stack / n
 
 

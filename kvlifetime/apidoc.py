@@ -83,11 +83,23 @@ def _annotation(ann: object) -> str:
     return ann if isinstance(ann, str) else inspect.formatannotation(ann)
 
 
+def _own_bases(cls: type) -> list[type]:
+    """``cls`` and the private bases it is built from in kvlifetime (``BlockLedger``'s read
+    side, say): their members are the class's own, for the reader."""
+    return [cls] + [
+        b
+        for b in cls.__mro__[1:]
+        if b.__name__.startswith("_") and b.__module__.startswith("kvlifetime.")
+    ]
+
+
 def _members(cls: type) -> list[str]:
     lines: list[str] = []
-    for name, member in cls.__dict__.items():
-        if name.startswith("_"):
+    seen: set[str] = set()
+    for name, member in (kv for k in _own_bases(cls) for kv in k.__dict__.items()):
+        if name.startswith("_") or name in seen:
             continue
+        seen.add(name)
         if isinstance(member, property):
             lines.append(f"- `{name}` (property): {_first_line(member.fget)}".rstrip(": "))
         elif isinstance(member, classmethod | staticmethod):
@@ -111,7 +123,7 @@ def _entry(name: str, obj: object) -> list[str]:
         names = ", ".join(f"`{m.name}`" for m in obj)
         lines.append(f"An enumeration: {names}.")
     elif isinstance(obj, type):
-        bases = [b.__name__ for b in obj.__bases__ if b is not object]
+        bases = [b.__name__ for b in obj.__bases__ if b is not object and b.__name__[0] != "_"]
         init = obj.__dict__.get("__init__") or obj.__dict__.get("__new__")
         sig = _signature(init, drop_self=True) if init is not None else ""
         if sig == "" and hasattr(obj, "__attrs_attrs__"):

@@ -1472,19 +1472,7 @@ def test_key_reuse_after_release_and_internals_do_not_grow() -> None:
         L.collect_releasable()
 
     def sizes() -> dict[str, int]:
-        return {
-            name: len(getattr(L, name))
-            for name in (
-                "_requests",
-                "_by_slot",
-                "_grants",
-                "_by_peer",
-                "_releasable",
-                "_timed",
-                "_recently_released",
-                "_free_patterns",
-            )
-        }
+        return L.inspect().sizes
 
     cycle(0)
     base = sizes()
@@ -1505,8 +1493,8 @@ def test_recently_released_memory_is_bounded() -> None:
         L.admit(i)
         L.finish(i)
         L.release(i)
-    assert len(L._recently_released) <= 4096
-    assert len(L._requests) == 0
+    assert len(L.inspect().recently_released) <= 4096
+    assert len(L.inspect().requests) == 0
     with pytest.raises(errors.UsageError):
         L.release(0)  # forgotten long ago: at least a typed error
     with pytest.raises(errors.DoubleRelease):

@@ -241,7 +241,7 @@ def test_a_long_lived_request_keeps_few_step_arrays_alive() -> None:
             if key != "long":
                 led.finish(key)
         led.collect_releasable()
-    rec = led._requests["long"]
+    rec = led.inspect().requests["long"]
     assert len(rec.shared) <= 17  # 41 batches without the merge
 
     def root(a: np.ndarray) -> int:

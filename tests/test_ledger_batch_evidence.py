@@ -34,12 +34,13 @@ ids_st = st.lists(st.integers(0, N - 1), min_size=1, max_size=3, unique=True)
 def _state(led: BlockLedger) -> tuple[Any, ...]:
     """The whole state: ``fingerprint()``, the refusal counters, and the per-block open-grant
     counters (``apply_many`` takes closed grants off them in one write at its end)."""
+    inside = led.inspect()
     counters = (
-        led._tracking,
-        led._unsettled.tolist(),
-        led._readers.tolist(),
-        led._open_writes,
-        led._open_reads,
+        inside.tracking,
+        inside.unsettled.tolist(),
+        inside.readers.tolist(),
+        inside.open_writes,
+        inside.open_reads,
     )
     stats = led.stats()
     return led.fingerprint(), stats.refused_evidence, stats.requests_by_state, counters

@@ -362,7 +362,8 @@ def test_subclasses_are_stored_as_the_plain_value_their_checks_saw() -> None:
     (key,) = led.live_requests()
     assert (type(key), key) == (str, "a")
     assert led.blocks_of("a").tolist() == [1]
-    assert (type(led._requests["a"].deadline), led._requests["a"].deadline) == (float, 5.0)
+    deadline = led.inspect().requests["a"].deadline
+    assert (type(deadline), deadline) == (float, 5.0)
     led.acquire(Number(7), [2])
     assert sorted(map(repr, led.live_requests())) == ["'a'", "7"]
     assert type(next(k for k in led.live_requests() if k != "a")) is int
@@ -370,9 +371,9 @@ def test_subclasses_are_stored_as_the_plain_value_their_checks_saw() -> None:
     assert (type(g.peer), g.peer) == (str, "p")
     assert led.allocate("n", Number(2)).tolist() == [0, 3]  # two blocks, not 99
     led.set_deadline(7, Moment(9.0))
-    assert led._requests[7].deadline == 9.0
+    assert led.inspect().requests[7].deadline == 9.0
     led.expire(Moment(1.0))
-    assert led._clock == 1.0
+    assert led.inspect().clock == 1.0
     led.reject(Name("a"), Name("why"))
     assert led.state("a").value == "rejected"
     r = BlockLedger.after_restart(Number(4), peers=[Name("p0")], request=Name("old"))

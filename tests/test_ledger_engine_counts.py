@@ -80,25 +80,14 @@ def test_engine_mode_memory_per_block() -> None:
     """No exclusive owner and no free list: holders (2), generation (4), the open write and
     read grant counters (1 + 1)."""
     L = engine(1000)
-    per_block = (
-        L._owner.nbytes
-        + L._sharers.nbytes
-        + L._generation.nbytes
-        + L._unsettled.nbytes
-        + L._readers.nbytes
-    ) / 1000
+    inside = L.inspect()
+    assert inside.owner is None and inside.free_stack is None
+    per_block = inside.nbytes / 1000
     assert per_block == 8
     owner = BlockLedger(1000)
     owner.allocate("x", 1)
-    assert owner._free_stack is not None
-    per_block_owner = (
-        owner._owner.nbytes
-        + owner._sharers.nbytes
-        + owner._generation.nbytes
-        + owner._unsettled.nbytes
-        + owner._readers.nbytes
-        + owner._free_stack.nbytes
-    ) / 1000
+    assert owner.inspect().free_stack is not None
+    per_block_owner = owner.inspect().nbytes / 1000
     assert per_block_owner == 16
 
 
@@ -201,7 +190,7 @@ def test_allocate_is_refused() -> None:
         assert "engine's allocator hands out blocks" in msg
     # Its arguments are still checked first.
     refused(L, errors.InvalidField, lambda: L.allocate("new", -1))
-    assert L._free_stack is None and "new" not in L.live_requests()
+    assert L.inspect().free_stack is None and "new" not in L.live_requests()
 
 
 # =========================================================================== grant
@@ -407,10 +396,10 @@ def test_open_access_builds_the_counters_once_in_owner_mode() -> None:
     L.acquire("a", [0, 1])
     L.grant("a", "p", [0], W)
     L.grant("a", "p", [0, 1], RD)
-    assert not L._tracking
+    assert not L.inspect().tracking
     before = L.fingerprint(), L.stats()
     assert L.open_access([0, 1, 2]).tolist() == [2, 1, 0]
-    assert L._tracking and (L.fingerprint(), L.stats()) == before
+    assert L.inspect().tracking and (L.fingerprint(), L.stats()) == before
     g = L.grant("a", "q", [1], W)
     assert L.open_access([1]).tolist() == [2]
     L.apply(TransferCompleted.of(g, 0))
@@ -429,10 +418,10 @@ def test_open_access_refuses_bad_ids_and_changes_nothing() -> None:
             (None, errors.InvalidBlockIds),
             (np.array([[0]]), errors.InvalidBlockIds),
         ]:
-            before = L.fingerprint(), L._tracking
+            before = L.fingerprint(), L.inspect().tracking
             with pytest.raises(exc):
                 L.open_access(bad)  # type: ignore[arg-type]
-            assert (L.fingerprint(), L._tracking) == before
+            assert (L.fingerprint(), L.inspect().tracking) == before
 
 
 def test_grant_counters_widen_before_they_could_wrap() -> None:
@@ -445,8 +434,9 @@ def test_grant_counters_widen_before_they_could_wrap() -> None:
         held = L.blocks_of("a")
         for _ in range(300):
             L.grant("a", "p", held[:1], RD)
-        assert L._readers.dtype == np.uint16 and int(L._readers[0]) == 300
-        assert L._unsettled.dtype == np.uint8
+        inside = L.inspect()
+        assert inside.readers.dtype == np.uint16 and int(inside.readers[0]) == 300
+        assert inside.unsettled.dtype == np.uint8
         assert L.open_access([0, 1]).tolist() == [1, 0]
         L.apply(AccessRevoked("p"))
-        assert int(L._readers[0]) == 0 and L.open_access([0]).tolist() == [0]
+        assert int(L.inspect().readers[0]) == 0 and L.open_access([0]).tolist() == [0]

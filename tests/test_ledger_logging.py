@@ -424,4 +424,4 @@ def test_events_are_the_same_and_in_order_when_emitted_after_the_lock(
         * len([t for t in out.transitions if t.cause == "TransferQuiesced"]),
     ]
     assert transitions_logged(logs[start:]) == [as_event(t) for t in out.transitions]
-    assert led._pending == []  # nothing left behind for a later call to emit
+    assert led.inspect().pending_events == 0  # nothing left behind for a later call to emit

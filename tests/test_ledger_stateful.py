@@ -692,13 +692,14 @@ class LedgerMachine(RuleBasedStateMachine):
                         writes[b] += 1
                     else:
                         reads[b] += 1
-        if self.L._tracking:  # kept from the first shared acquire (or open_access) on
-            assert self.L._unsettled.tolist() == writes
-            assert self.L._readers.tolist() == reads
+        inside = self.L.inspect()
+        if inside.tracking:  # kept from the first shared acquire (or open_access) on
+            assert inside.unsettled.tolist() == writes
+            assert inside.readers.tolist() == reads
         # open_access, asked of a copy while the ledger does not keep the counters yet (the
         # first call would build them, and the run would no longer cover the first shared
         # acquire building them).
-        L = self.L if self.L._tracking else self.L.copy()
+        L = self.L if inside.tracking else self.L.copy()
         want = [2 if w else 1 if r else 0 for w, r in zip(writes, reads, strict=True)]
         assert L.open_access(np.arange(NUM_BLOCKS)).tolist() == want
 

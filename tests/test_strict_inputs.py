@@ -81,20 +81,21 @@ def snapshot(L: BlockLedger, *, evidence_counters: bool = True) -> tuple[Any, ..
     st = L.stats(now=2.0)
     if not evidence_counters:
         st = attrs.evolve(st, refused_evidence={})
+    inside = L.inspect()
     return (
         L.fingerprint(),
         st,
         L.free_count(),
-        L._free_stack is None,
-        L._free_top,
-        (L._unsettled.tobytes(), L._readers.tobytes()) if L._tracking else "not kept",
-        L._sharers.tobytes(),
-        dict(L._timed),
-        dict(L._releasable),
-        L._clock,
-        list(L._recently_released),
-        L._next_slot,
-        {repr(k): (r.state, r.deadline) for k, r in L._requests.items()},
+        inside.free_stack is None,
+        inside.free_top,
+        (inside.unsettled.tobytes(), inside.readers.tobytes()) if inside.tracking else "not kept",
+        inside.sharers.tobytes(),
+        inside.timed,
+        inside.releasable,
+        inside.clock,
+        inside.recently_released,
+        inside.next_slot,
+        {repr(k): (r.state, r.deadline) for k, r in inside.requests.items()},
     )
 
 
@@ -431,9 +432,9 @@ def test_integer_batches_of_every_kind_are_accepted(ids: object) -> None:
 def test_numeric_times_of_every_kind_are_accepted() -> None:
     L = populated()
     L.set_deadline("b", 3)  # an int
-    assert L._requests["b"].deadline == 3
+    assert L.inspect().requests["b"].deadline == 3
     L.set_deadline("b", np.float64(3.5))  # stored as a plain float
-    assert type(L._requests["b"].deadline) is float
+    assert type(L.inspect().requests["b"].deadline) is float
     assert L.expire(np.int64(60)) == ["b"]  # type: ignore[arg-type]
     L.allocate("n", np.int64(2))  # type: ignore[arg-type]
     st = L.stats(now=np.float32(65.0))  # type: ignore[arg-type]
@@ -538,7 +539,7 @@ def test_issue_non_finite_clocks_and_deadlines(call: Call) -> None:
     L.grant("b", "p", [0], deadline=10.0)
     L.reject("b")
     assert_refused(L, call, InvalidField)
-    assert L._clock is None  # a refused expire did not set the clock either
+    assert L.inspect().clock is None  # a refused expire did not set the clock either
 
 
 @pytest.mark.parametrize(
@@ -615,8 +616,8 @@ def test_unsettled_counter_widens_before_it_could_wrap() -> None:
     held = L.blocks_of("w")  # the held batch itself: grant's fast path
     for _ in range(n):
         L.grant("w", "p", held, Access.WRITE)
-    assert L._unsettled.dtype == np.uint32
-    assert int(L._unsettled[0]) == n
+    assert L.inspect().unsettled.dtype == np.uint32
+    assert int(L.inspect().unsettled[0]) == n
     before = snapshot(L)
     with pytest.raises(errors.BlockUnavailable):
         L.acquire("s", [0], shared=True)
@@ -624,7 +625,7 @@ def test_unsettled_counter_widens_before_it_could_wrap() -> None:
     # One fence closes them all (while the owner runs: one pass, no request transition);
     # the content is then settled and may be shared.
     L.apply(AccessRevoked("p"))
-    assert int(L._unsettled[0]) == 0
+    assert int(L.inspect().unsettled[0]) == 0
     L.acquire("s", [0], shared=True)
     assert L.holders([0]).tolist() == [2]
 
@@ -666,18 +667,20 @@ def test_unsettled_counter_is_built_exactly_at_the_first_shared_acquire() -> Non
     L.acquire("x", [6])
     L.grant("x", "p", [6])
     L.finish("x")  # ended with an open write grant on 6: draining, unsettled
-    assert not L._tracking
+    assert not L.inspect().tracking
     before = L.fingerprint(), L.stats()
     with pytest.raises(errors.BlockUnavailable):
         L.acquire("s", [0], shared=True)  # the first one builds the counter, and refuses
     assert (L.fingerprint(), L.stats()) == before
-    assert L._tracking
+    assert L.inspect().tracking
     share: list[Any] = [[0], [6], [0, 4], [2, 6]]
     for blocks in share:
-        assert_refused(
-            L, lambda L, b=blocks: L.acquire("s", b, shared=True), errors.BlockUnavailable
-        )
-    assert L._unsettled.tolist() == [1, 0, 0, 0, 0, 0, 1, 0]
+
+        def share_again(L: BlockLedger, b: Any = blocks) -> None:
+            L.acquire("s", b, shared=True)
+
+        assert_refused(L, share_again, errors.BlockUnavailable)
+    assert L.inspect().unsettled.tolist() == [1, 0, 0, 0, 0, 0, 1, 0]
     L.acquire("s", [1, 2, 3, 4, 5], shared=True)
     assert L.holders(np.arange(7)).tolist() == [1, 2, 2, 2, 2, 2, 1]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-import kvlifetime.ledger.facade
+import kvlifetime.ledger.proofs
 import kvlifetime.provenance
 from kvlifetime.cli import main
 from kvlifetime.evidence import AccessRevoked, Evidence, GrantEvidence
@@ -166,7 +166,7 @@ def test_a_ledger_that_believes_a_lie_breaks_provenance(monkeypatch: pytest.Monk
         if not isinstance(ev, AccessRevoked):
             real(ev)
 
-    monkeypatch.setattr(kvlifetime.ledger.facade, "check_source", lax)
+    monkeypatch.setattr(kvlifetime.ledger.proofs, "check_source", lax)
     r = explore(Config(1, 1, 1, faults=parse_faults("lie")), Policy.PROOF)
     assert r.violation is not None and r.violation.invariant == "provenance"
     assert r.trace[-1].event.kind == "lie"

@@ -4,7 +4,7 @@ A log processor is the application's code: it may call the ledger back (``stats(
 gauge, from its own thread or another). Emitting under the ledger's lock would deadlock it, so
 a ``BlockLedger`` call notes its events in a list while it holds the lock - only when structlog
 is configured: otherwise nothing is built, and the hot path stays as it was - and emits them
-once it has let go (the ledger takes the list under the lock, then calls ``emit``).
+once it has let go (the facade takes the list under the lock, then calls ``emit``).
 
 An event is ``(level, name, fields)``: the fields are built when noted (they describe the state
 at that point), the logger is called later.
@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import structlog
+
 from kvlifetime.errors import show
 from kvlifetime.evidence import Evidence, to_dict
 from kvlifetime.grant import BlockIds
@@ -23,6 +25,14 @@ from kvlifetime.ledger.values import Transition
 
 Event = tuple[str, str, dict[str, Any]]
 """``(level, event name, fields)``: a log event noted, not yet emitted."""
+
+log = structlog.get_logger("kvlifetime")
+
+
+def enabled() -> bool:
+    """Whether events are noted at all. A library never configures structlog; it stays silent
+    (and cheap) until the application (or ``structlog.testing.capture_logs``) has."""
+    return structlog.is_configured()
 
 
 def emit(logger: Any, events: Sequence[Event]) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvlifetime.grant import BlockIds, Grant, RequestKey
+from kvlifetime.ledger.snapshot import copy_slots
 from kvlifetime.spec.proof import GrantProof
 from kvlifetime.spec.vocabulary import RequestState
 
@@ -71,6 +72,18 @@ class RequestRecord:
         self.quarantined_at: float | None = None
         self.fenced_by: str | None = None  # the fence whose AccessRevoked closed a grant of it
         self.machine: RequestLifecycle | None = None
+
+    def copy(self) -> RequestRecord:
+        """An independent copy, with copies of its grant records (``snapshot.copy_slots``:
+        every field, by its kind). The python-statemachine mirror is not copied: the table
+        makes a new one for a checked ledger."""
+        new = copy_slots(self, grants={}, open={}, machine=None)
+        for serial, rec in self.grants.items():
+            dup = copy_slots(rec, req=new)
+            new.grants[serial] = dup
+            if serial in self.open:
+                new.open[serial] = dup
+        return new
 
     def open_proofs(self) -> Iterable[GrantProof]:
         return self.open.values()

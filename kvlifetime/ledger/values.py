@@ -8,12 +8,14 @@ Plain immutable values, kept apart from ``BlockLedger`` itself: they carry no ru
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import attrs
+import numpy as np
+import numpy.typing as npt
 
 from kvlifetime.errors import KVLifetimeError
-from kvlifetime.grant import PeerId, RequestKey
+from kvlifetime.grant import BlockIds, PeerId, RequestKey
 
 
 class Transition(NamedTuple):
@@ -84,3 +86,48 @@ class LedgerStats:
     # fence name -> blocks put back in the pool by releases a fence made possible (a grant of
     # the request was closed by AccessRevoked); only grows
     reclaimed_blocks: dict[str, int] = attrs.field(factory=dict)
+
+
+@attrs.frozen(slots=True, eq=False)
+class RequestInternals:
+    """One live request as the ledger keeps it (``LedgerInternals.requests``)."""
+
+    state: str  # RequestState value
+    deadline: float | None  # the request-wide deadline, on the caller's clock
+    excl: tuple[BlockIds, ...]  # the batches held exclusively (read-only arrays, as kept)
+    shared: tuple[BlockIds, ...]  # the batches held shared (every hold, with engine counts)
+
+
+@attrs.frozen(slots=True, eq=False)
+class LedgerInternals:
+    """A copy of what a ledger keeps inside, as data (``BlockLedger.inspect``): for tests,
+    debugging and memory figures. Not part of the contract: the fields follow the
+    implementation (``kvlifetime/ledger/blocks.py`` says what each per-block array holds)."""
+
+    counts: str  # "ledger" or "engine"
+    owner: npt.NDArray[np.int32] | None  # the exclusive holder's slot per block (ledger counts)
+    sharers: npt.NDArray[np.uint16]  # shared holders per block (every holder: engine counts)
+    generation: npt.NDArray[np.uint32]
+    unsettled: npt.NDArray[Any]  # open write grants per block (kept only while ``tracking``)
+    readers: npt.NDArray[Any]  # open read grants per block (kept only while ``tracking``)
+    tracking: bool  # the two counters above are kept up to date
+    open_writes: int  # open write grants counted in ``unsettled``
+    open_reads: int  # open read grants counted in ``readers``
+    free_stack: npt.NDArray[np.int32] | None  # the ledger's own free list (None: not built)
+    free_top: int  # how many blocks the free list holds
+    requests: dict[RequestKey, RequestInternals]
+    releasable: tuple[RequestKey, ...]  # ready to release, in the order they became so
+    timed: tuple[RequestKey, ...]  # with a deadline somewhere
+    recently_released: tuple[RequestKey, ...]  # oldest first (a bounded memory)
+    next_slot: int
+    next_serial: int
+    clock: float | None  # the last ``now`` passed to expire
+    pending_events: int  # log events noted and not yet emitted (0 between calls)
+    sizes: dict[str, int]  # entries of each internal map and cache (none grows with history)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the per-block arrays, the free list included."""
+        arrays = (self.owner, self.sharers, self.generation, self.unsettled, self.readers)
+        total = sum(a.nbytes for a in arrays if a is not None)
+        return total + (0 if self.free_stack is None else self.free_stack.nbytes)

@@ -18,18 +18,20 @@ a request or a block is a change to this package, and nowhere else:
 What cannot be a row is named here and lives beside the state it changes, in
 ``kvlifetime.ledger`` (each runs only after a row of this package allowed the step):
 
-- ``BlockLedger._fire`` / ``_advance``: which row to try (a call's event; the evidence-driven
-  events in ``PROOF_CHAIN`` order, as long as one fires);
-- ``BlockLedger._moved``, the bookkeeping on every request transition: the ``checked`` mirror
-  into a ``RequestLifecycle``, the set of releasable requests (``transfer_quiesced`` enters it,
-  any other state leaves it), the quarantine reason and time, the ``Transition`` record logged;
-- ``BlockLedger._derive_block_states``: the ledger does not step a ``BlockLifecycle`` per block
-  on the hot path; it derives every block's state in one vectorized pass from the counts the
-  block guards read (holders, live holders, open grants, quarantine), and
+- ``ledger.transitions.fire`` / ``advance``: which row to try (a call's event; the
+  evidence-driven events in ``PROOF_CHAIN`` order, as long as one fires);
+- ``ledger.transitions.moved``, the bookkeeping on every request transition: the ``checked``
+  mirror into a ``RequestLifecycle``, the set of releasable requests (``transfer_quiesced``
+  enters it, any other state leaves it), the quarantine reason and time, the ``Transition``
+  record logged;
+- ``ledger.blocks.BlockCounts.derive_states``: the ledger does not step a ``BlockLifecycle`` per
+  block on the hot path; it derives every block's state in one vectorized pass from the counts
+  the block guards read (holders, live holders, open grants, quarantine), and
   tests/test_ledger_stateful.py checks that against ``BlockLifecycle``;
-- ``BlockLedger._check_hold`` / ``_check_shareable`` / ``_check_engine_hold`` and ``grant``'s
-  write checks: the block guards ``no_open_write_grant`` and ``write_needs_single_holder`` as
-  refusals (``BlockUnavailable``) before anything changes.
+- the hold and grant checks of the per-block state (``ledger.ledger_counts.LedgerCounts`` and
+  ``ledger.engine_counts.EngineCounts``: ``check_hold``, ``check_grant``, ...): the block guards
+  ``no_open_write_grant`` and ``write_needs_single_holder`` as refusals (``BlockUnavailable``)
+  before anything changes.
 
 Who may make each claim is checked before evidence reaches a guard (``kvlifetime.provenance``),
 and what each engine's raw statuses prove is turned into evidence before it reaches the ledger

@@ -1,0 +1,234 @@
+"""``EngineCounts``: the engine's own reference counts decide when a block is free
+(``counts="engine"``).
+
+The engine's allocator hands blocks out and takes them back; the ledger guards exposure only.
+Any number of requests may hold a block (every hold is counted in ``sharers``, as a shared one
+is with the ledger's counts); there is no exclusive owner and no free list (``allocate`` is
+refused). A hold is refused where an open write grant covers a block (its content is
+unsettled); a write grant where another request holds a block or any open grant covers it; a
+read grant where another request's open write grant covers it. A block no request holds is not
+guarded: its generation is bumped when its last holder lets go.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from kvlifetime.errors import BlockUnavailable, HolderLimit, show
+from kvlifetime.grant import Access, BlockIds, RequestKey
+from kvlifetime.ledger.batch import STEP_VIEWS, Holds, merge, views
+from kvlifetime.ledger.blocks import MAX_SHARERS, BlockCounts, Counts
+from kvlifetime.ledger.records import RequestRecord
+
+
+class EngineCounts(BlockCounts):
+    """Per-block state by the engine's counts: holders and open grants, no owner."""
+
+    __slots__ = ()
+
+    counts: ClassVar[Counts] = "engine"
+    all_shared: ClassVar[bool] = True
+    allocates: ClassVar[bool] = False
+
+    def __init__(self, num_blocks: int, max_sharers: int = MAX_SHARERS) -> None:
+        # The open-grant counters are read by every acquire and grant: kept from the start.
+        super().__init__(num_blocks, max_sharers, tracking=True)
+
+    # ------------------------------------------------------------------ holds
+
+    def check_hold(
+        self,
+        arr: BlockIds,
+        req: RequestRecord | None,
+        shared: bool,
+        live: Mapping[RequestKey, RequestRecord],
+    ) -> None:
+        """Refuse a hold on ``arr`` where an open write grant covers a block (its content is
+        unsettled), where ``req`` already holds one, or at the holder limit. Open read grants
+        do not matter, whoever holds the block and whatever its state."""
+        writes = self.unsettled.take(arr)
+        if np.count_nonzero(writes):
+            raise BlockUnavailable(
+                f"blocks {arr[writes > 0][:16].tolist()} are not settled: an open write grant "
+                "may still change them: not held by another request"
+            )
+        holders = self.sharers.take(arr)
+        # Only blocks someone holds can be held by req already: O(batch + its own holds).
+        if (
+            req is not None
+            and req.shared
+            and np.count_nonzero(holders)
+            and np.isin(arr, req.all_blocks(), assume_unique=True).any()
+        ):
+            raise BlockUnavailable(f"request {show(req.key)} already holds some of these blocks")
+        # A block has at most as many holders as there are live holds: below the limit, no
+        # block needs looking at.
+        if (
+            self.shared_holds >= self.max_sharers
+            and int(holders.max(initial=0)) >= self.max_sharers
+        ):
+            raise HolderLimit(
+                f"blocks {arr[holders >= self.max_sharers][:16].tolist()} already have "
+                f"{self.max_sharers} holders (the counter's limit): not held by one more"
+            )
+
+    def record_hold(self, req: RequestRecord, arr: BlockIds, shared: bool) -> None:
+        self.sharers[arr] += 1
+        self.shared_holds += 1
+        req.shared.append(arr)
+
+    def unmark(self, arr: BlockIds, shared: bool) -> None:
+        pass  # check_hold marks nothing
+
+    def check_write_on_hold(self, arr: BlockIds, shared: bool) -> None:
+        if np.count_nonzero(self.sharers.take(arr)):
+            raise BlockUnavailable("a write grant on blocks another request holds")
+        if np.count_nonzero(self.readers.take(arr)):
+            raise BlockUnavailable("a write grant on blocks an open grant covers")
+
+    def check_hold_many(
+        self,
+        batch: Holds,
+        reqs: Sequence[RequestRecord | None],
+        shared: bool,
+        live: Mapping[RequestKey, RequestRecord],
+    ) -> None:
+        allids, repeats = batch.allids, batch.repeats
+        self.check_hold(allids, None, True, live)
+        self._check_not_held_yet(allids, batch.keys, reqs, batch.starts, batch.lens)
+        if repeats is not None:
+            self.check_repeat_limit(repeats[1], repeats[3])
+
+    def record_hold_many(self, batch: Holds, recs: Sequence[RequestRecord], shared: bool) -> None:
+        allids, repeats, starts, lens = batch.allids, batch.repeats, batch.starts, batch.lens
+        if repeats is None:
+            self.sharers[allids] += 1
+        else:
+            np.add.at(self.sharers, allids, 1)
+        self.shared_holds += len(recs)
+        for req, view in zip(recs, views(allids, starts, lens), strict=True):
+            req.shared.append(view)
+            if len(req.shared) > STEP_VIEWS:
+                self.shared_holds -= merge(req.shared)
+
+    def _check_not_held_yet(
+        self,
+        allids: BlockIds,
+        keys: Sequence[RequestKey],
+        reqs: Sequence[RequestRecord | None],
+        starts: Sequence[int],
+        lens: Sequence[int],
+    ) -> None:
+        """``acquire_many``: refuse where a request already holds one of the blocks it asks
+        for. Only blocks someone holds can be, and only requests that already hold something
+        are looked at."""
+        held = self.sharers.take(allids) > 0
+        if not np.count_nonzero(held):
+            return
+        for key, req, a, n in zip(keys, reqs, starts, lens, strict=True):
+            if req is None or not n or not np.count_nonzero(held[a : a + n]):
+                continue
+            mine = allids[a : a + n]
+            if any(np.isin(mine, s, assume_unique=True).any() for s in req.shared):
+                raise BlockUnavailable(f"request {show(key)} already holds some of these blocks")
+
+    def hold_batches(self, req: RequestRecord) -> list[BlockIds]:
+        return req.shared
+
+    def check_grant(self, req: RequestRecord, arr: BlockIds, access: Access) -> None:
+        """A write grant only on blocks ``req`` alone holds and no open grant covers; a read
+        grant not on blocks another request's open write grant covers."""
+        writes = self.unsettled.take(arr)
+        if access is Access.WRITE:
+            others = self.sharers.take(arr) > 1  # req holds each block of arr
+            if np.count_nonzero(others):
+                raise BlockUnavailable(
+                    f"a write grant on blocks another request holds: {arr[others][:16].tolist()}"
+                )
+            covered = (writes != 0) | (self.readers.take(arr) != 0)
+            if np.count_nonzero(covered):
+                raise BlockUnavailable(
+                    f"a write grant on blocks an open grant covers: {arr[covered][:16].tolist()}"
+                )
+        elif np.count_nonzero(writes):
+            # Rare: tell req's own open write grants from another request's.
+            own = np.zeros(len(arr), dtype=np.int64)
+            for rec in req.open.values():
+                if rec.grant.access is Access.WRITE:
+                    own += np.isin(arr, rec.grant.blocks, assume_unique=True)
+            foreign = writes > own
+            if foreign.any():
+                raise BlockUnavailable(
+                    f"a read grant on blocks another request's open write grant covers: "
+                    f"{arr[foreign][:16].tolist()}"
+                )
+
+    # ------------------------------------------------------------------ no free list
+
+    def free_for_allocate(self) -> int:
+        self.check_allocates()
+        return 0
+
+    def allocate(self, req: RequestRecord, n: int) -> BlockIds:
+        self.check_allocates()
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------ release
+
+    def let_go(
+        self, reqs: Sequence[RequestRecord], reclaimed: collections.Counter[str]
+    ) -> list[BlockIds]:
+        """Drop the holds of ``reqs``; return every block each one held (the engine may drop
+        its own references to them). A block no request holds any more is not guarded: its
+        generation is bumped."""
+        sharers = self.sharers
+        results: list[BlockIds] = []
+        if len(reqs) > 1:
+            # Many at once (collect_releasable): where no block of theirs has a second holder
+            # (the common case, told by one gather), each drops to no holder: one write for all.
+            results = [req.all_blocks() for req in reqs]
+            allh = np.concatenate(results)
+            if not len(allh) or int(sharers.take(allh).max()) == 1:
+                for req, held in zip(reqs, results, strict=True):
+                    self.shared_holds -= len(req.shared)
+                    if req.fenced_by is not None and len(held):
+                        reclaimed[req.fenced_by] += len(held)
+                sharers[allh] = 0
+                self.generation[allh] += 1
+                return results
+            results = []
+        unguarded: list[BlockIds] = []
+        for req in reqs:
+            held = req.all_blocks()
+            self.shared_holds -= len(req.shared)
+            if len(held):
+                sharers[held] -= 1  # one request holds a block once
+                gone = held[sharers.take(held) == 0]
+                unguarded.append(gone)
+                if req.fenced_by is not None and len(gone):
+                    reclaimed[req.fenced_by] += len(gone)
+            results.append(held)
+        if unguarded:
+            ids = unguarded[0] if len(unguarded) == 1 else np.concatenate(unguarded)
+            self.generation[ids] += 1
+        return results
+
+    # ------------------------------------------------------------------ queries
+
+    def holders(self, arr: BlockIds) -> npt.NDArray[np.int64]:
+        return self.sharers.take(arr).astype(np.int64)
+
+    def held(self) -> npt.NDArray[np.bool_]:
+        held: npt.NDArray[np.bool_] = self.sharers > 0
+        return held
+
+    def count_free(self) -> int:
+        return int(np.count_nonzero(self.sharers == 0))
+
+    def owner_bytes(self) -> bytes:
+        return b""  # no exclusive owner (the ledger's counts keep one: np.int32 bytes)
