@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
 import attrs
@@ -75,6 +75,16 @@ def edge_label(row: Row) -> str:
     """``event [guard]``; unsafe transitions carry a warning sign and the word."""
     text = row.event + (f" [{row.guard}]" if row.guard else "")
     return f"{UNSAFE_MARK} {text} UNSAFE" if row.unsafe else text
+
+
+LABEL_PAD = "  "  # Graphviz keeps this much of the label's room between its text and its edge
+
+
+def dot_label(row: Row, *more: str) -> str:
+    """An edge's Graphviz label (quoted): ``edge_label`` padded so the edge never touches its
+    text, then each of ``more`` on a line of its own."""
+    lines = [_q(f"{LABEL_PAD}{line}{LABEL_PAD}")[1:-1] for line in (edge_label(row), *more)]
+    return '"' + "\\n".join(lines) + '"'
 
 
 def _header(machine: str, fmt: str) -> str:
@@ -165,11 +175,13 @@ def _laminar(a: frozenset[str], b: frozenset[str]) -> bool:
     return a.isdisjoint(b) or a <= b or b <= a
 
 
-def layout(table: TransitionTable) -> Layout:
-    """Fold the table for a picture: self-loops onto their nodes, shared edges into boxes."""
+def layout(table: TransitionTable, rows: Sequence[Row] | None = None) -> Layout:
+    """Fold the table (or only ``rows`` of it, one picture's) for a picture: self-loops onto
+    their nodes, shared edges into boxes."""
+    rows = table.rows if rows is None else tuple(rows)
     loops: dict[str, list[Row]] = {}
     groups: dict[tuple[str, str, str | None, bool], list[Row]] = {}
-    for r in table.rows:
+    for r in rows:
         if r.source == r.target:
             loops.setdefault(r.source, []).append(r)
         else:
@@ -188,7 +200,7 @@ def layout(table: TransitionTable) -> Layout:
         if all(_laminar(f.sources, g.sources) and f.sources != g.sources for g in folds):
             folds.append(f)
     folded = {r for f in folds for r in f.rows}
-    edges = tuple(r for r in table.rows if r.source != r.target and r not in folded)
+    edges = tuple(r for r in rows if r.source != r.target and r not in folded)
     parent: dict[int, int | None] = {}
     for i, f in enumerate(folds):
         around = [j for j, g in enumerate(folds) if j != i and f.sources < g.sources]
@@ -196,12 +208,71 @@ def layout(table: TransitionTable) -> Layout:
     return Layout(edges, tuple(folds), {k: tuple(v) for k, v in loops.items()}, parent)
 
 
-def back_edges(table: TransitionTable) -> frozenset[tuple[str, str]]:
+@attrs.frozen(slots=True)
+class Picture:
+    """One review picture of a lifecycle: the rows it draws, under its own title.
+
+    Invariant: the pictures of a table (``pictures``) draw each of its rows exactly once.
+    """
+
+    name: str  # the figure's name: the machine's, or the machine's and a part's
+    title: str
+    rows: tuple[Row, ...]  # spec order
+
+    def states(self, table: TransitionTable) -> tuple[str, ...]:
+        """The states this picture draws, in the table's order (every state, for a picture
+        of the whole table)."""
+        seen = {s for r in self.rows for s in (r.source, r.target)}
+        if self.rows == table.rows:
+            seen |= set(table.states)
+        return tuple(s for s in table.states if s in seen)
+
+
+# Drawn apart from the rest of its machine: sharing (a prefix-cache hit taking a settled block)
+# enters four states and crossed every other edge of the block lifecycle when drawn with them.
+APART: Mapping[str, tuple[tuple[str, str, frozenset[str]], ...]] = {
+    "block": (
+        (
+            "sharing",
+            "block lifecycle: sharing (a prefix-cache hit takes a settled block)",
+            frozenset({"shared"}),
+        ),
+    ),
+}
+
+
+def pictures(table: TransitionTable) -> tuple[Picture, ...]:
+    """The review pictures of ``table``: the whole lifecycle, or (the block) its life under
+    its holders and grants, and apart from it its sharing (``APART``)."""
+    apart = APART.get(table.machine, ())
+    if not apart:
+        title = f"{table.machine} lifecycle ({LOOP_MARK}: an event that keeps the state)"
+        return (Picture(table.machine, title, table.rows),)
+    taken = frozenset().union(*(events for _, _, events in apart))
+    main = tuple(r for r in table.rows if r.event not in taken)
+    out = [
+        Picture(
+            table.machine,
+            f"{table.machine} lifecycle: holders and grants ({LOOP_MARK}: an event that keeps "
+            "the state)",
+            main,
+        )
+    ]
+    for part, title, events in apart:
+        rows = tuple(r for r in table.rows if r.event in events)
+        out.append(Picture(f"{table.machine}-{part}", title, rows))
+    return tuple(out)
+
+
+def back_edges(
+    table: TransitionTable, rows: Sequence[Row] | None = None
+) -> frozenset[tuple[str, str]]:
     """The (source, target) pairs that close a cycle, found depth first from the initial
-    state in specification order. Drawn without pulling their target's rank, so that the
+    state (then from each state not reached yet) in specification order, over ``rows`` (one
+    picture's; default every row). Drawn without pulling their target's rank, so that the
     main flow reads top to bottom and the returns (a block going back to the pool) go up."""
     out: dict[str, list[str]] = {}
-    for r in table.rows:
+    for r in table.rows if rows is None else rows:
         if r.source != r.target:
             out.setdefault(r.source, []).append(r.target)
     back: set[tuple[str, str]] = set()
@@ -218,7 +289,9 @@ def back_edges(table: TransitionTable) -> frozenset[tuple[str, str]]:
         on_path.pop()
         done.add(s)
 
-    visit(table.initial)  # a few states: the recursion stays shallow
+    for s in (table.initial, *table.states):  # a few states: the recursion stays shallow
+        if s not in done:
+            visit(s)
     return frozenset(back)
 
 
@@ -243,33 +316,40 @@ def _node_label(state: str, loops: tuple[Row, ...]) -> str:
     )
 
 
-def dot(table: TransitionTable) -> str:
-    """The lifecycle as Graphviz source, laid out for a slide (see ``layout``).
+def dot(table: TransitionTable, picture: Picture | None = None) -> str:
+    """The lifecycle (or one ``picture`` of it) as Graphviz source, laid out for a slide (see
+    ``layout``).
 
     Unsafe edges are dashed and red. Self-loops are lines on their node (marked ``↺``); edges
     that leave several states for the same target on the same event and guard are drawn once,
-    from a box around those states. Every row is still drawn once: the mermaid diagram and the
-    markdown table keep one line per row.
+    from a box around those states (the edge's own label names the event; the box has none, so
+    no edge entering it crosses a caption). Every row is still drawn once: the mermaid diagram
+    and the markdown table keep one line per row.
     """
     name = table.machine
-    lay = layout(table)
+    if picture is None:
+        title = f"{name} lifecycle ({LOOP_MARK}: an event that keeps the state)"
+        picture = Picture(name, title, table.rows)
+    lay = layout(table, picture.rows)
+    states = picture.states(table)
     # Top to bottom keeps the long request chain from running off a slide's width.
     lines = [
         f"// {name} lifecycle. {_header(name, 'dot')}",
-        f"digraph {_q(name)} {{",
+        f"digraph {_q(picture.name)} {{",
         "    rankdir=TB;",
         "    compound=true;",
         "    nodesep=0.35;",
         "    ranksep=0.45;",
-        f"    label={_q(f'{name} lifecycle ({LOOP_MARK}: an event that keeps the state)')};",
+        f"    label={_q(picture.title)};",
         "    labelloc=t;",
         '    fontname="Helvetica";',
         '    node [shape=box, style=rounded, fontname="Helvetica"];',
         '    edge [fontname="Helvetica", fontsize=10];',
-        '    "__start__" [shape=point, label=""];',
     ]
+    if table.initial in states:
+        lines.append('    "__start__" [shape=point, label=""];')
     home: dict[str, int | None] = {}  # state -> the smallest fold around it
-    for s in table.states:
+    for s in states:
         around = [i for i, f in enumerate(lay.folds) if s in f.sources]
         home[s] = min(around, key=lambda i: len(lay.folds[i].sources)) if around else None
 
@@ -286,27 +366,29 @@ def dot(table: TransitionTable) -> str:
         )
         out = [f"{indent}subgraph cluster_{i} {{"]
         out += [f"{indent}    {a};" for a in style]
-        out.append(f"{indent}    label={_q(f'{f.row.event} from any state in this box')};")
-        out.append(f"{indent}    fontsize=10;")
+        out.append(f'{indent}    label="";')  # not the graph's title again
         for j in range(len(lay.folds)):
             if lay.parent[j] == i:
                 out += cluster(j, indent + "    ")
-        out += [node(s, indent + "    ") for s in table.states if home[s] == i]
+        out += [node(s, indent + "    ") for s in states if home[s] == i]
         out.append(f"{indent}}}")
         return out
 
     for i in range(len(lay.folds)):
         if lay.parent[i] is None:
             lines += cluster(i, "    ")
-    lines += [node(s, "    ") for s in table.states if home[s] is None]
-    lines.append(f'    "__start__" -> {_q(table.initial)};')
+    lines += [node(s, "    ") for s in states if home[s] is None]
+    if table.initial in states:
+        lines.append(f'    "__start__" -> {_q(table.initial)};')
 
-    back = back_edges(table)
+    back = back_edges(table, picture.rows)
 
-    def edge(src: str, r: Row, extra: list[str]) -> str:
-        attrs_ = [f"label={_q(edge_label(r))}", *extra]
+    def edge(src: str, r: Row, extra: list[str], label: str | None = None) -> str:
+        attrs_ = [f"label={dot_label(r) if label is None else label}", *extra]
         if (r.source, r.target) in back:
             attrs_.append("constraint=false")
+            if not extra:  # a return leaves from the east side: its label then clears the
+                attrs_.append("tailport=e")  # edges that skip a rank down that side
         if r.unsafe:
             attrs_ += ["style=dashed", "color=red", "fontcolor=red"]
         return f"    {_q(src)} -> {_q(r.target)} [{', '.join(attrs_)}];"
@@ -321,7 +403,7 @@ def dot(table: TransitionTable) -> str:
     return "\n".join(lines) + "\n"
 
 
-def svg(table: TransitionTable) -> str:
+def svg(table: TransitionTable, picture: Picture | None = None) -> str:
     """The ``dot`` diagram rendered by Graphviz. Raises ``GraphvizNotFound`` without ``dot``."""
     exe = shutil.which("dot")
     if exe is None:
@@ -329,7 +411,7 @@ def svg(table: TransitionTable) -> str:
     try:
         done = subprocess.run(
             [exe, "-Tsvg"],
-            input=dot(table).encode("utf-8"),
+            input=dot(table, picture).encode("utf-8"),
             capture_output=True,
             check=False,
             timeout=60,
@@ -507,7 +589,9 @@ def docs_files(*, include_svg: bool) -> dict[str, str]:
     for m in MACHINES:
         files[f"{m}.mmd"] = render(m, "mermaid")
         files[f"{m}.md"] = render(m, "md")
-        files[f"{m}.dot"] = render(m, "dot")
+        table = table_for(m)
+        for pic in pictures(table):  # the review pictures, as the page draws them
+            files[f"{pic.name}.dot"] = dot(table, pic)
     files["evidence.md"] = evidence_markdown()
     from kvlifetime.profiles import PROFILES
 
@@ -518,5 +602,7 @@ def docs_files(*, include_svg: bool) -> dict[str, str]:
     files["api.md"] = api_markdown()
     if include_svg:
         for m in MACHINES:
-            files[f"{m}.svg"] = render(m, "svg")
+            table = table_for(m)
+            for pic in pictures(table):
+                files[f"{pic.name}.svg"] = svg(table, pic)
     return files

@@ -152,7 +152,9 @@ def test_docs(capsys: Capsys, tmp_path: Path) -> None:
         status, out, _ = run(capsys, "-v", "docs", "--out", str(tmp_path))
     assert status == 0
     names = {"request.mmd", "block.mmd", "request.md", "block.md", "request.dot", "block.dot"}
-    names |= {"evidence.md", "api.md"} | ({"request.svg", "block.svg"} if HAS_DOT else set())
+    names |= {"block-sharing.dot"}  # the block's review picture is two (sharing apart)
+    svgs = {"request.svg", "block.svg", "block-sharing.svg"}
+    names |= {"evidence.md", "api.md"} | (svgs if HAS_DOT else set())
     names |= {f"engine-{e}.md" for e in PROFILES}  # inproc, mooncake-tcp (nixl-ucx once there)
     assert {"engine-inproc.md", "engine-mooncake-tcp.md"} <= names
     assert {p.name for p in tmp_path.iterdir()} == names | {"ledger-api.md"}

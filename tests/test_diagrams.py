@@ -19,6 +19,7 @@ from kvlifetime.diagrams import (
     GraphvizFailed,
     GraphvizNotFound,
     docs_files,
+    dot_label,
     edge_label,
     evidence_markdown,
     render,
@@ -111,13 +112,13 @@ def test_dot_draws_every_row_once(machine: str) -> None:
     plain = [e for e in edges if e[0] != "__start__" and "ltail=" not in e[2]]
     assert [(a, b) for a, b, _ in plain] == [(r.source, r.target) for r in lay.edges]
     for (_, _, attrs_), r in zip(plain, lay.edges, strict=True):
-        assert f'label="{edge_label(r)}"' in attrs_
+        assert f"label={dot_label(r)}" in attrs_ and edge_label(r) in dot_label(r)
         assert ("style=dashed" in attrs_ and "color=red" in attrs_) == r.unsafe
     folded = [e for e in edges if "ltail=" in e[2]]
     assert len(folded) == len(lay.folds)
     for (src, dst, attrs_), f in zip(folded, lay.folds, strict=True):
         assert src in f.sources and dst == f.row.target
-        assert f'label="{edge_label(f.row)}"' in attrs_
+        assert f"label={dot_label(f.row)}" in attrs_
         # the box is a cluster holding exactly the fold's sources
         name = _LTAIL.search(attrs_).group(1)  # type: ignore[union-attr]
         body = text.split(f"subgraph {name} {{", 1)[1]
@@ -156,6 +157,20 @@ def test_block_picture_lists_self_loops_on_nodes() -> None:
     ]
     _, _, text = _drawn("block")
     assert text.count("->") == 1 + len(lay.edges) + len(lay.folds)
+
+
+def test_block_pictures_draw_every_row_once_sharing_apart() -> None:
+    table = table_for("block")
+    main_, sharing = diagrams.pictures(table)
+    assert (main_.name, sharing.name) == ("block", "block-sharing")
+    assert sorted([*main_.rows, *sharing.rows], key=table.rows.index) == list(table.rows)
+    assert {r.event for r in sharing.rows} == {"shared"}
+    assert main_.states(table) == table.states  # every state is in the main picture
+    text = diagrams.dot(table, sharing)
+    assert '"__start__"' not in text  # free is not in it: no start point
+    assert text.count("->") == sum(r.source != r.target for r in sharing.rows)
+    (request,) = diagrams.pictures(table_for("request"))
+    assert request.rows == table_for("request").rows
 
 
 def test_layout_never_draws_crossing_boxes() -> None:
@@ -294,7 +309,8 @@ def test_docs_are_up_to_date(tmp_path: Path, capsys: pytest.CaptureFixture[str])
             # Graphviz versions lay out differently: the committed SVG is checked to exist
             # and to come from the current dot source, not compared byte for byte.
             committed = (DOCS / name).read_text(encoding="utf-8")
-            assert "<svg" in committed and "⚠ force_released" in committed
+            assert "<svg" in committed
+            assert ("shared [" if "sharing" in name else "⚠ force_released") in committed
             continue
         assert (DOCS / name).read_bytes() == (tmp_path / name).read_bytes(), (
             f"docs/{name} is stale: run `kvlifetime docs --out docs` and commit"

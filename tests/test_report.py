@@ -157,6 +157,10 @@ def test_inline_keeps_code_and_escapes() -> None:
     assert inline("``a<b>`` and `c` **d** & e") == (
         "<code>a&lt;b&gt;</code> and <code>c</code> <strong>d</strong> &amp; e"
     )
+    # the docstrings' *emphasis* (the evidence table's *not*), never inside code or a product
+    assert inline("is *not* it; `a*b*c`; 2*3*4") == (
+        "is <em>not</em> it; <code>a*b*c</code>; 2*3*4"
+    )
 
 
 # --------------------------------------------------------------------------- the page
@@ -182,6 +186,9 @@ def test_page_is_self_contained_and_complete(report_page: Path) -> None:
     for engine in ("inproc", "mooncake-tcp", "nixl-ucx"):
         assert f'id="engine-{engine}"' in text
     assert "CancelReceived" in text and "access_revoked" in text
+    assert "*not*" not in text and "<em>not</em>" in text
+    summary = text.split('<section id="summary">', 1)[1].split("</section>", 1)[0]
+    assert "3 harness runs" in summary and "seed 3," in summary and "Tick:" in summary
     ids = re.findall(r'\bid="([^"]+)"', text)
     graph_ids = [i for i in ids if i.startswith(("request-", "block-", "fig-"))]
     assert len(graph_ids) == len(set(graph_ids))  # two inline graphs never share an id
@@ -291,6 +298,7 @@ def test_page_renders_in_headless_chromium(report_page: Path) -> None:
     assert set(figs) == {
         "fig-request",
         "fig-block",
+        "fig-block-sharing",
         "fig-naive-vs-proof",
         "fig-quarantine",
         "fig-every-run",
@@ -305,6 +313,14 @@ def test_page_renders_in_headless_chromium(report_page: Path) -> None:
         f = figs[f"fig-{m}"]
         assert sorted(f["names"]) == sorted([*table_for(m).states, "__start__"])
         assert f["edges"] > 0
+    sharing = {r.source for r in table_for("block").rows if r.event == "shared"}
+    assert set(figs["fig-block-sharing"]["names"]) == sharing | {"owned", "exposed"}
+    # laid out for a slide at 1280 px: no two labels overlap, none leaves its picture, no line
+    # runs through one, each edge's label by its own edge, every figure and table fits
+    for f in figs.values():
+        assert (f["overlaps"], f["outside"], f["struck"], f["strays"]) == ([], [], [], []), f
+        assert f["texts"] > 0 and f["width"] <= f["room"], f
+    assert len(v["tables"]) >= 6 and all(t["ok"] for t in v["tables"]), v["tables"]
     verdicts = {x.policy: x for x in explore_policies()}
     for policy in REFUTED_POLICIES:
         f = figs[f"fig-cx-{policy}"]
@@ -323,7 +339,7 @@ def test_page_renders_in_headless_chromium(report_page: Path) -> None:
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width = int.from_bytes(data[16:20], "big")
-    assert width == 1400 and len(data) > 50_000
+    assert width == 1280 and len(data) > 50_000
 
 
 def test_page_check_fails_on_a_broken_figure(report_page: Path, tmp_path: Path) -> None:
@@ -344,6 +360,39 @@ def test_page_check_fails_on_a_broken_figure(report_page: Path, tmp_path: Path) 
     assert figs["fig-cx-naive"]["ok"] is True
     assert any("undefinedFunction" in e for e in check.verdict["errors"])
     assert "fig-request" in check.problems() and "script error" in check.problems()
+
+
+def test_page_check_fails_on_a_crowded_layout(report_page: Path, tmp_path: Path) -> None:
+    """The layout check can fail: two labels on one spot, a label past its picture's edge, a
+    line through a label, a table wider than its column."""
+    chromium_or_skip()
+    from kvlifetime.report.browser import check_page
+
+    text = report_page.read_text(encoding="utf-8")
+    seq = text.index('id="fig-cx-naive"')
+    end = text.index("</svg>", seq)
+    crowded = (
+        text[:end]
+        + '<text x="30" y="30" font-size="12">crowded one</text>'
+        + '<text x="34" y="32" font-size="12">crowded two</text>'
+        + '<text x="-40" y="60" font-size="12">off the edge</text>'
+        + '<text x="300" y="200" font-size="12">struck through</text>'
+        + '<line class="lifeline" x1="330" y1="150" x2="330" y2="260" stroke="#000"/>'
+        + text[end:]
+    )
+    wide = "<table><tr>" + "<td>wide_unbreakable_cell_text_</td>" * 60 + "</tr></table>"
+    crowded = crowded.replace("</main>", f'<section id="wide">{wide}</section></main>')
+    page = tmp_path / "crowded.html"
+    page.write_text(crowded, encoding="utf-8")
+    check = check_page(page)
+    assert not check.ok
+    (f,) = [x for x in check.figures if x["id"] == "fig-cx-naive"]
+    assert ["crowded one", "crowded two"] in f["overlaps"]
+    assert "off the edge" in f["outside"] and "struck through" in f["struck"]
+    problems = check.problems()
+    assert "'crowded one' overlaps 'crowded two'" in problems
+    assert "a line runs through 'struck through'" in problems
+    assert any(not t["ok"] for t in check.tables) and "px wide in" in problems
 
 
 def test_engine_profiles_show_every_status() -> None:

@@ -83,28 +83,6 @@ def require_demo(backend: str, what: str = "kvlifetime demo") -> None:
         raise GraphvizNotFound()
 
 
-def outcome(r: Report) -> str:
-    """What the oracle saw in one run, in a few words."""
-    if r.direction == "pull":
-        parts = [f"{r.stale_reads:,} stale reads"]
-    else:
-        parts = [f"{r.seen('late_writes'):,} late writes"]
-    parts.append(f"{r.contaminated_requests:,} requests contaminated")
-    if r.unsafe_releases:
-        parts.append(f"{r.unsafe_releases:,} unsafe releases")
-    if r.peak_quarantined_blocks:
-        parts.append(
-            f"peak {r.peak_quarantined_blocks:,} blocks quarantined, "
-            f"{r.reclaimed_total:,} reclaimed by fences"
-        )
-    return ", ".join(parts)
-
-
-def isolation_held(r: Report) -> bool:
-    """No write landed late, no read was stale, no request consumed another's bytes."""
-    return r.seen("late_writes") == 0 and r.stale_reads == 0 and r.contaminated_blocks == 0
-
-
 class _Lines:
     """One line per run on ``stream``: its title when it starts, its outcome when it ends;
     and each run's event log opened and closed around it."""
@@ -121,6 +99,8 @@ class _Lines:
         self.stream.flush()
 
     def done(self, i: int, n: int, run: DemoRun, r: Report) -> None:
+        from kvlifetime.report.summary import isolation_held, outcome
+
         self.logs.stop()
         mark = "held  " if isolation_held(r) else "BROKEN"
         took = time.monotonic() - self.started

@@ -100,9 +100,10 @@ def _harness_section(runs: Sequence[Report], source: str) -> HarnessSection:
     from kvlifetime.harness.report import compare_markdown
     from kvlifetime.report import harness_plots as hp
     from kvlifetime.report.page import Figure, HarnessSection
-    from kvlifetime.report.tables import harness_table
+    from kvlifetime.report.summary import TICK, harness_tables, parameters
 
     dicts: list[Mapping[str, Any]] = [r.to_dict() for r in runs]
+    given = f" {parameters(runs)}; x: ticks; y: blocks."
     summary = compare_markdown(runs).split("\n\n", 1)
     figures = []
     with_series = [d for d in dicts if hp.has_series(d)]
@@ -116,22 +117,22 @@ def _harness_section(runs: Sequence[Report], source: str) -> HarnessSection:
         (
             "fig-naive-vs-proof",
             hp.naive_vs_proof,
-            "Naive vs proof, side by side (push, no topology knob): blocks out of the pool by "
-            "state over the run, and in red the writes the oracle saw land late, so far (one "
-            "scale for every panel).",
+            "Naive, timeout and proof side by side (push, no topology knob): blocks out of the "
+            "pool by state over the run, and in red the writes the oracle saw land late, so far "
+            "(right axis; one scale for every panel)." + given,
         ),
         (
             "fig-quarantine",
             hp.quarantine_and_reclaim,
             "Quarantine and reclaim: blocks waiting for proof that may never come, and the "
-            "blocks fences gave back to the pool so far.",
+            "blocks fences gave back to the pool so far." + given,
         ),
         (
             "fig-every-run",
             hp.every_run,
             "Every run: blocks out of the pool by state over time (held, draining, quarantined; "
             "free is the rest of the pool, its low mark in each panel). Each panel has its own "
-            "scale.",
+            "scale." + given + " " + TICK,
         ),
     )
     for fid, draw, caption in plots if with_series else ():
@@ -139,7 +140,7 @@ def _harness_section(runs: Sequence[Report], source: str) -> HarnessSection:
         if n:  # a figure with no run to show is left out, not drawn empty
             figures.append(Figure(fid, "plot", svg, caption, n))
     return HarnessSection(
-        harness_table(runs),
+        harness_tables(runs),
         tuple(figures),
         summary[1].strip() if len(summary) > 1 else "",
         source,
@@ -165,6 +166,7 @@ def build_page(
     from kvlifetime.report.counterexamples import explore_policies
     from kvlifetime.report.lifecycles import lifecycle
     from kvlifetime.report.page import render_page
+    from kvlifetime.report.summary import summary_html
     from kvlifetime.report.tables import engine_profiles, evidence_table, provenance_table
 
     def step(name: str) -> None:
@@ -172,7 +174,7 @@ def build_page(
             on_step(name)
 
     step("lifecycles")
-    lifecycles = [lifecycle(m) for m in MACHINES]
+    lifecycles = [pic for m in MACHINES for pic in lifecycle(m)]
     step("tables")
     evidence, provenance, engines = evidence_table(), provenance_table(), engine_profiles()
     step("harness plots")
@@ -181,6 +183,7 @@ def build_page(
     verdicts = explore_policies()
     return render_page(
         version=__version__,
+        summary=summary_html(runs, verdicts),
         lifecycles=lifecycles,
         evidence=evidence,
         provenance=provenance,

@@ -38,7 +38,7 @@ CHROMIUM_FLAGS: tuple[str, ...] = (
     "--hide-scrollbars",
     "--host-resolver-rules=MAP * ~NOTFOUND",  # offline: nothing can be fetched
 )
-WIDTH = 1400
+WIDTH = 1280  # a laptop screen, or a slide projected at 1280 x 720
 MAX_HEIGHT = 16_000
 _VERDICT = re.compile(r'<pre id="verdict"[^>]*>(.*?)</pre>', re.S)
 
@@ -87,14 +87,36 @@ class PageCheck:
         figs: Sequence[Mapping[str, Any]] = self.verdict.get("figures", [])
         return figs
 
+    @property
+    def tables(self) -> Sequence[Mapping[str, Any]]:
+        tables: Sequence[Mapping[str, Any]] = self.verdict.get("tables", [])
+        return tables
+
     def problems(self) -> str:
-        bad = [
-            f"{f.get('id')} ({f.get('parts')} of {f.get('expect')})"
-            for f in self.figures
-            if not f.get("ok")
+        """Everything the page's check found wrong, one clause each."""
+        out = []
+        for f in self.figures:
+            if f.get("ok"):
+                continue
+            fid = f.get("id")
+            if not f.get("drawn"):
+                out.append(f"figure {fid} ({f.get('parts')} of {f.get('expect')} parts drawn)")
+            if f.get("drawn") and not f.get("fits"):
+                out.append(f"figure {fid} is {f.get('width')} px wide in {f.get('room')} px")
+            out += [f"figure {fid}: {a!r} overlaps {b!r}" for a, b in f.get("overlaps", [])]
+            out += [f"figure {fid}: {t!r} leaves the picture" for t in f.get("outside", [])]
+            out += [f"figure {fid}: a line runs through {t!r}" for t in f.get("struck", [])]
+            out += [
+                f"figure {fid}: {t!r} is {d} px from its edge, {o} px from another"
+                for t, d, o in f.get("strays", [])
+            ]
+        out += [
+            f"table {t.get('head')!r} is {t.get('width')} px wide in {t.get('room')} px"
+            for t in self.tables
+            if not t.get("ok")
         ]
-        errors = list(self.verdict.get("errors", []))
-        return "; ".join([*(f"figure {b}" for b in bad), *(f"script error: {e}" for e in errors)])
+        out += [f"script error: {e}" for e in self.verdict.get("errors", [])]
+        return "; ".join(out)
 
 
 def _run(exe: str, args: Sequence[str], timeout: float) -> subprocess.CompletedProcess[bytes]:

@@ -185,21 +185,49 @@ _STROKE = {
 }
 
 
+CHAR_PX = 6.0  # the width of one character of an 11 px label (Helvetica averages ~5.8)
+LINE_PX = 13  # a label's line height
+
+
+def _label_room(s: Arrow, x: Mapping[str, int], lane_w: int) -> tuple[int, int]:
+    """Where a message's label is centred, and how many characters fit on a line: the gap
+    between its source's lane and the next lane toward the target (an arrow that crosses a
+    lane keeps its label clear of that lane's line)."""
+    x1, x2 = x[s.source], x[s.target]
+    sign = 1 if x2 > x1 else -1
+    span = min(abs(x2 - x1), lane_w) // (2 if s.style == "lost" else 1)
+    return x1 + sign * span // 2, max(8, int((span - 16) / CHAR_PX))
+
+
+def _label_lines(s: Arrow, x: Mapping[str, int], lane_w: int) -> list[str]:
+    """A message's label wrapped to its room (``_label_room``); an action's on its pill."""
+    if s.source == s.target:
+        return [s.label[:30]]
+    return _wrap(s.label, _label_room(s, x, lane_w)[1])
+
+
 def sequence_svg(figure_id: str, trace: Sequence[Mapping[str, Any]]) -> str:
-    """The trace as an SVG sequence diagram (ids prefixed with ``figure_id``)."""
+    """The trace as an SVG sequence diagram (ids prefixed with ``figure_id``).
+
+    A message's label is wrapped to fit between the two lanes it joins and sits above its
+    arrow; an action's pill interrupts its lane's line: no label lies on a lifeline.
+    """
     steps = arrows(trace)
     names = lanes(steps)
-    lane_w, left, top, notes_w = 170, 46, 64, 430
+    lane_w, left, top, notes_w = 180, 46, 64, 430
     x = {n: left + lane_w * i + lane_w // 2 for i, n in enumerate(names)}
     notes_x = left + lane_w * len(names) + 16
     width = notes_x + notes_w
-    rows: list[tuple[Arrow, list[tuple[str, str]], int, int]] = []  # step, lines, y, height
+    # step, its notes' lines, its label's lines, y, height, the arrow's y
+    rows: list[tuple[Arrow, list[tuple[str, str]], list[str], int, int, int]] = []
     y = top + 20
     for s in steps:
         # each wrapped line keeps the colour of its note (a violation is red to its end)
         lines = [(ln, n) for n in s.notes for ln in _wrap(n, 66)] or [("", "")]
-        h = max(40, 15 * len(lines) + 12)
-        rows.append((s, lines, y, h))
+        label = _label_lines(s, x, lane_w)
+        above = 0 if s.source == s.target else LINE_PX * (len(label) - 1)
+        h = max(40 + above, 15 * len(lines) + 12)
+        rows.append((s, lines, label, y, h, y + 22 + above))
         y += h
     height = y + 12
     mk = f"{figure_id}-arrow"
@@ -217,7 +245,7 @@ def sequence_svg(figure_id: str, trace: Sequence[Mapping[str, Any]]) -> str:
         )
     parts.append("</defs>")
     # the bands first: the lanes' lines run over them, the arrows over both
-    for s, _, y0, h in rows:
+    for s, _, _, y0, h, _ in rows:
         band = "#fdecea" if s.violation else ("#f7f9fb" if s.number % 2 else "#ffffff")
         parts.append(
             f'<rect class="band" x="4" y="{y0 - 4}" width="{width - 8}" height="{h - 2}" '
@@ -225,6 +253,21 @@ def sequence_svg(figure_id: str, trace: Sequence[Mapping[str, Any]]) -> str:
         )
     for n in names:
         title, sub = _lane_title(n)
+        # the lane's line, broken where an action's pill sits on it
+        pills = sorted(
+            (mid - 13, mid + 13) for s, _, _, _, _, mid in rows if s.source == n == s.target
+        )
+        segments, start = [], 48
+        for lo, hi in pills:
+            segments.append((start, lo))
+            start = hi
+        segments.append((start, height - 6))
+        line = "".join(
+            f'<line class="lifeline" x1="{x[n]}" y1="{a}" x2="{x[n]}" y2="{b}" '
+            f'stroke="#9aa9b8" stroke-dasharray="4 4"/>'
+            for a, b in segments
+            if b > a
+        )
         parts.append(
             f'<g class="lane" data-lane="{escape(n)}">'
             f'<rect x="{x[n] - 72}" y="8" width="144" height="40" rx="6" fill="#eef3f8" '
@@ -232,25 +275,21 @@ def sequence_svg(figure_id: str, trace: Sequence[Mapping[str, Any]]) -> str:
             f'<text x="{x[n]}" y="25" text-anchor="middle" font-size="13" '
             f'font-weight="bold">{escape(title)}</text>'
             f'<text x="{x[n]}" y="41" text-anchor="middle" font-size="11" '
-            f'fill="#555">{escape(sub)}</text>'
-            f'<line x1="{x[n]}" y1="48" x2="{x[n]}" y2="{height - 6}" stroke="#9aa9b8" '
-            f'stroke-dasharray="4 4"/></g>'
+            f'fill="#555">{escape(sub)}</text>{line}</g>'
         )
     parts.append(
         f'<text x="{notes_x}" y="{top - 4}" font-size="12" font-weight="bold" '
         f'fill="#333">what the step did</text>'
     )
-    for s, lines, y0, _ in rows:
-        mid = y0 + 16
+    for s, lines, label, y0, _, mid in rows:
         parts.append(
             f'<g class="step" data-step="{s.number}" data-from="{escape(s.source)}" '
             f'data-to="{escape(s.target)}" data-style="{s.style}">'
         )
         parts.append(
-            f'<text x="20" y="{mid + 4}" font-size="12" font-weight="bold" '
+            f'<text x="20" y="{y0 + 16}" font-size="12" font-weight="bold" '
             f'fill="#333" text-anchor="middle">{s.number}</text>'
         )
-        label = escape(s.label)
         if s.source == s.target:
             colour = "#b03a2e" if s.violation else "#1f4e79"
             cx = x[s.source]
@@ -258,7 +297,7 @@ def sequence_svg(figure_id: str, trace: Sequence[Mapping[str, Any]]) -> str:
                 f'<rect x="{cx - 78}" y="{mid - 11}" width="156" height="22" rx="11" '
                 f'fill="#ffffff" stroke="{colour}"/>'
                 f'<text x="{cx}" y="{mid + 4}" text-anchor="middle" font-size="11" '
-                f'fill="{colour}">{escape(s.label[:30])}</text>'
+                f'fill="{colour}">{escape(label[0])}</text>'
             )
         else:
             colour, dash = _STROKE[s.style]
@@ -278,12 +317,13 @@ def sequence_svg(figure_id: str, trace: Sequence[Mapping[str, Any]]) -> str:
                     f'<path d="M{x2 - 6},{mid} l12,12 m0,-12 l-12,12" stroke="{colour}" '
                     f'stroke-width="2"/>'
                 )
-            tx = (x1 + x2) // 2
+            tx = _label_room(s, x, lane_w)[0]
             fill = "#b03a2e" if s.violation else colour
-            parts.append(
-                f'<text x="{tx}" y="{mid}" text-anchor="middle" font-size="11" '
-                f'fill="{fill}">{label}</text>'
-            )
+            for i, ln in enumerate(label):
+                parts.append(
+                    f'<text x="{tx}" y="{mid - LINE_PX * (len(label) - 1 - i)}" '
+                    f'text-anchor="middle" font-size="11" fill="{fill}">{escape(ln)}</text>'
+                )
         for i, (ln, note) in enumerate(lines):
             bad = note.startswith("VIOLATION")
             pooled = "to the pool" in note

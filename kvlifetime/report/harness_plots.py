@@ -31,6 +31,7 @@ BANDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
 LATE = "#c0392b"
 _METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.S)
 RECLAIM = "#117a65"
+TICKS = "tick (harness steps)"
 
 
 def run_title(d: Mapping[str, Any]) -> str:
@@ -93,7 +94,7 @@ def _stack(ax: Axes, d: Mapping[str, Any]) -> float:
     ax.set_xlim(ticks[0], max(ticks[-1], ticks[0] + 1))
     top = max(10, max(out, default=0)) * 1.15
     ax.set_ylim(0, top)
-    ax.set_xlabel("tick")
+    ax.set_xlabel(TICKS)
     ax.set_title(run_title(d), fontsize=10)
     free = _col(d, "free")
     ax.text(
@@ -162,18 +163,9 @@ def naive_vs_proof(runs: Sequence[Mapping[str, Any]], figure_id: str) -> tuple[s
         twin.tick_params(axis="y", colors=LATE, labelsize=8)
         if i == len(plain) - 1:
             twin.set_ylabel("late writes so far", color=LATE)
+        # the count in the title, above the panel: no curve can run through it
         last = _col(d, "late_writes")[-1]
-        ax.text(
-            0.98,
-            0.95,
-            f"{last} late writes",
-            transform=ax.transAxes,
-            ha="right",
-            va="top",
-            fontsize=9,
-            color=LATE,
-            bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none"},
-        )
+        ax.set_title(f"{run_title(d)}: {last:,} late writes", fontsize=10)
     axes[0].set_ylim(0, max(tops, default=10))  # shared: one scale for every panel
     if twins:
         _legend(fig, axes[0], twins[0])
@@ -195,7 +187,7 @@ def quarantine_and_reclaim(runs: Sequence[Mapping[str, Any]], figure_id: str) ->
         ax.fill_between(ticks, _col(d, "quarantined"), color="#8e44ad", alpha=0.35, linewidth=0)
         ax.plot(ticks, _col(d, "quarantined"), color="#8e44ad", label="quarantined now")
         ax.plot(ticks, _col(d, "reclaimed"), color=RECLAIM, linewidth=2, label="reclaimed so far")
-        ax.set_xlabel("tick")
+        ax.set_xlabel(TICKS)
         ax.set_ylim(bottom=0)
         if i % cols == 0:
             ax.set_ylabel("blocks")

@@ -38,16 +38,128 @@ class HarnessSection:
     note: str = ""  # why something is missing, if it is
 
 
-_CHECK = """
+_CHECK = r"""
 (function () {
-  var out = {figures: [], errors: window.__kvErrors || []};
+  var out = {figures: [], errors: window.__kvErrors || [], tables: []};
+  var SLACK = 1.5;  // px: anti-aliased edges of neighbouring text may touch
+  function box(el) { var r = el.getBoundingClientRect();
+    return {l: r.left, t: r.top, r: r.right, b: r.bottom, w: r.width, h: r.height}; }
+  function cut(a, b) {
+    return Math.min(a.r, b.r) - Math.max(a.l, b.l) > SLACK &&
+      Math.min(a.b, b.b) - Math.max(a.t, b.t) > SLACK; }
+  function name(el) { return (el.textContent || '').trim().slice(0, 60); }
+  // A label's ink: its glyphs without the blank padding around them (Graphviz pads a label
+  // with no-break spaces to keep it off its edge) and without the font's ascent and descent.
+  function ink(t) {
+    var s = t.textContent || '', a = 0, z = s.length - 1, m = t.getScreenCTM();
+    while (a <= z && /\s/.test(s.charAt(a))) a++;
+    while (z >= a && /\s/.test(s.charAt(z))) z--;
+    var b = box(t);
+    if (!m || a > z || typeof t.getExtentOfChar !== 'function') return b;
+    try {
+      var p = t.ownerSVGElement.createSVGPoint(), e1 = t.getExtentOfChar(a),
+        e2 = t.getExtentOfChar(z);
+      p.x = e1.x; p.y = e1.y; var q1 = p.matrixTransform(m);
+      p.x = e2.x + e2.width; p.y = e2.y + e2.height; var q2 = p.matrixTransform(m);
+      var pad = (q2.y - q1.y) * 0.2;
+      return {l: Math.min(q1.x, q2.x), r: Math.max(q1.x, q2.x), t: q1.y + pad, b: q2.y - pad,
+              w: Math.abs(q2.x - q1.x), h: q2.y - q1.y - 2 * pad};
+    } catch (err) { return b; }
+  }
+  function texts(svg) {
+    return Array.prototype.filter.call(svg.querySelectorAll('text'), function (t) {
+      return name(t) !== '' && box(t).w > 0; }); }
+  // Every pair of labels that overlap, and every label not wholly inside its picture.
+  function layout(svg, r) {
+    var ts = texts(svg), bs = ts.map(ink), frame = box(svg);
+    r.texts = ts.length; r.overlaps = []; r.outside = [];
+    for (var i = 0; i < ts.length; i++) {
+      var b = bs[i];
+      if (b.l < frame.l - SLACK || b.r > frame.r + SLACK || b.t < frame.t - SLACK ||
+          b.b > frame.b + SLACK) r.outside.push(name(ts[i]));
+      for (var j = i + 1; j < ts.length; j++)
+        if (cut(b, bs[j])) r.overlaps.push([name(ts[i]), name(ts[j])]);
+    }
+    return bs;
+  }
+  // Lines drawn through a label: each path sampled every 2 px on screen.
+  function struck(svg, paths, ts, bs) {
+    var hits = [];
+    for (var p = 0; p < paths.length; p++) {
+      var path = paths[p], m = path.getScreenCTM(), n = path.getTotalLength();
+      if (!m || !n) continue;
+      var pt = path.ownerSVGElement.createSVGPoint();
+      for (var k = 0; k <= n; k += 2) {
+        var q = path.getPointAtLength(k); pt.x = q.x; pt.y = q.y;
+        var s = pt.matrixTransform(m);
+        for (var i = 0; i < bs.length; i++) {
+          var b = bs[i];
+          if (s.x > b.l && s.x < b.r && s.y > b.t && s.y < b.b) {
+            var g = path.closest('g.edge'), t = g && g.querySelector('title');
+            var what = name(ts[i]) + (t ? ' (by ' + t.textContent + ')' : '');
+            if (hits.indexOf(what) < 0) hits.push(what);
+          }
+        }
+      }
+    }
+    return hits;
+  }
+  // Each edge's label must sit by its own line: within `limit` px of it, and no other edge may
+  // pass clearly nearer (by more than 6 px: Graphviz may park a label where another edge
+  // runs by, and the reader takes it for that edge's).
+  function strays(svg, limit) {
+    var far = [], edges = svg.querySelectorAll('g.edge'), lines = [];
+    function points(path) {
+      var m = path.getScreenCTM(), n = path.getTotalLength(), out = [];
+      var pt = path.ownerSVGElement.createSVGPoint();
+      for (var k = 0; k <= n; k += 2) {
+        var q = path.getPointAtLength(k); pt.x = q.x; pt.y = q.y; out.push(pt.matrixTransform(m));
+      }
+      return out;
+    }
+    function dist(pts, b) {
+      var best = Infinity;
+      pts.forEach(function (s) {
+        var dx = Math.max(b.l - s.x, 0, s.x - b.r), dy = Math.max(b.t - s.y, 0, s.y - b.b);
+        best = Math.min(best, Math.sqrt(dx * dx + dy * dy));
+      });
+      return best;
+    }
+    for (var e = 0; e < edges.length; e++) {
+      var path = edges[e].querySelector('path');
+      lines.push(path ? points(path) : []);
+    }
+    for (var e = 0; e < edges.length; e++) {
+      var labels = edges[e].querySelectorAll('text');
+      if (!labels.length || !lines[e].length) continue;
+      var b = ink(labels[0]);
+      for (var l = 1; l < labels.length; l++) {
+        var o = ink(labels[l]);
+        b = {l: Math.min(b.l, o.l), t: Math.min(b.t, o.t), r: Math.max(b.r, o.r),
+             b: Math.max(b.b, o.b)};
+      }
+      var own = dist(lines[e], b), other = Infinity;
+      for (var f = 0; f < edges.length; f++)
+        if (f !== e) other = Math.min(other, dist(lines[f], b));
+      if (own > limit || other + 6 < own)
+        far.push([name(labels[0]), Math.round(own), Math.round(other)]);
+    }
+    return far;
+  }
+  // Closed <details> are opened while the page is measured, so their tables count too.
+  var closed = Array.prototype.filter.call(document.querySelectorAll('details'),
+    function (d) { return !d.open; });
+  closed.forEach(function (d) { d.open = true; });
   var figs = document.querySelectorAll('figure[data-kind]');
   for (var i = 0; i < figs.length; i++) {
     var f = figs[i], svg = f.querySelector('svg'), kind = f.getAttribute('data-kind');
     var r = {id: f.id, kind: kind, expect: +f.getAttribute('data-expect'), ok: false};
     if (svg) {
-      var box = svg.getBoundingClientRect();
-      r.width = Math.round(box.width); r.height = Math.round(box.height);
+      var frame = box(svg);
+      r.width = Math.round(frame.w); r.height = Math.round(frame.h);
+      r.room = Math.round(box(f).w);
+      var bs = layout(svg, r), ts = texts(svg);
+      r.struck = [];
       if (kind === 'graphviz') {
         var nodes = svg.querySelectorAll('g.node');
         r.parts = nodes.length;
@@ -55,21 +167,40 @@ _CHECK = """
           var t = n.querySelector('title'); return t ? t.textContent : '';
         });
         r.edges = svg.querySelectorAll('g.edge').length;
+        r.struck = struck(svg, svg.querySelectorAll('g.edge path'), ts, bs);
+        r.strays = strays(svg, 36);
       } else if (kind === 'sequence') {
         r.parts = svg.querySelectorAll('g.step').length;
         r.lanes = svg.querySelectorAll('g.lane').length;
         r.arrows = svg.querySelectorAll('g.step line').length;
+        r.struck = struck(svg, svg.querySelectorAll('line.lifeline'), ts, bs);
       } else {
         r.parts = svg.querySelectorAll('g[id^="axes_"]').length;
         r.paths = svg.querySelectorAll('path').length;
+        // the data lines (not the axes' ticks): g#axes_N > g#line2d_M > path
+        r.struck = struck(svg, svg.querySelectorAll('g[id^="axes_"] > g[id^="line2d_"] path'),
+          ts, bs);
       }
-      r.ok = r.width > 0 && r.height > 0 && r.parts > 0 && r.parts >= r.expect;
+      r.drawn = r.width > 0 && r.height > 0 && r.parts > 0 && r.parts >= r.expect;
+      r.fits = r.width <= r.room;
+      r.strays = r.strays || [];
+      r.ok = r.drawn && r.fits && r.overlaps.length === 0 && r.outside.length === 0 &&
+        r.struck.length === 0 && r.strays.length === 0;
     }
     out.figures.push(r);
   }
+  // Every table fits its column: no horizontal scrolling.
+  var tables = document.querySelectorAll('main table');
+  for (var t = 0; t < tables.length; t++) {
+    var tb = tables[t], room = tb.parentElement.clientWidth, w = tb.scrollWidth;
+    var row = tb.querySelector('tr');
+    out.tables.push({head: row ? name(row) : '', width: w, room: room, ok: w <= room + 1});
+  }
+  closed.forEach(function (d) { d.open = false; });
   out.height = document.documentElement.scrollHeight;
   out.ok = out.errors.length === 0 && out.figures.length > 0 &&
-    out.figures.every(function (f) { return f.ok; });
+    out.figures.every(function (f) { return f.ok; }) &&
+    out.tables.every(function (t) { return t.ok; });
   document.getElementById('verdict').textContent = JSON.stringify(out);
   document.body.setAttribute('data-verdict', out.ok ? 'ok' : 'failed');
 })();
@@ -106,7 +237,9 @@ th, td { border: 1px solid var(--line); padding: 4px 7px; vertical-align: top; t
 th { background: #eef3f8; font-weight: 600; }
 td.c, th.c { text-align: center; }
 table.numbers { font-size: 12px; }
-table.numbers td { font-variant-numeric: tabular-nums; white-space: nowrap; }
+table.numbers td { font-variant-numeric: tabular-nums; }
+table.profile td, table.matrix td { overflow-wrap: anywhere; }
+ul.verdicts { columns: 2; margin: 4px 0 8px; }
 table.matrix th.c { writing-mode: vertical-rl; transform: rotate(180deg); white-space: nowrap;
   padding: 6px 2px; }
 .tick { color: #117a65; font-weight: bold; }
@@ -131,9 +264,9 @@ def _figure(f: Figure) -> str:
 
 
 def lifecycle_figure(lc: Lifecycle) -> Figure:
-    # the start point is a Graphviz node too
+    start = 1 if lc.name == lc.machine else 0  # the start point is a Graphviz node too
     return Figure(
-        f"fig-{lc.machine}", "graphviz", lc.svg, lc.caption, lc.states + 1, cls="lifecycle"
+        f"fig-{lc.name}", "graphviz", lc.svg, lc.caption, lc.states + start, cls="lifecycle"
     )
 
 
@@ -155,6 +288,7 @@ def counterexample_figure(v: Verdict) -> Figure:
 def render_page(
     *,
     version: str,
+    summary: str,
     lifecycles: Sequence[Lifecycle],
     evidence: str,
     provenance: str,
@@ -165,6 +299,7 @@ def render_page(
     """The whole page as one string."""
     e = html.escape
     nav = [
+        ("summary", "Summary"),
         ("lifecycles", "Lifecycles"),
         ("evidence", "Evidence"),
         ("engines", "Engines"),
@@ -189,12 +324,14 @@ def render_page(
         + ". Self-contained: works offline.</p>",
         "<nav>" + "".join(f'<a href="#{a}">{e(t)}</a>' for a, t in nav) + "</nav></header><main>",
     ]
+    out.append(summary)
     # 1. lifecycles
     out.append('<section id="lifecycles"><h2>Lifecycles</h2>')
     out.append(
         '<p class="lead">Drawn from the compiled transition tables, so the picture cannot '
         "drift from the code. Rejection, cancel receipt, scheduling stop, transfer quiescence "
-        "and release are separate transitions; each needs its own evidence. Red dashed: "
+        "and release are separate transitions; each needs its own evidence. An edge that "
+        "leaves a box's border leaves from every state in the box. Red dashed: "
         "<code>force_released</code>, explicit, unsafe, logged and counted, never the normal "
         "path.</p>"
     )
@@ -241,11 +378,12 @@ def render_page(
         out.append(
             '<p class="lead">Each run drives real workers over a transfer engine with injected '
             "aborts, rejections, failures and crashes. The oracle at the transport counts every "
-            "write that lands after the generation it was meant for.</p>"
+            "write that lands after the generation it was meant for, and every read of a block "
+            "another request already owns.</p>"
         )
         if harness.note:
             out.append(f'<p class="note">{e(harness.note)}</p>')
-        out.append(f'<div class="scroll">{harness.table}</div>')
+        out.append(harness.table)
         if harness.summary:
             out.append(f'<pre class="summary">{e(harness.summary)}</pre>')
         out += [_figure(f) for f in harness.figures]

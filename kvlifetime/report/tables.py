@@ -1,9 +1,9 @@
 """The page's tables, as HTML: what each piece of evidence proves, who may prove what, each
-engine's evidence profile, and the harness runs side by side.
+engine's evidence profile (the harness runs are ``summary``'s).
 
 Every table is built from the same data the command line prints (``kvlifetime evidence``,
-``kvlifetime evidence --engine NAME``, ``out/harness-table.md``), so the page and the terminal
-can never say different things.
+``kvlifetime evidence --engine NAME``), so the page and the terminal can never say different
+things.
 """
 
 from __future__ import annotations
@@ -11,17 +11,27 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 _CODE = re.compile(r"``([^`]+)``|`([^`]+)`")  # the docstrings' ``x`` and markdown's `x`
 _BOLD = re.compile(r"\*\*([^*]+)\*\*")
+_EM = re.compile(r"(?<![\w*])\*([^*\s](?:[^*]*[^*\s])?)\*(?![\w*])")  # *not*, not a*b*c
+
+
+def _prose(text: str) -> str:
+    return _EM.sub(r"<em>\1</em>", _BOLD.sub(r"<strong>\1</strong>", text))
 
 
 def inline(text: object) -> str:
-    """Escape ``text`` for HTML, keeping the markdown the data uses: `code` and **bold**."""
+    """Escape ``text`` for HTML, keeping the markdown the data uses: `code`, **bold** and
+    *emphasis* (outside code only)."""
     out = html.escape(str(text), quote=False)
-    out = _CODE.sub(lambda m: f"<code>{m.group(1) or m.group(2)}</code>", out)
-    return _BOLD.sub(r"<strong>\1</strong>", out)
+    parts, last = [], 0
+    for m in _CODE.finditer(out):
+        parts.append(_prose(out[last : m.start()]))
+        parts.append(f"<code>{m.group(1) or m.group(2)}</code>")
+        last = m.end()
+    parts.append(_prose(out[last:]))
+    return "".join(parts)
 
 
 def table(
@@ -137,11 +147,3 @@ def engine_profiles() -> list[tuple[str, str, str]]:
         ]
         out.append((name, title(name), "".join(parts)))
     return out
-
-
-def harness_table(runs: Sequence[Any]) -> str:
-    """The runs side by side (the same columns as ``out/harness-table.md``)."""
-    from kvlifetime.harness.report import compare_cells
-
-    head, rows = compare_cells(runs)
-    return table(head, [[html.escape(c) for c in r] for r in rows], cls="numbers")
