@@ -302,10 +302,7 @@ def test_page_renders_in_headless_chromium(report_page: Path) -> None:
         "fig-naive-vs-proof",
         "fig-quarantine",
         "fig-every-run",
-        "fig-cx-naive",
-        "fig-cx-timeout",
-        "fig-cx-trusting",
-        "fig-cx-sglang-0.5.23",
+        *(f"fig-cx-{p}" for p in REFUTED_POLICIES),
     }
     for f in figs.values():
         assert f["width"] > 100 and f["height"] > 100, f
