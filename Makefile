@@ -10,11 +10,12 @@ NIXL_PKGS := nixl==1.5.1 nixl-cu13==1.5.1
 	sglang-venv test-sglang clean-sglang
 
 # Python packages: the library with every extra (the harness, Prometheus, Mooncake, the
-# report's plots), NIXL and the test tools, in a local virtual environment.
+# report's plots, the documentation site), NIXL and the test tools, in a local virtual
+# environment.
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[test,harness,prometheus,mooncake,report]'
+	$(BIN)/pip install -q -e '.[test,docs,harness,prometheus,mooncake,report]'
 	# NIXL, lean: no torch, no CUDA libraries (an extra cannot say --no-deps; plain
 	# `pip install nixl` pulls about 3 GB of them). Only numpy is needed to import it.
 	$(BIN)/pip install -q --no-deps $(NIXL_PKGS)
@@ -91,8 +92,11 @@ soak: system-deps $(STAMP)
 	$(BIN)/python -m bench.soak --backend mooncake --out out/soak-mooncake.json
 	$(BIN)/python -m bench.soak --backend nixl --out out/soak-nixl.json
 
+# The generated pages (tables, diagrams, engine profiles) into docs/, then the site into
+# out/site, strictly (a broken link or an unresolved reference fails). make test builds it too.
 docs: $(STAMP)
 	$(BIN)/kvlifetime docs --out docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: $(STAMP) vllm-venv vllm-hf system-deps sglang-venv
 	$(BIN)/python -m bench

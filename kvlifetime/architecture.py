@@ -145,9 +145,10 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "documents",
-        ("diagrams.py", "report/", "apidoc.py", "architecture.py"),
+        ("diagrams.py", "report/", "architecture.py"),
         "what is generated from the code and from results: the diagrams, the review page, the "
-        "API reference, this map of layers and the exception tree",
+        "map of layers and the exception tree (the API reference is built from the docstrings "
+        "by mkdocstrings)",
     ),
     Layer(
         "cli",

@@ -452,6 +452,8 @@ def markdown(table: TransitionTable) -> str:
     note = _unsafe_note(table)
     if note is not None:
         parts += [note[1], ""]
+    # The review pictures (Graphviz, written beside this page by `kvlifetime docs`).
+    parts += [f"![{pic.title}]({pic.name}.svg)" for pic in pictures(table)] + [""]
     parts.append(_demote(table.to_markdown()).rstrip("\n"))
     return "\n".join(parts) + "\n"
 
@@ -597,9 +599,6 @@ def docs_files(*, include_svg: bool) -> dict[str, str]:
 
     for name, profile in PROFILES.items():  # engines whose adapter declares a profile
         files[f"engine-{name}.md"] = engine_markdown(profile)
-    from kvlifetime.apidoc import api_markdown  # the API reference, from the docstrings
-
-    files["api.md"] = api_markdown()
     if include_svg:
         for m in MACHINES:
             table = table_for(m)

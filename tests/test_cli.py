@@ -154,7 +154,7 @@ def test_docs(capsys: Capsys, tmp_path: Path) -> None:
     names = {"request.mmd", "block.mmd", "request.md", "block.md", "request.dot", "block.dot"}
     names |= {"block-sharing.dot"}  # the block's review picture is two (sharing apart)
     svgs = {"request.svg", "block.svg", "block-sharing.svg"}
-    names |= {"evidence.md", "api.md"} | (svgs if HAS_DOT else set())
+    names |= {"evidence.md"} | (svgs if HAS_DOT else set())
     names |= {f"engine-{e}.md" for e in PROFILES}  # inproc, mooncake-tcp (nixl-ucx once there)
     assert {"engine-inproc.md", "engine-mooncake-tcp.md"} <= names
     assert {p.name for p in tmp_path.iterdir()} == names | {"ledger-api.md"}
