@@ -22,7 +22,12 @@ import numpy.typing as npt
 
 from kvlifetime import errors, inputs
 from kvlifetime.errors import DuplicateBlockIds, show
-from kvlifetime.grant import BlockIds, RequestKey
+from kvlifetime.grant import Access, BlockIds, PeerId, RequestKey
+
+HoldAndGrant = (
+    tuple[RequestKey, npt.ArrayLike, PeerId] | tuple[RequestKey, npt.ArrayLike, PeerId, Access]
+)
+"""An item of ``acquire_and_grant_many``: a request, its block ids, the peer, the access."""
 
 _PLAIN = (list, tuple)  # batches holds() flattens without a conversion per request
 
@@ -71,6 +76,21 @@ class Holds:
         self.starts = starts
         self.lens = lens
         self.repeats = repeats
+
+
+def hold_and_grant(item: object) -> tuple[Any, Any, Any, Any]:
+    """An item of ``acquire_and_grant_many`` as ``(request, ids, peer, access)``: a tuple
+    ``(request, ids, peer)`` (a write grant) or ``(request, ids, peer, access)``, else
+    ``InvalidField``. Its values are checked by the caller, as the single call checks them."""
+    if type(item) is tuple:
+        if len(item) == 4:
+            return item
+        if len(item) == 3:
+            return (*item, Access.WRITE)
+    raise errors.InvalidField(
+        f"an item must be a (request, ids, peer) or (request, ids, peer, access) tuple, got "
+        f"{show(item)}"
+    )
 
 
 def check_mapping(batch: object) -> None:

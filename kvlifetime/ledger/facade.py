@@ -38,9 +38,10 @@ from kvlifetime.errors import (
 from kvlifetime.evidence import Evidence
 from kvlifetime.grant import Access, BlockIds, Grant, PeerId, RequestKey
 from kvlifetime.ledger import batch, proofs
+from kvlifetime.ledger.batch import HoldAndGrant
 from kvlifetime.ledger.blocks import COUNTS, MAX_SHARERS, Counts, MaxSharers
 from kvlifetime.ledger.engine_counts import EngineCounts
-from kvlifetime.ledger.events import emit, enabled, log
+from kvlifetime.ledger.events import emit, log
 from kvlifetime.ledger.ledger_counts import LedgerCounts
 from kvlifetime.ledger.queries import _Queries
 from kvlifetime.ledger.requests import RequestTable
@@ -265,19 +266,7 @@ class BlockLedger(_Queries):
         shared = shared or blocks.all_shared
         try:
             with self._lock:
-                table = self._table
-                reqs = [table.running_or_new(key) for key in step.keys]
-                blocks.check_hold_many(step, reqs, shared, table.requests)
-                # Every check passed: from here on nothing is refused.
-                try:
-                    recs = [
-                        r if r is not None else table.admit(k, None)
-                        for k, r in zip(step.keys, reqs, strict=True)
-                    ]
-                except BaseException:  # keys were validated: only a bug gets here
-                    blocks.unmark(step.allids, shared)
-                    raise
-                blocks.record_hold_many(step, recs, shared)
+                self._table.hold_many(blocks, step, shared)
         finally:
             if self._pending:
                 self._flush()
@@ -311,14 +300,63 @@ class BlockLedger(_Queries):
         arr = inputs.block_ids(ids, self.num_blocks, unique=shared)
         try:
             with self._lock:
-                table = self._table
-                req = table.running_or_new(request)
-                if access is Access.WRITE and len(arr):
-                    blocks.check_write_on_hold(arr, shared)
-                # Counted first: HolderLimit from the counters changes nothing.
-                count = (lambda: blocks.count_open(arr, access)) if blocks.tracking else None
-                req = table.hold(blocks, request, req, arr, shared, deadline, count)
-                return table.open_grant(req, peer, arr, blocks.generation.take(arr), access, None)
+                return self._table.hold_and_grant(
+                    blocks, request, arr, peer, access, shared, deadline
+                )
+        finally:
+            if self._pending:
+                self._flush()
+
+    def acquire_and_grant_many(
+        self,
+        items: Sequence[HoldAndGrant],
+        *,
+        shared: bool = False,
+        deadline: float | None = None,
+    ) -> BatchOutcome:
+        """``acquire_and_grant`` of many requests in one call: a scheduler step's prompts, each
+        taking its blocks and exposing them to the peer that fills (or reads) them.
+
+        Each item is ``(request, ids, peer)`` or ``(request, ids, peer, access)`` (``access``
+        defaults to ``Access.WRITE``), acquired and granted or refused on its own, in order,
+        exactly as ``acquire_and_grant(request, ids, peer, access, shared=shared,
+        deadline=deadline)`` would be at that point (the same checks, the same typed error):
+        each request's holds and grant are all or nothing, and a refused one changes nothing
+        and is logged (``acquire_and_grant_refused``). Not all or nothing across items: one
+        request's refusal never stops the others. Returns the grants opened (``grants``, one
+        per item applied, in batch order) and the refusals as data, never raising for one bad
+        item (an item that is not such a tuple is refused, ``InvalidField``); an ``items`` that
+        is not a sequence, or a bad ``shared`` or ``deadline``, raises ``InvalidField`` and
+        changes nothing. One lock for all.
+        """
+        batch_items = batch.items(items, "items", "(request, ids, peer[, access]) tuples")
+        shared = inputs.flag(shared, "shared")
+        deadline = inputs.optional_time(deadline, "deadline")
+        blocks = self._blocks
+        shared = shared or blocks.all_shared
+        num_blocks = self.num_blocks
+        table = self._table
+        grants: list[Grant] = []
+        refused: list[Refusal] = []
+        try:
+            with self._lock:
+                for i, item in enumerate(batch_items):
+                    try:
+                        request, ids, peer, access = batch.hold_and_grant(item)
+                        request = inputs.request_key(request)
+                        peer = inputs.peer_id(peer)
+                        inputs.instance(access, Access, "access")
+                        arr = inputs.block_ids(ids, num_blocks, unique=shared)
+                        grants.append(
+                            table.hold_and_grant(
+                                blocks, request, arr, peer, access, shared, deadline
+                            )
+                        )
+                    except UsageError as e:
+                        refused.append(Refusal(i, item, e))
+                        named = item[0] if type(item) is tuple and item else item
+                        table.refused_item("acquire_and_grant", e, named)
+            return BatchOutcome((), tuple(refused), tuple(grants))
         finally:
             if self._pending:
                 self._flush()
@@ -422,14 +460,7 @@ class BlockLedger(_Queries):
                         fired += table.end(inputs.request_key(request), event, cause)
                     except UsageError as e:
                         refused.append(Refusal(i, request, e))
-                        if enabled():
-                            self._pending.append(
-                                (
-                                    "warning",
-                                    f"{cause}_refused",
-                                    {"error": e.kind, "message": str(e), "request": show(request)},
-                                )
-                            )
+                        table.refused_item(cause, e, request)
             return BatchOutcome(tuple(fired), tuple(refused))
         finally:
             if self._pending:
@@ -545,15 +576,7 @@ class BlockLedger(_Queries):
         work of all of them is done in one batch."""
         try:
             with self._lock:
-                table = self._table
-                if not table.releasable:
-                    return {}
-                reqs = [table.requests[k] for k in table.releasable]
-                out: list[Transition] = []
-                for req in reqs:
-                    fire(table, req, "released", "collect_releasable", out)
-                freed = table.let_go(reqs, self._blocks, out)
-                return {req.key: ids for req, ids in zip(reqs, freed, strict=True)}
+                return self._table.collect_releasable(self._blocks)
         finally:
             if self._pending:
                 self._flush()
@@ -566,24 +589,7 @@ class BlockLedger(_Queries):
         inputs.text(reason, "reason")
         try:
             with self._lock:
-                table = self._table
-                req = table.get(request, ending=True)
-                out: list[Transition] = []
-                if req.state == _TRANSFER_QUIESCED:
-                    fire(table, req, "released", "force_release", out)
-                else:
-                    open_grants = [str(r.grant.id) for r in req.open.values()]
-                    fire(table, req, "force_released", "force_release", out)
-                    table.unsafe_releases += 1
-                    if enabled():
-                        self._pending.append(
-                            (
-                                "warning",
-                                "force_released",
-                                {"request": request, "reason": reason, "open_grants": open_grants},
-                            )
-                        )
-                return table.let_go([req], self._blocks, out)[0]
+                return self._table.force_release(self._blocks, request, reason)
         finally:
             if self._pending:
                 self._flush()

@@ -20,6 +20,7 @@ from kvlifetime.errors import (
     DoubleRelease,
     DuplicateRequest,
     IllegalTransition,
+    KVLifetimeError,
     UnknownRequest,
     show,
 )
@@ -41,6 +42,7 @@ from kvlifetime.ledger.values import Transition
 from kvlifetime.spec.vocabulary import RequestState
 
 if TYPE_CHECKING:
+    from kvlifetime.ledger.batch import Holds
     from kvlifetime.ledger.blocks import BlockCounts
 
 _ADMITTED = RequestState.ADMITTED.value
@@ -164,6 +166,54 @@ class RequestTable:
         blocks.record_hold(req, arr, shared)
         return req
 
+    def hold_many(self, blocks: BlockCounts, step: Holds, shared: bool) -> None:
+        """Every request of ``step`` holds its ids (``acquire_many``): all or nothing."""
+        reqs = [self.running_or_new(key) for key in step.keys]
+        blocks.check_hold_many(step, reqs, shared, self.requests)
+        # Every check passed: from here on nothing is refused.
+        try:
+            recs = [
+                r if r is not None else self.admit(k, None)
+                for k, r in zip(step.keys, reqs, strict=True)
+            ]
+        except BaseException:  # keys were validated: only a bug gets here
+            blocks.unmark(step.allids, shared)
+            raise
+        blocks.record_hold_many(step, recs, shared)
+
+    def hold_and_grant(
+        self,
+        blocks: BlockCounts,
+        request: RequestKey,
+        arr: BlockIds,
+        peer: PeerId,
+        access: Access,
+        shared: bool,
+        deadline: float | None,
+    ) -> Grant:
+        """``request`` holds ``arr`` and ``peer`` may access them, all or nothing: the one step
+        of ``acquire_and_grant`` and of its batch call. Refused exactly where ``acquire`` then
+        ``grant`` would be; no check that the request holds the blocks: it just took them."""
+        req = self.running_or_new(request)
+        if access is Access.WRITE and len(arr):
+            blocks.check_write_on_hold(arr, shared)
+        # Counted first: HolderLimit from the counters changes nothing.
+        count = (lambda: blocks.count_open(arr, access)) if blocks.tracking else None
+        req = self.hold(blocks, request, req, arr, shared, deadline, count)
+        return self.open_grant(req, peer, arr, blocks.generation.take(arr), access, None)
+
+    def refused_item(self, call: str, e: KVLifetimeError, request: object) -> None:
+        """Log one refused item of a batch call (``{call}_refused``, naming the ``request`` it
+        was about): the batch returns it as data instead of raising."""
+        if enabled():
+            self.pending.append(
+                (
+                    "warning",
+                    f"{call}_refused",
+                    {"error": e.kind, "message": str(e), "request": show(request)},
+                )
+            )
+
     def end(self, request: RequestKey, event: str, cause: str) -> list[Transition]:
         """The owner ends ``request`` (``event``: rejected or finished): the one implementation
         of ``reject`` / ``finish`` and of their batch calls."""
@@ -186,6 +236,38 @@ class RequestTable:
         if enabled():
             note_released(self.pending, reqs, results, out)
         return results
+
+    def collect_releasable(self, blocks: BlockCounts) -> dict[RequestKey, BlockIds]:
+        """Release every request whose grants are all closed, in the order they became so."""
+        if not self.releasable:
+            return {}
+        reqs = [self.requests[k] for k in self.releasable]
+        out: list[Transition] = []
+        for req in reqs:
+            fire(self, req, "released", "collect_releasable", out)
+        freed = self.let_go(reqs, blocks, out)
+        return {req.key: ids for req, ids in zip(reqs, freed, strict=True)}
+
+    def force_release(self, blocks: BlockCounts, request: RequestKey, reason: str) -> BlockIds:
+        """Release ``request`` even with open grants (``BlockLedger.force_release``): counted
+        and logged as unsafe unless every grant is closed."""
+        req = self.get(request, ending=True)
+        out: list[Transition] = []
+        if req.state == _TRANSFER_QUIESCED:
+            fire(self, req, "released", "force_release", out)
+        else:
+            open_grants = [str(r.grant.id) for r in req.open.values()]
+            fire(self, req, "force_released", "force_release", out)
+            self.unsafe_releases += 1
+            if enabled():
+                self.pending.append(
+                    (
+                        "warning",
+                        "force_released",
+                        {"request": request, "reason": reason, "open_grants": open_grants},
+                    )
+                )
+        return self.let_go([req], blocks, out)[0]
 
     def set_deadline(self, req: RequestRecord, deadline: float | None) -> None:
         req.deadline = deadline

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvlifetime.errors import KVLifetimeError
-from kvlifetime.grant import BlockIds, PeerId, RequestKey
+from kvlifetime.grant import BlockIds, Grant, PeerId, RequestKey
 
 
 class Transition(NamedTuple):
@@ -36,9 +36,9 @@ class Transition(NamedTuple):
 
 
 class Refusal(NamedTuple):
-    """One item of a per-step batch call (``apply_many``, ``finish_many``) that was refused:
-    the single call (``apply``, ``finish``) would have raised ``error`` for it, and it changed
-    nothing."""
+    """One item of a per-step batch call (``apply_many``, ``finish_many``, ``reject_many``,
+    ``acquire_and_grant_many``) that was refused: the single call (``apply``, ``finish``, ...)
+    would have raised ``error`` for it, and it changed nothing."""
 
     position: int  # where it was in the batch (0-based)
     item: object  # the evidence, or the request key, as given
@@ -58,6 +58,8 @@ class BatchOutcome:
 
     transitions: tuple[Transition, ...]
     refused: tuple[Refusal, ...]  # in batch order; empty: every item was applied
+    # acquire_and_grant_many: the grant of each item applied, in batch order (else empty)
+    grants: tuple[Grant, ...] = ()
 
     @property
     def ok(self) -> bool:

@@ -1,0 +1,200 @@
+"""``acquire_and_grant_many``: a step's prompts, each request's holds and grant all or nothing,
+item by item, exactly as ``acquire_and_grant`` of each item in order (differential, over random
+histories, both counts); one refused request never stops the others; the outcome is data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from kvlifetime import errors
+from kvlifetime.errors import KVLifetimeError, UsageError
+from kvlifetime.grant import Access, Grant, RequestKey
+from kvlifetime.ledger import COUNTS, BatchOutcome, BlockLedger, Counts
+from kvlifetime.testing import captured_logs
+
+N = 6
+KEYS: list[RequestKey] = ["a", "b", "c", 1, 2]
+
+_KEY = st.sampled_from([*KEYS, "new", 7, "new", 7, "", True, 1.5, None])
+_IDS = st.one_of(
+    st.lists(st.integers(0, N - 1), max_size=3),  # repeats allowed: DuplicateBlockIds
+    st.lists(st.integers(0, N - 1), max_size=2, unique=True),
+    st.lists(st.integers(0, N - 1), min_size=1, max_size=3, unique=True).map(
+        lambda x: np.array(x, dtype=np.int64)
+    ),
+    st.sampled_from([[N], [-1], [0.0], "0", None]),
+)
+_PEER = st.sampled_from(["p", "q", "p", "q", "", 3])
+_ACCESS = st.sampled_from([Access.WRITE, Access.READ, Access.WRITE, Access.READ, "write"])
+
+
+def _state(led: BlockLedger) -> tuple[Any, ...]:
+    """The whole state: ``fingerprint()``, the requests' states and the per-block open-grant
+    counters (``inspect``)."""
+    inside = led.inspect()
+    counters = (
+        inside.tracking,
+        inside.unsettled.tolist(),
+        inside.readers.tolist(),
+        inside.open_writes,
+        inside.open_reads,
+    )
+    return led.fingerprint(), led.stats().requests_by_state, counters
+
+
+def _history(led: BlockLedger, draw: Any) -> list[Grant]:
+    """A random history of single calls; returns every grant it issued."""
+    grants: list[Grant] = []
+    for _ in range(draw(st.integers(0, 10))):
+        _history_step(led, grants, draw)
+    return grants
+
+
+def _history_step(led: BlockLedger, grants: list[Grant], draw: Any) -> None:
+    live = led.live_requests()
+    key = draw(st.sampled_from(sorted(live, key=repr) if live else KEYS))
+    op = draw(st.sampled_from(["acquire", "grant", "finish", "release", "share", "open_access"]))
+    try:
+        if op == "acquire" or not live:
+            led.acquire(draw(st.sampled_from(KEYS)), draw(_IDS), shared=draw(st.booleans()))
+        elif op == "share":
+            held = [b for b in range(N) if led.holders([b])[0]]
+            led.acquire(key, held[:2], shared=True)
+        elif op == "grant":
+            held = led.blocks_of(key).tolist()
+            grants.append(led.grant(key, draw(_PEER), held, draw(_ACCESS)))
+        elif op == "finish":
+            led.finish(key)
+        elif op == "release":
+            led.release(key)
+        else:
+            led.open_access(list(range(N)))
+    except KVLifetimeError:
+        pass
+
+
+def _whole(item: Any) -> bool:
+    """An item the single call takes as its arguments."""
+    return type(item) is tuple and len(item) in (3, 4)
+
+
+def _item(draw: Any) -> Any:
+    key, ids, peer = draw(_KEY), draw(_IDS), draw(_PEER)
+    shape = draw(st.sampled_from(["three", "four", "four", "junk"]))
+    if shape == "three":
+        return (key, ids, peer)
+    if shape == "four":
+        return (key, ids, peer, draw(_ACCESS))
+    return draw(st.sampled_from([[key, ids, peer], (key, ids), "x", None]))
+
+
+def _grant_data(g: Grant) -> tuple[Any, ...]:
+    return (
+        g.id,
+        g.request,
+        g.peer,
+        g.blocks.tolist(),
+        g.generations.tolist(),
+        g.access,
+    )
+
+
+def _singles(led: BlockLedger, items: list[Any], **kw: Any) -> tuple[Any, ...]:
+    """``acquire_and_grant`` of each item in order: the grants, and each refusal as
+    (position, error class, message); an item the single call cannot even be called with is
+    what the batch refuses as InvalidField."""
+    grants: list[Any] = []
+    refused: list[Any] = []
+    for i, item in enumerate(items):
+        try:
+            if not _whole(item):
+                raise errors.InvalidField("not an item")
+            grants.append(_grant_data(led.acquire_and_grant(*item, **kw)))
+        except UsageError as e:
+            refused.append((i, type(e), str(e) if _whole(item) else None))
+    return tuple(grants), tuple(refused)
+
+
+def _as_data(out: BatchOutcome, items: list[Any]) -> tuple[Any, ...]:
+    return tuple(_grant_data(g) for g in out.grants), tuple(
+        (r.position, type(r.error), str(r.error) if _whole(items[r.position]) else None)
+        for r in out.refused
+    )
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(counts=st.sampled_from(COUNTS), data=st.data())
+def test_acquire_and_grant_many_is_acquire_and_grant_of_each_item_in_order(
+    counts: Counts, data: Any
+) -> None:
+    led = BlockLedger(N, counts=counts, incarnation="inc")
+    grants = _history(led, data.draw)
+    for _ in range(data.draw(st.integers(1, 3))):
+        items = [_item(data.draw) for _ in range(data.draw(st.integers(0, 6)))]
+        kw: dict[str, Any] = {}
+        if data.draw(st.booleans()):
+            kw["shared"] = True
+        if data.draw(st.booleans()):
+            kw["deadline"] = 5.0
+        ref = led.copy()
+        with captured_logs() as ref_logs:
+            expected = _singles(ref, items, **kw)
+        with captured_logs() as logs:
+            out = led.acquire_and_grant_many(items, **kw)
+        event(f"items granted: {min(len(out.grants), 2)}, refused: {min(len(out.refused), 2)}")
+        assert isinstance(out, BatchOutcome) and out.transitions == ()
+        assert _as_data(out, items) == expected
+        assert out.ok == (not expected[1])
+        assert _state(led) == _state(ref)
+        assert [r.item for r in out.refused] == [items[r.position] for r in out.refused]
+        # The same events; the refusals the single calls raise, the batch logs.
+        refusal = "acquire_and_grant_refused"
+        assert [e for e in logs if e["event"] != refusal] == ref_logs
+        assert [e["error"] for e in logs if e["event"] == refusal] == [
+            r.error.kind for r in out.refused
+        ]
+        grants += out.grants
+        _history_step(led, grants, data.draw)
+
+
+def test_a_refused_request_never_stops_the_others() -> None:
+    led = BlockLedger(8)
+    led.acquire("taken", [2])
+    out = led.acquire_and_grant_many(
+        [
+            ("a", [0, 1], "p"),
+            ("b", [2, 3], "p"),  # block 2 is held: refused, block 3 stays free
+            ("c", [3], "q", Access.READ),
+            ("d", [4, 4], "p"),  # DuplicateBlockIds
+            "junk",  # type: ignore[list-item]
+        ]
+    )
+    assert [(g.request, g.blocks.tolist(), g.peer, g.access) for g in out.grants] == [
+        ("a", [0, 1], "p", Access.WRITE),
+        ("c", [3], "q", Access.READ),
+    ]
+    assert [(r.position, type(r.error)) for r in out.refused] == [
+        (1, errors.BlockUnavailable),
+        (3, errors.DuplicateBlockIds),
+        (4, errors.InvalidField),
+    ]
+    assert sorted(led.live_requests(), key=str) == ["a", "c", "taken"]
+    assert led.open_grants("a") == [out.grants[0]]
+
+
+@pytest.mark.parametrize(
+    ("items", "kw"),
+    [("not a sequence", {}), ({"a": [0]}, {}), ([], {"shared": 1}), ([], {"deadline": np.nan})],
+)
+def test_a_bad_batch_is_refused_whole_and_changes_nothing(items: Any, kw: Any) -> None:
+    led = BlockLedger(4)
+    led.acquire("a", [0])
+    before = led.fingerprint()
+    with pytest.raises(errors.InvalidField):
+        led.acquire_and_grant_many(items, **kw)
+    assert led.fingerprint() == before
