@@ -16,8 +16,9 @@ from pathlib import Path
 
 import attrs
 
-from kvlifetime.harness.decode import SimConfig, run
 from kvlifetime.harness.faults import FaultConfig
+from kvlifetime.harness.loop import run
+from kvlifetime.harness.settings import PushSettings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-fence", dest="fence", action="store_false")
     p.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
     args = p.parse_args(argv)
-    cfg = SimConfig(
+    cfg = PushSettings(
         backend=args.backend,
         policy="proof",
         requests=args.requests,

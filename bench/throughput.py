@@ -21,7 +21,7 @@ assert):
   request's blocks against its pattern: ``contaminated`` counts blocks a late write of another
   request had overwritten. The proof runs are done at each threshold of ``--fence-blocks``.
   Not reproducible (real time decides every landing).
-- ``--mode lockstep``: the harness (``harness.decode.run``), lock-step ticks, every fault of
+- ``--mode lockstep``: the harness (``harness.loop.run``), lock-step ticks, every fault of
   the seed reproducible.
 """
 
@@ -41,6 +41,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from kvlifetime.adapters.transfer import Slice, Status
 from kvlifetime.evidence import (
     AccessRevoked,
     SchedulingStopped,
@@ -49,7 +50,6 @@ from kvlifetime.evidence import (
 )
 from kvlifetime.grant import Access, GrantId
 from kvlifetime.harness import pattern
-from kvlifetime.harness.transfer import Slice, Status
 from kvlifetime.ledger import BlockLedger
 from kvlifetime.spec.vocabulary import BlockState
 
@@ -64,7 +64,7 @@ def _engine(backend: str, desc: dict[str, Any], staging_bytes: int) -> Any:
         from kvlifetime.adapters.mooncake import MooncakeEngine
 
         return MooncakeEngine(desc, staging_bytes)
-    from kvlifetime.adapters.nixl import NixlEngine
+    from kvlifetime.adapters.nixl_engine import NixlEngine
 
     return NixlEngine(desc, staging_bytes)
 
@@ -210,7 +210,7 @@ def free_run(
 
         target: Any = MooncakeTarget(num_blocks * block_bytes)
     else:
-        from kvlifetime.adapters.nixl import NixlTarget
+        from kvlifetime.adapters.nixl_engine import NixlTarget
 
         target = NixlTarget(num_blocks * block_bytes)
     rng = random.Random(seed)
@@ -416,14 +416,15 @@ def _free(args: argparse.Namespace) -> int:
 
 
 def _lockstep(args: argparse.Namespace) -> int:
-    from kvlifetime.harness.decode import SimConfig, run
+    from kvlifetime.harness.loop import run
+    from kvlifetime.harness.settings import PushSettings
 
     bb = args.block_kib * 1024
     ratios: list[float] = []
     for rnd in range(args.rounds):
         figures = {}
         for policy in ("naive", "proof"):
-            cfg = SimConfig(
+            cfg = PushSettings(
                 backend=args.backend,
                 policy=policy,
                 requests=args.requests,

@@ -66,7 +66,7 @@ Defined beside the code that raises them (kvlifetime.*, each imports this one):
   diagrams                    DiagramError, GraphvizNotFound, GraphvizFailed
   extras                      MissingExtra
   harness.peer                PeerFailed
-  harness.pull                ReaderFailed
+  harness.pull_initiator      ReaderFailed
   harness.wire                UnauthorizedMessage, MalformedMessage
   integrations.sglang.errors  UnsupportedEngineVersion, UnsupportedEngineSetting, GuardNotBound,
                               AlreadyInstalled

@@ -9,8 +9,8 @@ adapters' tests check the rows against the behaviour they measure.
 
 Where the profiles live:
 
-- ``inproc``: ``INPROC_PROFILE`` below (the engine is ``kvlifetime.harness.transfer``; its
-  fence is ``kvlifetime.harness.decode.fence_peer``);
+- ``inproc``: ``INPROC_PROFILE`` below (the engine is ``kvlifetime.adapters.inproc``; its
+  fence is ``kvlifetime.harness.peer.fence_peer``);
 - ``mooncake-tcp``: ``kvlifetime.adapters.mooncake.PROFILE`` (importable without Mooncake
   installed: the adapter imports the engine lazily);
 - ``nixl-ucx``: ``kvlifetime.adapters.nixl.PROFILE``, an ``EngineProfile`` or, as a first
@@ -212,11 +212,11 @@ _HARNESS = "tests/test_mooncake_adapter.py"
 
 INPROC_PROFILE = EngineProfile(
     name="inproc",
-    package="kvlifetime.harness.transfer",
+    package="kvlifetime.adapters.inproc",
     version="this checkout",
     transport="shared file mapping; copies on a thread of the initiator's process",
-    source="kvlifetime/harness/transfer.py (InprocTarget, InprocEngine); "
-    "kvlifetime/harness/decode.py (fence_peer); docs/fencing.md",
+    source="kvlifetime/adapters/inproc.py (InprocTarget, InprocEngine); "
+    "kvlifetime/harness/peer.py (fence_peer); docs/fencing.md",
     rows=(
         StatusRow(
             "`wait(handle) == COMPLETED` (0)",
@@ -282,7 +282,7 @@ INPROC_PROFILE = EngineProfile(
     fence="inproc_initiator_reaped",
     fence_note="The target side has no fence (InprocTarget.fence raises FenceUnavailable). The "
     "harness fences on the initiator: kill the prefill process and wait for its exit status "
-    "(kvlifetime.harness.decode.fence_peer); then decode applies "
+    "(kvlifetime.harness.peer.fence_peer); then decode applies "
     'AccessRevoked(peer, fence="inproc_initiator_reaped"). If it cannot be reaped, nothing is '
     "revoked (PeerFailed). It exists because the harness owns the copy process.",
     peer_word="The engine runs in prefill's process: COMPLETED is observed there and relayed "

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from kvlifetime.harness.transfer import InprocEngine, InprocTarget
+from kvlifetime.adapters.inproc import InprocEngine, InprocTarget
 
 # tests/in_vllm/ drives vLLM's real scheduler: it runs in the vLLM venv (`make test-vllm`, which
 # CI runs after `make test`), not in the main one, where vLLM is not installed.

@@ -17,9 +17,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from kvlifetime.harness import decode as decode_module
 from kvlifetime.harness import pattern
-from kvlifetime.harness.decode import DecodeWorker
+from kvlifetime.harness import push_owner as decode_module
+from kvlifetime.harness.push_owner import DecodeWorker
 
 
 class WriteByWriteAudit:

@@ -29,10 +29,11 @@ SEED = 3
 
 def write_results(path: Path) -> Path:
     """Three real harness runs (naive, timeout, proof), as ``kvlifetime demo`` writes them."""
-    from kvlifetime.harness.decode import SimConfig, run
+    from kvlifetime.harness.loop import run
+    from kvlifetime.harness.settings import PushSettings
 
     runs = [
-        run(SimConfig(policy=p, requests=REQUESTS, seed=SEED)).to_dict()
+        run(PushSettings(policy=p, requests=REQUESTS, seed=SEED)).to_dict()
         for p in ("naive", "timeout", "proof")
     ]
     path.write_text(json.dumps(runs, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -148,7 +148,7 @@ def test_ctrl_c_in_demo_says_which_runs_finished(
 ) -> None:
     from kvlifetime.harness import simulate as sim
 
-    real = sim.simulate
+    real = sim.settings_for
     calls = []
 
     def interrupted_on_the_second_run(*a: object, **kw: object) -> object:
@@ -157,7 +157,7 @@ def test_ctrl_c_in_demo_says_which_runs_finished(
             raise KeyboardInterrupt
         return real(*a, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sim, "simulate", interrupted_on_the_second_run)
+    monkeypatch.setattr(sim, "settings_for", interrupted_on_the_second_run)
     status, _, err = run(capsys, "demo", "--out", str(tmp_path), "--requests", "20")
     assert status == EXIT_INTERRUPTED
     assert err.strip().splitlines()[-1] == (

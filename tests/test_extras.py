@@ -79,14 +79,14 @@ def test_the_adapters_say_which_install_is_missing(monkeypatch: pytest.MonkeyPat
 def test_importing_the_harness_without_its_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib
 
-    import kvlifetime.harness.decode  # noqa: F401  (loaded now, so its removal is undone after)
+    import kvlifetime.harness.push_owner  # noqa: F401  (loaded now, so its removal is undone after)
 
     monkeypatch.setitem(sys.modules, "msgpack", None)
     for name in (
         "kvlifetime.harness.wire",
         "kvlifetime.harness.faults",
-        "kvlifetime.harness.decode",
+        "kvlifetime.harness.push_owner",
     ):
         monkeypatch.delitem(sys.modules, name)
     with pytest.raises(MissingExtra, match=r"kvlifetime\.harness needs .*kvlifetime\[harness\]"):
-        importlib.import_module("kvlifetime.harness.decode")
+        importlib.import_module("kvlifetime.harness.push_owner")

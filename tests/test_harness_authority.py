@@ -12,13 +12,15 @@ import attrs
 import pytest
 from structlog.testing import capture_logs
 
+from kvlifetime.adapters.inproc import InprocTarget
 from kvlifetime.evidence import SchedulingStopped, TransferCompleted, TransferQuiesced
 from kvlifetime.grant import GrantId
 from kvlifetime.harness import wire
-from kvlifetime.harness.decode import DecodeWorker, SimConfig
 from kvlifetime.harness.faults import FaultConfig
-from kvlifetime.harness.pull import PullConfig, SourceOwner
-from kvlifetime.harness.transfer import InprocTarget
+from kvlifetime.harness.owner import Ending
+from kvlifetime.harness.pull_owner import SourceOwner
+from kvlifetime.harness.push_owner import DecodeWorker
+from kvlifetime.harness.settings import PullSettings, PushSettings
 from kvlifetime.ledger import BlockLedger
 from kvlifetime.spec.vocabulary import RequestState
 
@@ -43,7 +45,7 @@ NEXT = ["prefill-1/rank0", "prefill-1/rank1"]
 
 @pytest.fixture
 def decode() -> Iterator[DecodeWorker]:
-    cfg = SimConfig(
+    cfg = PushSettings(
         requests=8, arrivals_per_tick=4, block_bytes=BB, num_blocks=NBLOCKS, faults=QUIET
     )
     target = InprocTarget(NBLOCKS * BB)
@@ -56,7 +58,7 @@ def decode() -> Iterator[DecodeWorker]:
 
 def _snapshot(w: DecodeWorker) -> dict[str, Any]:
     """Everything a refused message must leave as it was (the refusal counter aside)."""
-    count = dict(w.count)
+    count = attrs.asdict(w.count)
     count.pop("unauthorized_refused")
     return {
         "count": count,
@@ -98,7 +100,7 @@ def test_only_the_grants_peer_can_end_a_request(
         w.receive([wire.encode(make(key, g0))], sender)
     assert _snapshot(w) == before  # nothing moved: not the request, not a counter
     assert w.ledger.state(key) is RequestState.ADMITTED and w.reqs[key].ended is None
-    assert w.count["unauthorized_refused"] == 1
+    assert w.count.unauthorized_refused == 1
     refused = [e for e in logs if e["event"] == "message_refused"]
     assert [e["kind"] for e in refused] == [wire.UnauthorizedMessage.kind]
     assert refused[0]["sender"] == sender and refused[0]["log_level"] == "error"
@@ -106,7 +108,7 @@ def test_only_the_grants_peer_can_end_a_request(
     w.receive([wire.encode(make(key, g0))], RANKS[0])
     assert w.reqs[key].ended is not None
     assert w.ledger.state(key) is RequestState.REJECTED
-    assert w.count["unauthorized_refused"] == 1
+    assert w.count.unauthorized_refused == 1
 
 
 @pytest.mark.parametrize("make", CONTROL)
@@ -124,7 +126,7 @@ def test_a_fenced_incarnation_can_end_nothing(decode: DecodeWorker, make: Any) -
         for g in w.reqs[key].grants:  # about the new incarnation's grants, and under its name
             w.receive([wire.encode(make(key, g.id))], fenced)
     assert _snapshot(w) == before
-    assert w.count["unauthorized_refused"] == 2 * len(RANKS)
+    assert w.count.unauthorized_refused == 2 * len(RANKS)
 
 
 def test_a_message_about_a_grant_never_issued_acts_on_nothing(decode: DecodeWorker) -> None:
@@ -146,7 +148,7 @@ PULL_QUIET = attrs.evolve(QUIET, tp_ranks=1)
 
 @pytest.fixture
 def owner() -> Iterator[SourceOwner]:
-    cfg = PullConfig(requests=4, block_bytes=BB, num_blocks=NBLOCKS, faults=PULL_QUIET)
+    cfg = PullSettings(requests=4, block_bytes=BB, num_blocks=NBLOCKS, faults=PULL_QUIET)
     source = InprocTarget(NBLOCKS * BB)
     try:
         yield SourceOwner(cfg, source, BlockLedger(NBLOCKS))
@@ -170,11 +172,11 @@ def test_a_refused_contradictory_stop_leaves_the_pull_owner_as_the_ledger_left_i
     g = o.reqs[key].grant
     o.receive([_ev(SchedulingStopped(g.id, key, READER, 1))], READER)
     r = o.reqs[key]
-    assert r.stopped_at == 1 and r.outcome == "aborted"
-    counts = dict(o.count)
+    assert r.stopped_at == 1 and r.outcome is Ending.ABORTED
+    counts = attrs.asdict(o.count)
     o.receive([_ev(SchedulingStopped(g.id, key, READER, 3))], READER)  # refused: contradicts
     assert o.ledger.stats().refused_evidence.get("contradictory_evidence") == 1
-    assert r.stopped_at == 1 and dict(o.count) == counts  # nothing of the owner's moved
+    assert r.stopped_at == 1 and attrs.asdict(o.count) == counts  # nothing of the owner's moved
     o.receive([_ev(TransferQuiesced(g.id, key, READER, 1))], READER)
     assert r.concluded  # the ledger's view (the grant is closed) and the owner's agree
     assert not o.ledger.open_grants(key)
@@ -186,11 +188,11 @@ def test_a_refused_completion_after_a_stop_changes_no_outcome(owner: SourceOwner
     key = min(o.reqs)
     g = o.reqs[key].grant
     o.receive([_ev(SchedulingStopped(g.id, key, READER, 1))], READER)
-    counts = dict(o.count)
+    counts = attrs.asdict(o.count)
     o.receive([_ev(TransferCompleted(g.id, key, READER, 2))], READER)  # refused: contradicts
     r = o.reqs[key]
-    assert (r.outcome, r.concluded, r.stopped_at) == ("aborted", False, 1)
-    assert dict(o.count) == counts
+    assert (r.outcome, r.concluded, r.stopped_at) == (Ending.ABORTED, False, 1)
+    assert attrs.asdict(o.count) == counts
 
 
 def test_the_pull_owner_hears_control_messages_only_from_the_grants_reader(
@@ -200,7 +202,7 @@ def test_the_pull_owner_hears_control_messages_only_from_the_grants_reader(
     o.tick(0, READER, True)
     key = min(o.reqs)
     g = o.reqs[key].grant
-    before = dict(o.count)
+    before = attrs.asdict(o.count)
     pending = o.reader_pending
     frames = [
         wire.encode(wire.TransferFailed(key, g.id, 1)),
@@ -208,10 +210,10 @@ def test_the_pull_owner_hears_control_messages_only_from_the_grants_reader(
         wire.encode(wire.ReaderPending(0, 5)),
     ]
     o.receive(frames, "decode-1")
-    after = dict(o.count)
+    after = attrs.asdict(o.count)
     assert after.pop("unauthorized_refused") == before.pop("unauthorized_refused") + 3
     assert after.pop("reads_refused") == before.pop("reads_refused") + 1
     assert after == before and o.reqs[key].outcome is None and o.reader_pending == pending
     o.receive(frames, READER)
-    assert o.reqs[key].outcome == "transfer_failed" and o.reader_pending == 5
-    assert o.count["stale_reads"] == 1
+    assert o.reqs[key].outcome is Ending.TRANSFER_FAILED and o.reader_pending == 5
+    assert o.count.contaminated_blocks == 1  # the stale read: KV decode would compute from

@@ -8,21 +8,22 @@ import threading
 import pytest
 from harness_helpers import child_processes
 
-from kvlifetime.harness.decode import SimConfig, run
+from kvlifetime.harness.loop import run
 from kvlifetime.harness.peer import PeerFailed
-from kvlifetime.harness.report import Report
+from kvlifetime.harness.result import RunResult
+from kvlifetime.harness.settings import PushSettings
 
 SEED = 11
 N = 1500
 
 
-_cache: dict[tuple[str, int], Report] = {}
+_cache: dict[tuple[str, int], RunResult] = {}
 
 
-def report(policy: str, seed: int = SEED) -> Report:
+def report(policy: str, seed: int = SEED) -> RunResult:
     key = (policy, seed)
     if key not in _cache:
-        _cache[key] = run(SimConfig(policy=policy, requests=N, seed=seed))
+        _cache[key] = run(PushSettings(policy=policy, requests=N, seed=seed))
     return _cache[key]
 
 
@@ -33,7 +34,7 @@ def test_proof_policy_has_no_contamination_and_no_leak() -> None:
     assert r.contaminated_blocks == 0
     assert r.leaked_blocks == 0
     assert r.unsafe_releases == 0
-    assert r.prefill_crashes == 1  # the fault model includes one crash
+    assert r.peer_crashes == 1  # the fault model includes one crash
     # Crash victims and FAILED batches were quarantined, then fenced and reclaimed.
     assert r.peak_quarantined_blocks > 0
     assert r.fences.get("inproc_initiator_reaped", 0) >= 1
@@ -48,7 +49,7 @@ def test_a_peer_slower_than_its_deadline_is_quarantined_then_released_by_its_lat
 
 
 def test_proof_policy_without_fences_keeps_its_quarantine() -> None:
-    r = run(SimConfig(policy="proof", requests=N, seed=SEED, fence=False))
+    r = run(PushSettings(policy="proof", requests=N, seed=SEED, fence=False))
     assert r.contaminated_blocks == 0 and r.leaked_blocks == 0
     assert r.quarantined_blocks > 0  # out, counted, never freed: the one-way door
     assert r.fences == {} and r.reclaimed_blocks == {}
@@ -69,7 +70,7 @@ def test_timeout_policy_is_contaminated_when_delays_exceed_the_lease() -> None:
 
 def test_same_seed_same_figures() -> None:
     first = report("proof").timing_free()
-    again = run(SimConfig(policy="proof", requests=N, seed=SEED)).timing_free()
+    again = run(PushSettings(policy="proof", requests=N, seed=SEED)).timing_free()
     assert first == again
 
 
@@ -77,12 +78,12 @@ def test_faults_are_exercised() -> None:
     r = report("proof")
     assert r.aborted > 0 and r.rejected > 0 and r.transfer_failed > 0 and r.lost_to_crash > 0
     assert r.prefix_hits > 0  # prefix-cache sharing: read-only, checked at consume as well
-    assert r.malformed_refused > 0 or r.prefill.get("link_garbage", 0) >= 0
+    assert r.malformed_refused > 0 or r.peer_counters.get("link_garbage", 0) >= 0
     assert sum(r.refused_evidence.values()) > 0  # duplicates after release: stale, refused
 
 
 def test_no_process_left_behind() -> None:
-    run(SimConfig(policy="naive", requests=200, seed=3))
+    run(PushSettings(policy="naive", requests=200, seed=3))
     assert multiprocessing.active_children() == []
     assert child_processes() == []
 
@@ -93,7 +94,7 @@ def test_a_peer_that_keeps_crashing_is_reaped(monkeypatch: pytest.MonkeyPatch) -
     # Every incarnation dies at its first tick: the run gives up, and reaps every process.
     monkeypatch.setattr(peer, "crash_tick", lambda *a: 0)
     with pytest.raises(PeerFailed):
-        run(SimConfig(requests=100, max_restarts=2))
+        run(PushSettings(requests=100, max_restarts=2))
     assert multiprocessing.active_children() == []
     assert child_processes() == []
 
@@ -109,7 +110,8 @@ def test_ctrl_c_while_a_peer_starts_ends_the_run(
     import multiprocessing.context
 
     from kvlifetime.harness import peer as peer_module
-    from kvlifetime.harness.pull import PullConfig, run_pull
+    from kvlifetime.harness.loop import run
+    from kvlifetime.harness.settings import PullSettings
 
     if where == "start":
         real_start = multiprocessing.context.SpawnProcess.start
@@ -130,9 +132,9 @@ def test_ctrl_c_while_a_peer_starts_ends_the_run(
     def go() -> None:
         try:
             if direction == "push":
-                run(SimConfig(requests=50))
+                run(PushSettings(requests=50))
             else:
-                run_pull(PullConfig(requests=50))
+                run(PullSettings(requests=50))
         except BaseException as e:  # the KeyboardInterrupt, as data for the test
             outcome.append(e)
 

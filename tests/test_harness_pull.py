@@ -13,13 +13,16 @@ from harness_helpers import child_processes
 from mooncake_helpers import need_mooncake
 from nixl_helpers import need_nixl
 
+from kvlifetime.adapters.inproc import InprocEngine, InprocTarget
+from kvlifetime.adapters.transfer import Status
 from kvlifetime.errors import UsageError
 from kvlifetime.grant import GrantId
 from kvlifetime.harness import wire
 from kvlifetime.harness.faults import FaultConfig
-from kvlifetime.harness.pull import PullConfig, ReaderFailed, run_pull
-from kvlifetime.harness.report import Report, compare_markdown
-from kvlifetime.harness.transfer import InprocEngine, InprocTarget, Status
+from kvlifetime.harness.loop import run
+from kvlifetime.harness.pull_initiator import ReaderFailed
+from kvlifetime.harness.result import RunResult, compare_markdown
+from kvlifetime.harness.settings import PullSettings
 
 SEED = 11
 N = 1000
@@ -36,17 +39,17 @@ QUIET = FaultConfig(
 )
 
 
-_cache: dict[tuple[str, int], Report] = {}
+_cache: dict[tuple[str, int], RunResult] = {}
 
 
-def report(policy: str, seed: int = SEED) -> Report:
+def report(policy: str, seed: int = SEED) -> RunResult:
     key = (policy, seed)
     if key not in _cache:
-        _cache[key] = run_pull(PullConfig(policy=policy, requests=N, seed=seed))
+        _cache[key] = run(PullSettings(policy=policy, requests=N, seed=seed))
     return _cache[key]
 
 
-def _views_agree(r: Report) -> None:
+def _views_agree(r: RunResult) -> None:
     # The reader's byte check and prefill's own view of its arena count the same reads.
     o = r.oracle
     assert o["reads"] == o["owner_view_reads"] and r.seen("reads") > 0
@@ -59,14 +62,14 @@ def test_proof_policy_has_no_stale_read_and_no_leak() -> None:
     assert r.direction == "pull" and r.requests == N
     assert r.stale_reads == 0 and r.stale_read_blocks == 0 and r.contaminated_blocks == 0
     assert r.leaked_blocks == 0 and r.quarantined_blocks == 0 and r.unsafe_releases == 0
-    assert r.prefill_crashes == 1  # the reader crashed once: fenced by reaping it
+    assert r.peer_crashes == 1  # the reader crashed once: fenced by reaping it
     assert r.fences.get("inproc_initiator_reaped", 0) >= 1
     assert sum(r.reclaimed_blocks.values()) > 0
     _views_agree(r)
 
 
 def test_lease_policy_reads_blocks_given_to_another_request() -> None:
-    r = report("lease")
+    r = report("timeout")
     assert r.stale_reads > 0 and r.stale_read_blocks > 0
     assert r.unsafe_releases > 0 and r.leaked_blocks == 0
     _views_agree(r)
@@ -74,7 +77,7 @@ def test_lease_policy_reads_blocks_given_to_another_request() -> None:
 
 def test_naive_policy_reads_blocks_given_to_another_request() -> None:
     r = report("naive")
-    assert r.stale_reads > report("lease").stale_reads > 0
+    assert r.stale_reads > report("timeout").stale_reads > 0
     _views_agree(r)
 
 
@@ -87,22 +90,22 @@ def test_faults_are_exercised() -> None:
 
 
 def test_same_seed_same_figures() -> None:
-    again = run_pull(PullConfig(policy="lease", requests=N, seed=SEED))
-    assert again.timing_free() == report("lease").timing_free()
+    again = run(PullSettings(policy="timeout", requests=N, seed=SEED))
+    assert again.timing_free() == report("timeout").timing_free()
 
 
 def test_a_planted_stale_read_is_counted_exactly_once() -> None:
-    cfg = PullConfig(requests=60, seed=5, faults=QUIET)
-    clean = run_pull(cfg)
+    cfg = PullSettings(requests=60, seed=5, faults=QUIET)
+    clean = run(cfg)
     assert clean.stale_reads == 0 and clean.seen("reads") > 0
-    r = run_pull(PullConfig(requests=60, seed=5, faults=QUIET, plant_stale_read=17))
+    r = run(PullSettings(requests=60, seed=5, faults=QUIET, plant_stale_read=17))
     assert r.stale_reads == 1 and r.stale_read_blocks == 1 and r.contaminated_requests == 1
     assert r.oracle["reads"] == clean.oracle["reads"]
     _views_agree(r)
 
 
 def test_no_process_left_behind() -> None:
-    run_pull(PullConfig(policy="naive", requests=200, seed=3))
+    run(PullSettings(policy="naive", requests=200, seed=3))
     assert multiprocessing.active_children() == []
     assert child_processes() == []
 
@@ -112,15 +115,15 @@ def test_a_reader_that_keeps_crashing_is_reaped(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(peer, "crash_tick", lambda *a: 0)
     with pytest.raises(ReaderFailed):
-        run_pull(PullConfig(requests=100, max_restarts=2))
+        run(PullSettings(requests=100, max_restarts=2))
     assert multiprocessing.active_children() == []
     assert child_processes() == []
 
 
 def test_report_and_table_show_the_reads() -> None:
-    text = report("lease").to_text()
+    text = report("timeout").to_text()
     assert "direction=pull" in text and "stale reads (reader)" in text
-    table = compare_markdown([report(p) for p in ("naive", "lease", "proof")])
+    table = compare_markdown([report(p) for p in ("naive", "timeout", "proof")])
     head = table.splitlines()[0]
     assert "| stale reads |" in head and "| stale read blocks |" in head
 
@@ -128,23 +131,23 @@ def test_report_and_table_show_the_reads() -> None:
 def test_cli_pull(capsys: pytest.CaptureFixture[str]) -> None:
     from kvlifetime.cli import main
 
-    args = ["simulate", "--direction", "pull", "--policy", "lease", "--requests", "150"]
+    args = ["simulate", "--direction", "pull", "--policy", "timeout", "--requests", "150"]
     assert main([*args, "--seed", "4", "--json"]) == 0
     d = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert d["direction"] == "pull" and d["policy"] == "lease" and d["requests"] == 150
+    assert d["direction"] == "pull" and d["policy"] == "timeout" and d["requests"] == 150
 
 
-def test_policies_belong_to_a_direction() -> None:
+def test_one_policy_name_both_ways_and_push_only_knobs() -> None:
     from kvlifetime.harness.simulate import simulate
 
-    with pytest.raises(UsageError):
-        simulate("inproc", "timeout", 10, 0, direction="pull")
-    with pytest.raises(UsageError):
-        simulate("inproc", "lease", 10, 0, direction="push")
+    # The deadline policy is "timeout" both ways ("lease" was the pull direction's name).
+    for direction in ("push", "pull"):
+        with pytest.raises(UsageError, match="unknown policy 'lease'"):
+            simulate("inproc", "lease", 10, 0, direction=direction)
     with pytest.raises(UsageError):
         simulate("inproc", "proof", 10, 0, direction="pull", restart="naive")
     with pytest.raises(UsageError):
-        PullConfig(policy="timeout")
+        PullSettings(policy="lease")
 
 
 # ------------------------------------------------------------------ the engine's READ
@@ -257,10 +260,10 @@ def test_new_messages_are_strict(body: dict[str, object]) -> None:
 
 def test_mooncake_pull_gives_the_in_process_figures() -> None:
     need_mooncake()
-    for policy in ("proof", "lease"):
-        cfg = PullConfig(backend="mooncake", policy=policy, requests=300, seed=SEED)
-        mc = run_pull(cfg)
-        ip = run_pull(PullConfig(policy=policy, requests=300, seed=SEED))
+    for policy in ("proof", "timeout"):
+        cfg = PullSettings(backend="mooncake", policy=policy, requests=300, seed=SEED)
+        mc = run(cfg)
+        ip = run(PullSettings(policy=policy, requests=300, seed=SEED))
         _views_agree(mc)
         assert mc.stale_reads == ip.stale_reads and mc.seen("reads") == ip.seen("reads")
         assert (mc.stale_reads == 0) == (policy == "proof")
@@ -276,8 +279,8 @@ def test_mooncake_pull_gives_the_in_process_figures() -> None:
 def test_nixl_pull_gives_the_in_process_figures() -> None:
     need_nixl()
     for policy in ("naive", "proof"):
-        nx = run_pull(PullConfig(backend="nixl", policy=policy, requests=300, seed=SEED))
-        ip = run_pull(PullConfig(policy=policy, requests=300, seed=SEED))
+        nx = run(PullSettings(backend="nixl", policy=policy, requests=300, seed=SEED))
+        ip = run(PullSettings(policy=policy, requests=300, seed=SEED))
         _views_agree(nx)
         assert nx.stale_reads == ip.stale_reads and nx.seen("reads") == ip.seen("reads")
         assert (nx.stale_reads == 0) == (policy == "proof")
@@ -293,7 +296,7 @@ def test_cli_pull_on_nixl(capsys: pytest.CaptureFixture[str]) -> None:
     need_nixl()
     from kvlifetime.cli import main
 
-    args = ["simulate", "--direction", "pull", "--backend", "nixl", "--policy", "lease"]
+    args = ["simulate", "--direction", "pull", "--backend", "nixl", "--policy", "timeout"]
     assert main([*args, "--requests", "60", "--seed", "4", "--json"]) == 0
     d = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert d["direction"] == "pull" and d["backend"] == "nixl" and d["requests"] == 60

@@ -12,17 +12,15 @@ import numpy as np
 import pytest
 from harness_helpers import child_processes
 
+from kvlifetime.adapters.inproc import LOG_AFTER_DEATH, InprocEngine, InprocTarget
 from kvlifetime.evidence import TransferCompleted
 from kvlifetime.grant import GrantId
 from kvlifetime.harness import pattern, wire
-from kvlifetime.harness.decode import DecodeWorker, SimConfig, run
 from kvlifetime.harness.faults import FaultConfig
-from kvlifetime.harness.report import Report
-from kvlifetime.harness.transfer import (
-    LOG_AFTER_DEATH,
-    InprocEngine,
-    InprocTarget,
-)
+from kvlifetime.harness.loop import run
+from kvlifetime.harness.push_owner import DecodeWorker
+from kvlifetime.harness.result import RunResult
+from kvlifetime.harness.settings import PushSettings
 from kvlifetime.ledger import BlockLedger
 from kvlifetime.spec.vocabulary import RequestState
 
@@ -30,13 +28,13 @@ SEED = 11
 N = 1000
 BB = 4096
 
-_cache: dict[tuple[str, FaultConfig], Report] = {}
+_cache: dict[tuple[str, FaultConfig], RunResult] = {}
 
 
-def report(policy: str, faults: FaultConfig) -> Report:
+def report(policy: str, faults: FaultConfig) -> RunResult:
     key = (policy, faults)
     if key not in _cache:
-        _cache[key] = run(SimConfig(policy=policy, requests=N, seed=SEED, faults=faults))
+        _cache[key] = run(PushSettings(policy=policy, requests=N, seed=SEED, faults=faults))
     return _cache[key]
 
 
@@ -55,7 +53,7 @@ def _assigns(frames: list[bytes]) -> list[wire.Assign]:
 
 
 def test_each_rank_has_its_own_grant_and_release_needs_every_rank() -> None:
-    cfg = SimConfig(num_blocks=16, requests=1, arrivals_per_tick=1, faults=TP)
+    cfg = PushSettings(num_blocks=16, requests=1, arrivals_per_tick=1, faults=TP)
     target = InprocTarget(cfg.num_blocks * cfg.block_bytes)
     try:
         w = DecodeWorker(cfg, target, BlockLedger(cfg.num_blocks))
@@ -72,7 +70,7 @@ def test_each_rank_has_its_own_grant_and_release_needs_every_rank() -> None:
 
         # Rank 1 may not speak for rank 0: refused, counted, nothing changes.
         w.receive([completed(a0.grant, peers[0])], sender=peers[1])
-        assert w.count["unauthorized_refused"] == 1
+        assert w.count.unauthorized_refused == 1
         assert len(w.ledger.open_grants(key)) == 2
         # Rank 0's own proof closes rank 0's grant only: not consumed, not releasable.
         w.receive([completed(a0.grant, peers[0])], sender=peers[0])
@@ -94,7 +92,7 @@ def test_tensor_parallel_ranks_naive_late_writes_proof_none() -> None:
     assert proof.seen("late_writes") == 0 and proof.contaminated_blocks == 0
     assert proof.leaked_blocks == 0 and proof.quarantined_blocks == 0
     assert proof.unauthorized_refused == 0  # each rank spoke for its own grant only
-    assert proof.completed > 0 and proof.prefill_crashes == 1
+    assert proof.completed > 0 and proof.peer_crashes == 1
     # One fence per rank: each rank's grants are closed by its own AccessRevoked.
     assert proof.fences["inproc_initiator_reaped"] % 2 == 0
     # Two ranks land a landing each per block written.
@@ -133,7 +131,7 @@ def test_a_dead_initiators_handed_over_slice_lands_from_the_target_and_a_cut_end
 
 
 def test_the_oracle_counts_a_late_landing_after_death_and_a_late_redelivery_exactly() -> None:
-    cfg = SimConfig(num_blocks=4, block_bytes=BB)
+    cfg = PushSettings(num_blocks=4, block_bytes=BB)
     target = InprocTarget(4 * BB)
     try:
         d = DecodeWorker(cfg, target, BlockLedger(4))
@@ -175,7 +173,7 @@ def test_without_the_targets_cut_the_proof_policys_fence_would_not_end_them(
     """The fence is what ends them: reaping the initiator alone leaves the handed-over slices
     landing, into blocks the fence let go."""
     monkeypatch.setattr(InprocTarget, "cut", lambda self, region: 0)
-    r = run(SimConfig(policy="proof", requests=N, seed=SEED, faults=LAC))
+    r = run(PushSettings(policy="proof", requests=N, seed=SEED, faults=LAC))
     assert r.seen("late_after_death") > 0 and r.seen("late_writes") == r.seen("late_after_death")
 
 
@@ -234,8 +232,12 @@ def test_two_ranks_and_re_delivery_on_a_real_engine(backend: str) -> None:
 
         need_nixl()
     faults = FaultConfig(tp_ranks=2, p_redeliver=0.02)
-    naive = run(SimConfig(backend=backend, policy="naive", requests=200, seed=SEED, faults=faults))
-    proof = run(SimConfig(backend=backend, policy="proof", requests=200, seed=SEED, faults=faults))
+    naive = run(
+        PushSettings(backend=backend, policy="naive", requests=200, seed=SEED, faults=faults)
+    )
+    proof = run(
+        PushSettings(backend=backend, policy="proof", requests=200, seed=SEED, faults=faults)
+    )
     assert naive.seen("late_writes") > 0
     assert proof.seen("late_writes") == 0 and proof.contaminated_blocks == 0
     assert proof.leaked_blocks == 0 and proof.quarantined_blocks == 0

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 from wire_schema_helpers import decode_checked
 
+from kvlifetime.adapters.inproc import InprocEngine, InprocTarget
 from kvlifetime.evidence import BY_NAME, Evidence, SchedulingStopped, TransferCompleted, to_wire
 from kvlifetime.grant import GrantId
 from kvlifetime.harness import wire
 from kvlifetime.harness.faults import FaultConfig, FaultyLink
-from kvlifetime.harness.prefill import PrefillWorker
-from kvlifetime.harness.transfer import InprocEngine, InprocTarget
+from kvlifetime.harness.push_initiator import PrefillWorker
 from kvlifetime.source import Source
 
 G = GrantId("inc", 3)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from mooncake_helpers import need_mooncake
 
+from kvlifetime.adapters.inproc import InprocEngine, InprocTarget
 from kvlifetime.adapters.mooncake import (
     GrantTransfers,
     UnsafeTransport,
@@ -20,9 +21,9 @@ from kvlifetime.adapters.mooncake import (
     require_protocol_v2,
     tcp_protocol,
 )
+from kvlifetime.adapters.transfer import Status
 from kvlifetime.evidence import Evidence, SchedulingStopped, TransferCompleted, TransferQuiesced
 from kvlifetime.grant import GrantId
-from kvlifetime.harness.transfer import InprocEngine, InprocTarget, Status
 
 G = GrantId("inc", 1)
 
@@ -202,11 +203,12 @@ def test_real_engine_completed_means_landed() -> None:
 
 def test_real_engine_proof_vs_naive() -> None:
     need_mooncake()
-    from kvlifetime.harness.decode import SimConfig, run
+    from kvlifetime.harness.loop import run
+    from kvlifetime.harness.settings import PushSettings
 
-    proof = run(SimConfig(backend="mooncake", policy="proof", requests=800, seed=11))
+    proof = run(PushSettings(backend="mooncake", policy="proof", requests=800, seed=11))
     assert proof.contaminated_blocks == 0 and proof.leaked_blocks == 0
     assert proof.ended_mid_transfer / proof.requests >= 0.20
-    naive = run(SimConfig(backend="mooncake", policy="naive", requests=800, seed=11))
+    naive = run(PushSettings(backend="mooncake", policy="naive", requests=800, seed=11))
     assert naive.contaminated_blocks > 0
     np.testing.assert_equal(naive.requests, proof.requests)

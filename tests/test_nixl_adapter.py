@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from nixl_helpers import Initiator, InitiatorDied, need_nixl
 
-from kvlifetime.adapters import nixl
+from kvlifetime.adapters import nixl, nixl_engine
+from kvlifetime.adapters.transfer import Status
 from kvlifetime.evidence import TransferCompleted
 from kvlifetime.grant import GrantId
-from kvlifetime.harness.transfer import Status
 from kvlifetime.profiles import NOTHING
 
 SMALL = 8 << 20
@@ -30,7 +30,7 @@ BIG = 256 << 20  # long enough over TCP on loopback to act while it is in flight
 
 def _target(nbytes: int) -> Iterator[Any]:
     need_nixl()
-    t = nixl.NixlTarget(nbytes)
+    t = nixl_engine.NixlTarget(nbytes)
     yield t
     t.close()
 
@@ -198,7 +198,7 @@ DISCONNECT_ATTEMPTS = 8
 def disconnect_mid_write(initiator_of: Any) -> tuple[str, int]:
     """One run: a write of the whole arena in flight, then the target's agent goes. Returns
     what the initiator's poll answered (or ``"died SIGSEGV"``, ...) and how many bytes landed."""
-    target = nixl.NixlTarget(BIG)
+    target = nixl_engine.NixlTarget(BIG)
     try:
         ini = initiator_of(target)
         arena = target.array
@@ -243,7 +243,7 @@ def test_a_descriptor_outside_the_arena_fails_the_whole_request(
     time.sleep(0.3)
     assert not arena[:n].any()  # NIXL refused the request before posting: its valid part too
     # The harness's engine maps it to FAILED (which proves nothing), and goes on.
-    engine = nixl.NixlEngine(small.descriptor(), 2 * n)
+    engine = nixl_engine.NixlEngine(small.descriptor(), 2 * n)
     try:
         engine.staging[:] = 0x61
         good = (0, small.address(0), n)
@@ -328,7 +328,7 @@ def test_the_engine_reads_and_a_bad_descriptor_fails_the_whole_read(small: Any) 
     # source's registration is refused whole (FAILED, nothing read); a good one COMPLETES.
     n = 1 << 20
     small.array[:n] = 0xA1
-    engine = nixl.NixlEngine(small.descriptor(), 2 * n)
+    engine = nixl_engine.NixlEngine(small.descriptor(), 2 * n)
     try:
         good = (0, small.address(0), n)
         h = engine.submit_read([good, (n, small.address(0) + SMALL + n, n)])

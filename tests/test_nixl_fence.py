@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from nixl_helpers import Initiator, need_nixl
 
-from kvlifetime.adapters import nixl
+from kvlifetime.adapters import nixl, nixl_engine
 from kvlifetime.adapters.sockets import own_tcp_sockets
 from kvlifetime.errors import FenceUnavailable
 
@@ -37,7 +37,7 @@ DRAIN_WRITES = 3  # whole-arena writes timed before the stream starts: the slowe
 @pytest.fixture
 def target() -> Iterator[Any]:
     need_nixl()
-    t = nixl.NixlTarget(ARENA)
+    t = nixl_engine.NixlTarget(ARENA)
     yield t
     t.close()
 
@@ -162,7 +162,7 @@ def test_with_cma_destroying_the_target_agent_stops_nothing(
     # (seen once, on a loaded machine), which shows nothing either way: up to three runs.
     answers: list[str] = []
     while len(answers) < 3 and not any(a.startswith("posted") for a in answers):
-        t = nixl.NixlTarget(size, tls="all")
+        t = nixl_engine.NixlTarget(size, tls="all")
         with pytest.raises(FenceUnavailable, match="CMA"):
             t.fence()
         ini = Initiator(t.descriptor(), tls="all")

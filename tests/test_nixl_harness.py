@@ -8,9 +8,11 @@ import multiprocessing
 import pytest
 from nixl_helpers import need_nixl
 
+from kvlifetime.adapters.engines import BACKENDS
 from kvlifetime.errors import UsageError
-from kvlifetime.harness.decode import SimConfig, run
-from kvlifetime.harness.simulate import BACKENDS, simulate
+from kvlifetime.harness.loop import run
+from kvlifetime.harness.settings import PushSettings
+from kvlifetime.harness.simulate import simulate
 
 N = 1000
 SEED = 11
@@ -18,14 +20,14 @@ SEED = 11
 
 def test_proof_has_no_contamination_and_no_leak_naive_does() -> None:
     need_nixl()
-    proof = run(SimConfig(backend="nixl", policy="proof", requests=N, seed=SEED))
+    proof = run(PushSettings(backend="nixl", policy="proof", requests=N, seed=SEED))
     assert proof.backend == "nixl" and proof.requests == N
     assert proof.contaminated_blocks == 0 and proof.contaminated_requests == 0
     assert proof.leaked_blocks == 0 and proof.quarantined_blocks == 0
     assert proof.unsafe_releases == 0
     assert proof.fences.get("nixl_target_agent_recreated", 0) >= 1  # the crash at least
     assert sum(proof.reclaimed_blocks.values()) > 0
-    naive = run(SimConfig(backend="nixl", policy="naive", requests=N, seed=SEED))
+    naive = run(PushSettings(backend="nixl", policy="naive", requests=N, seed=SEED))
     assert naive.contaminated_blocks > 0
     assert naive.unsafe_releases > 0
     assert multiprocessing.active_children() == []

@@ -11,10 +11,12 @@ import pytest
 from mooncake_helpers import need_mooncake
 from oracle_audit_helpers import WriteByWriteAudit, audits_fixture  # noqa: F401  (a fixture)
 
+from kvlifetime.adapters.inproc import LOG_SLOTS, InprocEngine, InprocTarget, OracleOverflow
 from kvlifetime.harness import pattern
-from kvlifetime.harness.decode import DecodeWorker, SimConfig, run
-from kvlifetime.harness.oracle import ArenaDiff, OracleOverflow, TransportOracle
-from kvlifetime.harness.transfer import LOG_SLOTS, InprocEngine, InprocTarget
+from kvlifetime.harness.loop import run
+from kvlifetime.harness.oracle import ArenaDiff, TransportOracle
+from kvlifetime.harness.push_owner import DecodeWorker
+from kvlifetime.harness.settings import PushSettings
 
 BB = 64
 
@@ -169,7 +171,7 @@ SEED = 424242
 def test_naive_late_writes_seen_at_the_transport_exceed_what_decode_consumes(
     audits: list[tuple[DecodeWorker, WriteByWriteAudit]],
 ) -> None:
-    r = run(SimConfig(policy="naive", requests=3000, seed=SEED))
+    r = run(PushSettings(policy="naive", requests=3000, seed=SEED))
     assert r.oracle["method"] == "copy log"
     # Against an independent count: each landing classified on its own from the ledger's
     # holders and generations (``oracle_audit_helpers``), not the oracle's two parts summed.
@@ -187,7 +189,7 @@ def test_naive_late_writes_seen_at_the_transport_exceed_what_decode_consumes(
 
 
 def test_proof_has_no_late_write_at_the_transport() -> None:
-    r = run(SimConfig(policy="proof", requests=3000, seed=SEED))
+    r = run(PushSettings(policy="proof", requests=3000, seed=SEED))
     assert r.seen("late_writes") == 0 and r.seen("writes") > 0
 
 
@@ -195,20 +197,20 @@ def test_the_arena_diff_against_the_copy_log_on_one_seed() -> None:
     """What a real engine's oracle can see, measured against the exact one: the diff misses
     a landing only when a later one in the same tick overwrites it (or writes the same word
     again), so it never sees more, and on this seed it sees most."""
-    log = run(SimConfig(policy="naive", requests=3000, seed=SEED)).oracle
-    diff = run(SimConfig(policy="naive", requests=3000, seed=SEED, oracle="arena diff")).oracle
+    log = run(PushSettings(policy="naive", requests=3000, seed=SEED)).oracle
+    diff = run(PushSettings(policy="naive", requests=3000, seed=SEED, oracle="arena diff")).oracle
     assert diff["method"] == "arena diff"
     keys = ("writes", "late_writes", "late_into_owned", "late_into_free", "late_blocks")
     for k in (*keys, "hit_requests"):
         assert 0.8 * int(log[k]) <= int(diff[k]) <= int(log[k]), k
-    proof = run(SimConfig(policy="proof", requests=3000, seed=SEED, oracle="arena diff")).oracle
+    proof = run(PushSettings(policy="proof", requests=3000, seed=SEED, oracle="arena diff")).oracle
     assert proof["late_writes"] == 0
 
 
 @pytest.mark.parametrize("policy", ["naive", "proof"])
 def test_the_oracle_on_mooncake(policy: str) -> None:
     need_mooncake()
-    r = run(SimConfig(backend="mooncake", policy=policy, requests=800, seed=SEED))
+    r = run(PushSettings(backend="mooncake", policy=policy, requests=800, seed=SEED))
     assert r.oracle["method"] == "arena diff" and r.seen("writes") > 0
     if policy == "naive":
         assert r.seen("late_writes") > 0

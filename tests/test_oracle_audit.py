@@ -14,8 +14,10 @@ import attrs
 import pytest
 from oracle_audit_helpers import WriteByWriteAudit, audits_fixture  # noqa: F401  (a fixture)
 
-from kvlifetime.harness.decode import DecodeWorker, SimConfig, run
 from kvlifetime.harness.faults import FaultConfig
+from kvlifetime.harness.loop import run
+from kvlifetime.harness.push_owner import DecodeWorker
+from kvlifetime.harness.settings import PushSettings
 
 # Prefix sharing on (the default rate, a quarter of the requests), and a transport that
 # re-delivers a slice of a completed batch after reporting it COMPLETED: the writer is released
@@ -40,7 +42,7 @@ def test_the_oracle_matches_a_write_by_write_audit_with_sharing_and_redelivery(
     seed: int,
     faults: FaultConfig,
 ) -> None:
-    r = run(SimConfig(policy=policy, requests=600, seed=seed, faults=faults))
+    r = run(PushSettings(policy=policy, requests=600, seed=seed, faults=faults))
     assert len(audits) == 1
     worker, audit = audits[0]
     o = worker.oracle

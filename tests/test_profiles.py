@@ -21,11 +21,12 @@ import numpy as np
 import pytest
 
 from kvlifetime import profiles
+from kvlifetime.adapters.inproc import InprocEngine, InprocTarget
+from kvlifetime.adapters.transfer import Status
 from kvlifetime.cli import main
 from kvlifetime.diagrams import docs_files, engine_markdown, evidence_markdown
 from kvlifetime.errors import FenceUnavailable, InvalidField
 from kvlifetime.evidence import Claim
-from kvlifetime.harness.transfer import InprocEngine, InprocTarget, Status
 from kvlifetime.profiles import (
     ENGINES,
     NOTHING,
@@ -351,7 +352,8 @@ def test_inproc_target_has_no_fence(inproc: tuple[InprocTarget, InprocEngine]) -
 # An initiator in its own process, writing into the arena as fast as it can until killed.
 _WRITER = """
 import json, sys, time
-from kvlifetime.harness.transfer import InprocEngine, Status
+from kvlifetime.adapters.inproc import InprocEngine
+from kvlifetime.adapters.transfer import Status
 desc = json.loads(sys.argv[1])
 n = desc["nbytes"]
 engine = InprocEngine(desc, n)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
+from kvlifetime.adapters.inproc import InprocTarget
 from kvlifetime.errors import UnauthorizedEvidence
 from kvlifetime.evidence import (
     EVIDENCE_CLASSES,
@@ -18,8 +19,8 @@ from kvlifetime.evidence import (
 )
 from kvlifetime.grant import Access, Grant
 from kvlifetime.harness import wire
-from kvlifetime.harness.decode import DecodeWorker, SimConfig
-from kvlifetime.harness.transfer import InprocTarget
+from kvlifetime.harness.push_owner import DecodeWorker
+from kvlifetime.harness.settings import PushSettings
 from kvlifetime.ledger import BlockLedger
 from kvlifetime.provenance import RESTS_ON_PEER, RULES, rules_matrix
 from kvlifetime.source import LOCAL, Source
@@ -102,7 +103,7 @@ def test_the_rules_are_one_table() -> None:
 def _worker() -> tuple[DecodeWorker, InprocTarget, dict[str, Grant]]:
     target = InprocTarget(16 * 4096)
     led = BlockLedger(16)
-    w = DecodeWorker(SimConfig(num_blocks=16), target, led)
+    w = DecodeWorker(PushSettings(num_blocks=16), target, led)
     grants = {
         "p0": led.grant(1, "prefill-0", led.allocate(1, 2)),
         "p1": led.grant(2, "prefill-1", led.allocate(2, 2)),
@@ -121,7 +122,7 @@ def test_a_peer_revoking_itself_over_the_wire_is_refused() -> None:
         w.receive([frame], sender="prefill-0")
         assert w.ledger.fingerprint() == before
         assert w.ledger.state(1) is RequestState.REJECTED  # still waiting for real proof
-        assert w.count["unauthorized_refused"] == 1
+        assert w.count.unauthorized_refused == 1
     finally:
         target.close()
 
@@ -138,7 +139,7 @@ def test_every_claim_over_the_wire_from_a_liar() -> None:
                 frames.append(wire.encode(wire.EvidenceMsg(ev)))
         w.receive(frames, sender="prefill-0")
         assert w.ledger.fingerprint() == before
-        assert w.count["unauthorized_refused"] == len(frames)
+        assert w.count.unauthorized_refused == len(frames)
         assert w.ledger.stats().refused_evidence == {"unauthorized_evidence": len(frames)}
         # The honest claim, from the right connection, still works afterwards.
         ok = wire.encode(wire.EvidenceMsg(TransferCompleted.of(g["p0"], 1)))

@@ -82,9 +82,10 @@ def test_series_columns_name_every_block_state() -> None:
 
 
 def test_a_harness_run_records_its_series() -> None:
-    from kvlifetime.harness.decode import SimConfig, run
+    from kvlifetime.harness.loop import run
+    from kvlifetime.harness.settings import PushSettings
 
-    r = run(SimConfig(policy="naive", requests=120, seed=3))
+    r = run(PushSettings(policy="naive", requests=120, seed=3))
     series = r.to_dict()["series"]
     assert list(series) == list(COLUMNS)
     t = series["tick"]

@@ -9,6 +9,8 @@ import attrs
 import numpy as np
 import pytest
 
+from kvlifetime.adapters.inproc import InprocEngine, InprocTarget
+from kvlifetime.adapters.transfer import Status
 from kvlifetime.errors import (
     BlockUnavailable,
     InvalidField,
@@ -26,8 +28,8 @@ from kvlifetime.evidence import (
     TransferQuiesced,
 )
 from kvlifetime.grant import Access, Grant
-from kvlifetime.harness.decode import SimConfig, run
-from kvlifetime.harness.transfer import InprocEngine, InprocTarget, Status
+from kvlifetime.harness.loop import run
+from kvlifetime.harness.settings import PushSettings
 from kvlifetime.ledger import BlockLedger
 from kvlifetime.source import Source
 from kvlifetime.spec.vocabulary import BlockState, RequestState
@@ -138,8 +140,8 @@ def test_decode_restart_naive_vs_guarded() -> None:
     """The harness: decode restarts mid-run while the prefill peer's writes are still in
     flight. Naive: the new ledger reuses blocks that old writes land in. Guarded: quarantined
     until fenced, nothing contaminated."""
-    naive = run(SimConfig(policy="proof", requests=1500, seed=11, restart="naive"))
-    guarded = run(SimConfig(policy="proof", requests=1500, seed=11, restart="guarded"))
+    naive = run(PushSettings(policy="proof", requests=1500, seed=11, restart="naive"))
+    guarded = run(PushSettings(policy="proof", requests=1500, seed=11, restart="guarded"))
     assert naive.lost_to_restart > 0 and guarded.lost_to_restart == naive.lost_to_restart
     assert naive.contaminated_blocks > 0
     assert naive.refused_evidence.get("mismatched_evidence", 0) > 0  # the old grants' proof

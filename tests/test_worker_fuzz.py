@@ -25,15 +25,15 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from wire_schema_helpers import decode_checked
 
+from kvlifetime.adapters.inproc import InprocEngine, InprocTarget
 from kvlifetime.errors import MalformedEvidence
 from kvlifetime.evidence import BY_NAME, TransferCompleted, from_dict
 from kvlifetime.grant import GrantId
 from kvlifetime.harness import wire
-from kvlifetime.harness.decode import DecodeWorker, SimConfig
 from kvlifetime.harness.faults import FaultConfig, plan
-from kvlifetime.harness.prefill import PrefillWorker
-from kvlifetime.harness.simulate import POLICIES
-from kvlifetime.harness.transfer import InprocEngine, InprocTarget
+from kvlifetime.harness.push_initiator import PrefillWorker
+from kvlifetime.harness.push_owner import DecodeWorker
+from kvlifetime.harness.settings import POLICIES, PushSettings
 from kvlifetime.ledger import BlockLedger
 from kvlifetime.source import Source
 
@@ -101,7 +101,7 @@ def rig(seed: int, policy: str | None = None) -> Iterator[Rig]:
         )
         r = Rig(seed, target, engine, prefill)
         if policy is not None:
-            cfg = SimConfig(
+            cfg = PushSettings(
                 policy=policy,
                 requests=REQUESTS,
                 seed=seed,
@@ -460,14 +460,14 @@ def test_decode_worker_survives_every_accepted_frame(
         r.held.clear()
         fresh = range(dw.next_request, REQUESTS)
         clean = sum(_clean(seed, k) for k in fresh)
-        before = dw.count["completed"]
+        before = dw.count.completed
         for _ in range(400):
             _pump(r, n, True)
             n += 1
-            if dw.next_request == REQUESTS and dw.count["completed"] - before >= clean:
+            if dw.next_request == REQUESTS and dw.count.completed - before >= clean:
                 break
         assert dw.next_request == REQUESTS
-        assert dw.count["completed"] - before >= clean, dw.count
+        assert dw.count.completed - before >= clean, dw.count
         assert r.prefill.counters["handler_failed"] == 0
 
 

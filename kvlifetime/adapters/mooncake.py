@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvlifetime.adapters.sockets import fence_observable, listening_ports, wait_closed
+from kvlifetime.adapters.transfer import Slice, Status
 from kvlifetime.errors import FenceUnavailable, UsageError
 from kvlifetime.evidence import (
     Claim,
@@ -38,7 +39,6 @@ from kvlifetime.evidence import (
     TransferQuiesced,
 )
 from kvlifetime.grant import GrantId, PeerId, RequestKey
-from kvlifetime.harness.transfer import Slice, Status
 from kvlifetime.profiles import NOTHING, EngineProfile, StatusRow
 
 LOOPBACK = "127.0.0.1"

@@ -23,16 +23,16 @@ from kvlifetime.cli.output import Logger, library_logger, write_text
 from kvlifetime.diagrams import MACHINES, render
 
 if TYPE_CHECKING:
+    from kvlifetime.cli.demo_harness import DemoRun
     from kvlifetime.cli.eventlog import RunLogs
-    from kvlifetime.harness.report import Report
-    from kvlifetime.harness.simulate import DemoRun
+    from kvlifetime.harness.result import RunResult
 
 DEMO_BACKENDS: tuple[str, ...] = ("inproc", "mooncake", "nixl")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from kvlifetime.cli.demo_harness import DEMO_REQUESTS, DEMO_SEED, FULL_REQUESTS
     from kvlifetime.cli.output import bounded_int
-    from kvlifetime.harness.simulate import DEMO_REQUESTS, DEMO_SEED, FULL_REQUESTS
 
     p.add_argument(
         "--out", type=Path, default=Path("out"), metavar="DIR", help="where the files go"
@@ -98,7 +98,7 @@ class _Lines:
         self.stream.write(f"[{i:>2}/{n}] {run.title:<48} ")
         self.stream.flush()
 
-    def done(self, i: int, n: int, run: DemoRun, r: Report) -> None:
+    def done(self, i: int, n: int, run: DemoRun, r: RunResult) -> None:
         from kvlifetime.report.summary import isolation_held, outcome
 
         self.logs.stop()
@@ -108,8 +108,8 @@ class _Lines:
         self.stream.flush()
 
 
-def _summary(reports: list[Report]) -> str:
-    from kvlifetime.harness.report import compare_markdown
+def _summary(reports: list[RunResult]) -> str:
+    from kvlifetime.harness.result import compare_markdown
 
     closing = compare_markdown(reports).split("\n\n", 1)
     return closing[1].strip() if len(closing) > 1 else ""
@@ -137,7 +137,8 @@ def run_demo(
     # Before anything is printed: a missing extra or Graphviz is one line naming the install,
     # not a note after minutes of harness runs.
     require_demo(backend)
-    from kvlifetime.harness.simulate import DEMO_REQUESTS, DEMO_SEED, Narration, demo_harness
+    from kvlifetime.cli.demo_harness import DEMO_REQUESTS, DEMO_SEED, demo_harness
+    from kvlifetime.harness.simulate import Narration
 
     began = time.monotonic()
     n = DEMO_REQUESTS if harness_requests is None else harness_requests
@@ -153,7 +154,7 @@ def run_demo(
             path = out / f"{m}.{suffix}"
             write_text(path, render(m, fmt), log)
             written.append(path)
-    narration = Narration(log=log, show_progress=show_progress, what="kvlifetime demo")
+    narration = Narration(log=log, what="kvlifetime demo")
     from kvlifetime.cli.eventlog import per_run_logs
 
     with per_run_logs(log_json) as logs:
@@ -164,6 +165,7 @@ def run_demo(
             requests=n,
             seed=seed,
             narration=narration,
+            show_progress=show_progress,
             on_start=lines.start,
             on_done=lines.done,
         )

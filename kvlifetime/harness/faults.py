@@ -176,7 +176,7 @@ def crash_tick(
 
 
 def restart_tick(seed: int, expected_ticks: int) -> int:
-    """The tick at which decode restarts (``SimConfig.restart``), mid-run, away from the crash
+    """The tick at which decode restarts (``PushSettings.restart``), mid-run, away from the crash
     window's start so that both can be told apart."""
     rng = np.random.default_rng((seed, 0x2E57))
     lo = max(1, expected_ticks * 45 // 100)

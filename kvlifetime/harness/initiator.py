@@ -2,8 +2,8 @@
 its jobs per grant, the final frames of each kept so that lost evidence can be sent again, the
 faulty control link, and a handler that nothing a message holds can make raise.
 
-Sans-IO, like the workers built on it (``prefill.PrefillWorker``, ``pull.ReaderWorker``): feed
-it messages and ticks, it returns frames.
+Sans-IO, like the workers built on it (``push_initiator.PrefillWorker``,
+``pull_initiator.ReaderWorker``): feed it messages and ticks, it returns frames.
 """
 
 from __future__ import annotations

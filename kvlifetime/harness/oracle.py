@@ -38,11 +38,6 @@ ANY = np.uint64(0xFFFFFFFFFFFFFFFF)  # held by a previous incarnation: any word 
 NOBODY = np.uint64(0xFFFFFFFFFFFFFFFE)
 
 
-class OracleOverflow(RuntimeError):
-    """The landing log was overwritten before it was read: the oracle would miss landings, so
-    the run stops instead of under-counting. Whose fault: the harness's log is too small."""
-
-
 @attrs.frozen(slots=True)
 class OracleCounts:
     """What the oracle saw over a run. Every figure is a count of landings, never an estimate."""

@@ -14,12 +14,13 @@ import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
+from kvlifetime.adapters.inproc import InprocTarget
+from kvlifetime.adapters.transfer import TargetMemory
 from kvlifetime.errors import EnvironmentFault
-from kvlifetime.harness.faults import FaultConfig, crash_tick
-from kvlifetime.harness.transfer import InprocTarget, TargetMemory
+from kvlifetime.harness.faults import crash_tick
 from kvlifetime.harness.wire import (
     MalformedMessage,
     Message,
@@ -30,6 +31,10 @@ from kvlifetime.harness.wire import (
     decode,
     encode,
 )
+
+if TYPE_CHECKING:
+    from kvlifetime.adapters.transfer import ReadEngine
+    from kvlifetime.harness.settings import RunSettings
 
 CRASH_EXIT = 70  # exit status of a deliberate crash
 
@@ -42,23 +47,12 @@ class PeerFailed(EnvironmentFault):
     kind = "peer_failed"
 
 
-class RunShape(Protocol):
-    """What a peer's configuration is made from (``SimConfig``, ``PullConfig``)."""
-
-    @property
-    def seed(self) -> int: ...
-    @property
-    def faults(self) -> FaultConfig: ...
-    @property
-    def block_bytes(self) -> int: ...
-    @property
-    def staging_blocks(self) -> int: ...
-
-
 def peer_config(
-    cfg: RunShape, incarnation: int, expected: int, *, crashed: int, start: int
+    cfg: RunSettings, memory: TargetMemory, incarnation: int, *, crashed: int, start: int
 ) -> dict[str, Any]:
-    """The configuration every peer process takes (plain data: it crosses a spawn)."""
+    """The configuration every peer process takes (plain data: it crosses a spawn): ``memory``
+    is the owner's, which the peer reaches through its descriptor."""
+    expected = cfg.expected_ticks
     return {
         "seed": cfg.seed,
         "faults": cfg.faults.to_dict(),
@@ -66,6 +60,7 @@ def peer_config(
         "staging_bytes": cfg.staging_blocks * cfg.block_bytes,
         "crash_tick": crash_tick(cfg.seed, crashed, expected, cfg.faults, start),
         "link_salt": 1000 + incarnation,
+        "memory": memory.descriptor(),
     }
 
 
@@ -89,6 +84,9 @@ def _start_with_sigint_blocked(proc: Any) -> None:
 
 class PeerProcess:
     """One peer process and the socket dedicated to it. Every exit path reaps the process."""
+
+    # its hand-over region in the in-process target's table (``land_after_crash``), if any
+    region: int | None = None
 
     def __init__(
         self,
@@ -200,6 +198,63 @@ def fence_peer(peer: PeerProcess, target: TargetMemory) -> str:
     return target.fence()
 
 
+class PeerGroup:
+    """One incarnation of the peer: its rank processes (tensor parallel; one in most runs),
+    each with its own socket (its identity: evidence from rank r is stamped with rank r's name)
+    and its own grant per request. Ticks go to the ranks one after the other (each rank's copies
+    have ended when its ``TickDone`` comes), so the landing order stays the seed's and the
+    landing log has one writer at a time. The ranks crash together (a group dies with any
+    rank)."""
+
+    def __init__(self, incarnation: int, ranks: int, start: Callable[[int], PeerProcess]) -> None:
+        """Start ``ranks`` processes, ``start(rank)`` each; whatever stops that closes them."""
+        self.incarnation = incarnation
+        self.ranks: list[PeerProcess] = []
+        try:
+            for rank in range(ranks):
+                self.ranks.append(start(rank))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def peers(self) -> list[str]:
+        return [p.peer for p in self.ranks]
+
+    def tick(
+        self, n: int, frames: Sequence[list[bytes]], timeout_s: float
+    ) -> list[tuple[str, list[bytes]]] | None:
+        """Send each rank its frames (ending with ``Tick(n)``) and collect its answer; None
+        when any rank died or hung (every rank is then reaped)."""
+        out: list[tuple[str, list[bytes]]] = []
+        dead = False
+        for p, fs in zip(self.ranks, frames, strict=True):
+            for f in fs:
+                p.send(f)
+            got = p.until_tick_done(n, timeout_s)
+            if got is None:
+                dead = True
+            else:
+                out.append((p.peer, got))
+        if dead:
+            self.close()
+            return None
+        return out
+
+    def stop(self) -> dict[str, int]:
+        """Every rank's counters, summed, once each has exited (or been made to)."""
+        stats: dict[str, int] = {}
+        for p in self.ranks:
+            p.stop()
+            for k, v in p.stats.items():
+                stats[k] = stats.get(k, 0) + v
+        return stats
+
+    def close(self) -> None:
+        for p in self.ranks:
+            p.close()
+
+
 # =========================================================================== the peer's side
 
 
@@ -269,3 +324,34 @@ def serve(cfg: dict[str, Any], start: Callable[[], tuple[Worker, Closable]]) -> 
             engine.close()
         sock.close(0)
         ctx.term()
+
+
+def serve_initiator(
+    cfg: dict[str, Any], worker: Callable[[ReadEngine, dict[str, Any]], Worker]
+) -> None:
+    """``serve`` an initiator: the transfer engine reaching the owner's memory (``cfg["memory"]``)
+    and the worker around it, ``worker(engine, common)`` with ``common`` the keyword arguments
+    every initiator's worker takes (peer, seed, faults, block_bytes, link_salt)."""
+    from kvlifetime.adapters.engines import open_initiator
+    from kvlifetime.harness.faults import FaultConfig
+
+    faults = FaultConfig.from_dict(cfg["faults"])
+
+    def start() -> tuple[Worker, Closable]:
+        region = cfg.get("handover_region")
+        engine = open_initiator(
+            cfg["memory"],
+            int(cfg["staging_bytes"]),
+            straggle_ticks=faults.straggle_ticks,
+            handover_region=int(region) if region is not None and faults.land_after_crash else None,
+        )
+        common = {
+            "peer": cfg["peer"],
+            "seed": int(cfg["seed"]),
+            "faults": faults,
+            "block_bytes": int(cfg["block_bytes"]),
+            "link_salt": int(cfg.get("link_salt", 1)),
+        }
+        return worker(engine, common), engine
+
+    serve(cfg, start)

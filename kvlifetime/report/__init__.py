@@ -28,7 +28,7 @@ import structlog
 from kvlifetime.errors import KVLifetimeError, UsageError
 
 if TYPE_CHECKING:
-    from kvlifetime.harness.report import Report
+    from kvlifetime.harness.result import RunResult
     from kvlifetime.report.page import HarnessSection
 
 __all__ = [
@@ -71,9 +71,9 @@ def require_report_extra(what: str = "kvlifetime report") -> None:
         raise MissingExtra(Extra("report", ("matplotlib",), ("matplotlib",)), "matplotlib", what)
 
 
-def load_results(path: Path) -> list[Report]:
+def load_results(path: Path) -> list[RunResult]:
     """The runs in a harness results file (``kvlifetime demo``'s ``report.json``)."""
-    from kvlifetime.harness.report import Report
+    from kvlifetime.harness.result import RunResult
 
     try:
         size = path.stat().st_size
@@ -90,14 +90,14 @@ def load_results(path: Path) -> list[Report]:
     runs = []
     for i, d in enumerate(data):
         try:
-            runs.append(Report.from_dict(d))
+            runs.append(RunResult.from_dict(d))
         except UsageError as e:
             raise ReportInputError(f"{path}: run {i + 1}: {e}") from e
     return runs
 
 
-def _harness_section(runs: Sequence[Report], source: str) -> HarnessSection:
-    from kvlifetime.harness.report import compare_markdown
+def _harness_section(runs: Sequence[RunResult], source: str) -> HarnessSection:
+    from kvlifetime.harness.result import compare_markdown
     from kvlifetime.report import harness_plots as hp
     from kvlifetime.report.page import Figure, HarnessSection
     from kvlifetime.report.summary import TICK, harness_tables, parameters
@@ -153,7 +153,7 @@ STEPS: tuple[str, ...] = ("lifecycles", "tables", "harness plots", "counterexamp
 
 
 def build_page(
-    runs: Sequence[Report] | None,
+    runs: Sequence[RunResult] | None,
     *,
     source: str = RESULTS,
     on_step: Callable[[str], None] | None = None,

@@ -2,7 +2,7 @@
 run and the page's summary), the page's summary at the top, and the runs as two tables narrow
 enough to read without scrolling (isolation; cost and recovery).
 
-Proves: every figure is the run's own ``Report`` field (the oracle's counts, the ledger's
+Proves: every figure is the run's own ``RunResult`` field (the oracle's counts, the ledger's
 stats). Does not prove: anything a run did not exercise (its seed decides its faults).
 """
 
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from kvlifetime.report.tables import table
 
 if TYPE_CHECKING:
-    from kvlifetime.harness.report import Report
+    from kvlifetime.harness.result import RunResult
     from kvlifetime.report.counterexamples import Verdict
 
 TICK = (
@@ -26,7 +26,7 @@ TICK = (
 )
 
 
-def run_title(r: Report) -> str:
+def run_title(r: RunResult) -> str:
     """A run in a few words: direction, policy, and what was special about it."""
     what = f"{r.direction} {r.policy}"
     if r.restart != "none":
@@ -36,12 +36,12 @@ def run_title(r: Report) -> str:
     return what
 
 
-def isolation_held(r: Report) -> bool:
+def isolation_held(r: RunResult) -> bool:
     """No write landed late, no read was stale, no request consumed another's bytes."""
     return r.seen("late_writes") == 0 and r.stale_reads == 0 and r.contaminated_blocks == 0
 
 
-def outcome(r: Report) -> str:
+def outcome(r: RunResult) -> str:
     """What the oracle saw in one run, in a few words."""
     if r.direction == "pull":
         parts = [f"{r.stale_reads:,} stale reads"]
@@ -64,7 +64,7 @@ def _one(values: Sequence[object]) -> str:
     return seen[0] if len(seen) == 1 else " / ".join(seen)
 
 
-def parameters(runs: Sequence[Report]) -> str:
+def parameters(runs: Sequence[RunResult]) -> str:
     """What every run shares: requests, seed, pool, backend (plain text)."""
     kib = _one([r.block_bytes // 1024 for r in runs])
     seed = _one([str(r.seed) for r in runs])
@@ -75,14 +75,15 @@ def parameters(runs: Sequence[Report]) -> str:
     )
 
 
-def _faults(runs: Sequence[Report]) -> str:
+def _faults(runs: Sequence[RunResult]) -> str:
     """The faults the runs met, summed (plain text)."""
     link = ("link_delayed", "link_duplicated", "link_lost", "link_garbage")
-    total = {k: sum(int(r.prefill.get(k, 0)) for r in runs) for k in link}
+    total = {k: sum(int(r.peer_counters.get(k, 0)) for r in runs) for k in link}
     return (
         f"{sum(r.aborted for r in runs):,} client aborts, {sum(r.rejected for r in runs):,} "
         f"admission rejections, {sum(r.transfer_failed for r in runs):,} failed transfers, "
-        f"{sum(r.prefill_crashes for r in runs):,} prefill crashes, "
+        f"{sum(r.peer_crashes for r in runs):,} peer crashes (prefill's; the reader's when "
+        "decode pulls), "
         f"{sum(r.ended_mid_transfer for r in runs):,} requests ended mid-transfer; on the "
         f"control link {total['link_delayed']:,} messages delayed, "
         f"{total['link_duplicated']:,} duplicated, {total['link_lost']:,} lost and "
@@ -90,7 +91,7 @@ def _faults(runs: Sequence[Report]) -> str:
     )
 
 
-def summary_html(runs: Sequence[Report] | None, verdicts: Sequence[Verdict]) -> str:
+def summary_html(runs: Sequence[RunResult] | None, verdicts: Sequence[Verdict]) -> str:
     """The page's first section: what ran, with which seed, pool and faults, and every
     verdict, harness and verifier."""
     e = html.escape
@@ -140,7 +141,7 @@ def summary_html(runs: Sequence[Report] | None, verdicts: Sequence[Verdict]) -> 
     return "".join(out)
 
 
-def harness_tables(runs: Sequence[Report]) -> str:
+def harness_tables(runs: Sequence[RunResult]) -> str:
     """The runs as two tables: what the oracle saw, and what the guard cost."""
     isolation = [
         [

@@ -1,12 +1,8 @@
-"""The transfer engine the harness writes through, and its in-process implementation.
+"""The in-process transfer engine: the embedded default, beside the real ones (Mooncake, NIXL).
 
-Two sides, as in Mooncake: the *target* (decode) registers the memory peers may write; the
-*initiator* (prefill) posts batches of writes into it and asks for their status. Statuses use
-Mooncake's Python codes (``get_batch_transfer_status``: 0 completed, -1 failed), so one adapter
-(``kvlifetime.adapters.mooncake``) turns either engine's statuses into evidence.
-
-``InprocTarget`` / ``InprocEngine`` need nothing installed: the arena is shared memory, copies
-run on a thread of the initiator's process. They reproduce the real engine's hard semantics
+``InprocTarget`` / ``InprocEngine`` implement ``kvlifetime.adapters.transfer`` (the target's
+memory, the initiator) with nothing installed: the arena is shared memory, copies run on a
+thread of the initiator's process. They reproduce the real engine's hard semantics
 (the table in ``kvlifetime.adapters.mooncake``), never kinder:
 
 - the address range is checked once per slice, when it is posted (Mooncake checks it when the
@@ -35,93 +31,20 @@ slices, and there is no cancel. A read changes nothing in the target: it is not 
 
 from __future__ import annotations
 
-import enum
 import mmap
 import os
 import queue
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 import numpy as np
 import numpy.typing as npt
 
+from kvlifetime.adapters.transfer import Slice, Status
 from kvlifetime.errors import FenceUnavailable
-
-Slice = tuple[int, int, int]
-"""One write: (offset in the initiator's staging memory, address in the target, length). For a
-read (``ReadEngine.submit_read``) the same triple, copied the other way: target -> staging."""
-
-
-class Status(enum.IntEnum):
-    """A batch's final status, with Mooncake's ``get_batch_transfer_status`` codes."""
-
-    COMPLETED = 0
-    FAILED = -1
-
-
-class TargetMemory(Protocol):
-    """Memory a peer may write into (decode's KV arena)."""
-
-    @property
-    def array(self) -> npt.NDArray[np.uint8]: ...
-
-    def descriptor(self) -> dict[str, Any]:
-        """Plain data that lets an initiator in another process reach this memory."""
-        ...
-
-    def address(self, offset: int) -> int:
-        """The address a peer writes to for byte ``offset`` of ``array``."""
-        ...
-
-    def unregister(self) -> None:
-        """Refuse new writes. Does NOT stop writes already accepted (not revocation)."""
-        ...
-
-    def fence(self) -> str:
-        """End every peer's access to this memory for real, from the target's side; return
-        the fence's name once its completion is observed (``descriptor()`` may change: peers
-        served afterwards need the new one). Raises ``FenceUnavailable`` when the engine has
-        no target-side fence."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class TransferEngine(Protocol):
-    """The initiator side: posts batches of writes from ``staging`` into a target."""
-
-    @property
-    def staging(self) -> npt.NDArray[np.uint8]: ...
-
-    def submit(self, slices: Sequence[Slice]) -> int:
-        """Post one batch; returns its handle. Never blocks on the transfer itself."""
-        ...
-
-    def wait(self, handle: int, timeout: float) -> Status:
-        """The batch's final status, blocking at most ``timeout`` seconds (FAILED on timeout:
-        which proves nothing, exactly like a FAILED from the engine)."""
-        ...
-
-    def advance(self, tick: int) -> None:
-        """Logical time ``tick`` has come (the harness runs in lock-step ticks)."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class ReadEngine(TransferEngine, Protocol):
-    """An initiator that can also READ: copy slices of the target's memory into ``staging``."""
-
-    def submit_read(self, slices: Sequence[Slice]) -> int:
-        """Post one batch of reads (target address -> staging offset); its handle, for
-        ``wait``. Never blocks on the transfer itself. COMPLETED: every byte is in staging."""
-        ...
-
-
-# =========================================================================== in-process engine
 
 _HEADER = 64  # bytes before the arena in the shared segment; word 0: registered (1) or not (0),
 # word 1: how many slices the copy thread has logged (only grows)
@@ -137,6 +60,11 @@ HANDOVER_REGIONS = 32
 HANDOVER_SLOTS = 4096
 _HANDOVER_BYTES = HANDOVER_REGIONS * HANDOVER_SLOTS * 5 * 8
 _TAIL = _LOG_BYTES + _HANDOVER_BYTES
+
+
+class OracleOverflow(RuntimeError):
+    """The landing log was overwritten before it was read: the oracle would miss landings, so
+    the run stops instead of under-counting. Whose fault: the harness's log is too small."""
 
 
 class HandoverFull(RuntimeError):
@@ -197,8 +125,6 @@ class InprocTarget:
         """Every slice the copy thread wrote since the last call, in order, as rows of
         (arena offset, nbytes, first word written). Raises ``OracleOverflow`` if the ring was
         lapped (landings would be missed). Read it when the initiator is between ticks."""
-        from kvlifetime.harness.oracle import OracleOverflow
-
         count = int(self._flag[1])
         n = count - self._read
         if n > LOG_SLOTS:
@@ -254,7 +180,7 @@ class InprocTarget:
     def fence(self) -> str:
         # The copies run on a thread of the initiator's process, which mapped the arena itself:
         # nothing on this side can take that mapping away. The fence is on the initiator:
-        # kill and reap its process (``harness.decode.fence_peer``).
+        # kill and reap its process (``kvlifetime.harness.peer.fence_peer``).
         raise FenceUnavailable(
             "in-process engine: the copies run in the initiator's process, which maps the "
             "arena itself; the target cannot cut it. Fence by reaping the initiator process"

@@ -1,8 +1,10 @@
-"""The prefill worker: writes each request's KV into decode's blocks, in another process.
+"""The push direction's initiator: prefill writes each request's KV into decode's blocks, in
+another process.
 
 ``PrefillWorker`` is the logic (it takes decoded messages and ticks, and returns frames to send);
 ``prefill_main`` is the process around it: a ZeroMQ socket, a transfer engine, a clean exit on
-every path (stop, decode gone, a malformed frame never being one of them).
+every path (stop, decode gone, a malformed frame never being one of them); ``start_prefill``
+starts one incarnation of it, seen from decode (one process per tensor-parallel rank).
 
 Per request: batches of ``BLOCKS_PER_CHUNK`` blocks, one per tick, each a transfer numbered from 1,
 landing after its seeded latency. An abort stops scheduling (``SchedulingStopped`` at the last
@@ -13,12 +15,14 @@ a few stub batches were already posted, as engines that bootstrap before admissi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import structlog
 
+from kvlifetime.adapters.inproc import HANDOVER_REGIONS
 from kvlifetime.adapters.mooncake import GrantTransfers
+from kvlifetime.adapters.transfer import Slice, Status, TransferEngine
 from kvlifetime.evidence import CancelReceived
 from kvlifetime.harness import pattern
 from kvlifetime.harness.faults import (
@@ -31,8 +35,7 @@ from kvlifetime.harness.faults import (
     redeliveries,
 )
 from kvlifetime.harness.initiator import InitiatorWorker, is_int
-from kvlifetime.harness.peer import serve
-from kvlifetime.harness.transfer import Slice, Status, TransferEngine
+from kvlifetime.harness.peer import PeerGroup, PeerProcess, peer_config, serve_initiator
 from kvlifetime.harness.wire import (
     Abort,
     Assign,
@@ -43,6 +46,10 @@ from kvlifetime.harness.wire import (
     TransferFailed,
     encode,
 )
+
+if TYPE_CHECKING:
+    from kvlifetime.adapters.transfer import TargetMemory
+    from kvlifetime.harness.settings import RunSettings
 
 log = structlog.get_logger("kvlifetime")
 
@@ -311,58 +318,42 @@ class PrefillWorker(InitiatorWorker[_Job]):
 # =========================================================================== the process
 
 
-def make_engine(
-    target: Mapping[str, Any],
-    staging_bytes: int,
-    faults: FaultConfig,
-    handover_region: int | None = None,
-) -> TransferEngine:
-    kind = target.get("kind")
-    if kind == "inproc":
-        from kvlifetime.harness.transfer import InprocEngine
-
-        region = handover_region if faults.land_after_crash else None
-        return InprocEngine(
-            target, staging_bytes, straggle_ticks=faults.straggle_ticks, handover_region=region
-        )
-    if kind == "mooncake":
-        from kvlifetime.adapters.mooncake import MooncakeEngine
-
-        return MooncakeEngine(target, staging_bytes)
-    if kind == "nixl":
-        from kvlifetime.adapters.nixl import NixlEngine
-
-        return NixlEngine(target, staging_bytes)
-    raise ValueError(f"unknown transfer engine {kind!r}")
-
-
 def prefill_main(cfg: dict[str, Any]) -> None:
     """Entry point of the prefill process (``multiprocessing`` spawn target).
 
-    ``cfg``: endpoint, peer, seed, faults (dict), block_bytes, staging_bytes, target
-    (descriptor), crash_tick (or None), parent_pid, link_salt, idle_exit_s, rank (tensor
+    ``cfg``: endpoint, peer, seed, faults (dict), block_bytes, staging_bytes, memory (the
+    target's descriptor), crash_tick (or None), parent_pid, link_salt, idle_exit_s, rank (tensor
     parallel), handover_region (``land_after_crash``).
     """
-    faults = FaultConfig.from_dict(cfg["faults"])
 
-    def start() -> tuple[PrefillWorker, TransferEngine]:
-        region = cfg.get("handover_region")
-        engine = make_engine(
-            cfg["target"],
-            int(cfg["staging_bytes"]),
-            faults,
-            None if region is None else int(region),
-        )
-        worker = PrefillWorker(
-            engine,
-            peer=cfg["peer"],
-            seed=int(cfg["seed"]),
-            faults=faults,
-            block_bytes=int(cfg["block_bytes"]),
-            target=cfg["target"],
-            link_salt=int(cfg.get("link_salt", 1)),
-            rank=int(cfg.get("rank", 0)),
-        )
-        return worker, engine
+    def worker(engine: TransferEngine, common: dict[str, Any]) -> PrefillWorker:
+        return PrefillWorker(engine, **common, target=cfg["memory"], rank=int(cfg.get("rank", 0)))
 
-    serve(cfg, start)
+    serve_initiator(cfg, worker)
+
+
+# =========================================================================== seen from decode
+
+
+def start_prefill(
+    ctx: Any, cfg: RunSettings, target: TargetMemory, incarnation: int, *, crashed: int, start: int
+) -> PeerGroup:
+    """Start prefill incarnation ``incarnation``: ``tp_ranks`` processes, each writing its part
+    of every block (``prefill-<i>``; with several ranks, ``prefill-<i>/rank<r>``), each with its
+    own hand-over region in the target's table (``land_after_crash``), freed by ``take_over``
+    (a crash) or ``cut`` (a fence) before a later incarnation gets it again."""
+    tp = cfg.faults.tp_ranks
+
+    def rank_process(rank: int) -> PeerProcess:
+        config = peer_config(cfg, target, incarnation, crashed=crashed, start=start)
+        config["rank"] = rank
+        if rank:
+            config["link_salt"] = int(config["link_salt"]) + 100_000 * rank
+        region = (incarnation * tp + rank) % HANDOVER_REGIONS
+        config["handover_region"] = region
+        name = f"prefill-{incarnation}" if tp == 1 else f"prefill-{incarnation}/rank{rank}"
+        p = PeerProcess(ctx, name, incarnation, prefill_main, config)
+        p.region = region
+        return p
+
+    return PeerGroup(incarnation, tp, rank_process)

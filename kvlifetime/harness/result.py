@@ -1,4 +1,11 @@
-"""The harness report: what happened to the requests and to the blocks, as text and JSON."""
+"""One harness run's result, either direction: what happened to the requests and to the blocks,
+as text and JSON, and runs side by side (the comparison table).
+
+The field names are the same concept in both directions. ``peer_crashes`` / ``peer_counters``
+are the initiator's (prefill's when it pushes, decode's reader when it pulls);
+``contaminated_blocks`` is KV the consumer got with another request's bytes in it (checked at
+consume when prefill pushes; the stale reads when decode pulls); ``leaked_blocks`` is
+``owner.leaked_blocks``'s one definition."""
 
 from __future__ import annotations
 
@@ -57,12 +64,12 @@ _KINDS: dict[str, type | tuple[type, ...]] = {
     "gb_per_s": (int, float),
     "mean_hold_ticks": (int, float),
     "refused_evidence": dict,
-    "prefill": dict,
+    "peer_counters": dict,
 }
 
 
 @attrs.frozen(slots=True)
-class Report:
+class RunResult:
     """One run's figures. ``contaminated_blocks`` is counted by content, never estimated."""
 
     backend: str
@@ -71,19 +78,20 @@ class Report:
     requests: int  # admitted
     completed: int  # consumed and finished normally
     aborted: int  # by the client
-    rejected: int  # by prefill admission, after the addresses were sent
+    rejected: int  # by the peer's admission, after the addresses were sent (push)
     transfer_failed: int  # a batch reported FAILED
-    lost_to_crash: int  # live when the prefill worker crashed
+    lost_to_crash: int  # live when the peer crashed
     ended_mid_transfer: int  # aborted/rejected/failed with a batch posted and the grant open
-    contaminated_blocks: int  # consumed (or held) with another owner's bytes in them
+    # consumed (or held) with another owner's bytes in them; pulling, the stale reads
+    contaminated_blocks: int
     contaminated_requests: int
-    leaked_blocks: int  # out of the pool at the end, neither quarantined nor held
+    leaked_blocks: int  # out of the pool at the end, and no quarantine explains it
     quarantined_blocks: int  # out of circulation at the end, waiting for proof that can't come
     quarantined_requests: int
     unsafe_releases: int  # force_release of a request with an open grant
     refused_evidence: Mapping[str, int]  # ledger refusals by kind (stale, mismatched, ...)
     malformed_refused: int  # garbage frames refused by either worker
-    prefill_crashes: int
+    peer_crashes: int  # crashes of the initiator (prefill pushing, decode's reader pulling)
     queries: int  # evidence re-requested after a loss
     ticks: int
     wall_s: float
@@ -94,8 +102,8 @@ class Report:
     peak_blocks_out: int  # most blocks out of the pool at once
     num_blocks: int
     block_bytes: int
-    prefill: Mapping[str, int]  # counters of the prefill incarnations that exited cleanly
-    restart: str = "none"  # decode restart mid-run: none / naive / guarded
+    peer_counters: Mapping[str, int]  # the initiator's, from its incarnations that exited cleanly
+    restart: str = "none"  # the owner's restart mid-run (push: decode): none / naive / guarded
     fences: Mapping[str, int] = attrs.field(factory=dict)  # fence name -> times performed
     reclaimed_blocks: Mapping[str, int] = attrs.field(factory=dict)  # fence -> blocks back
     peak_quarantined_blocks: int = 0  # most blocks quarantined at once (sampled every 8 ticks)
@@ -103,12 +111,12 @@ class Report:
     pool_exhausted: bool = False  # the run stopped: no admission for drain_ticks ticks
     unauthorized_refused: int = 0  # evidence a peer may not assert (provenance), refused
     lost_to_fence: int = 0  # live requests ended because their peer was fenced
-    lost_to_restart: int = 0  # requests decode held when it restarted
+    lost_to_restart: int = 0  # requests the owner held when it restarted
     released_by_late_proof: int = 0  # quarantined, then released by proof that came late
     prefix_hits: int = 0  # requests that shared their first blocks with an earlier one
     # the oracle at the transport (harness.oracle.OracleCounts as data): every landing seen
     oracle: Mapping[str, int | str] = attrs.field(factory=dict)
-    # "push": prefill writes into decode's blocks; "pull": decode reads prefill's (harness.pull)
+    # "push": prefill writes into decode's blocks; "pull": decode reads prefill's
     direction: str = "push"
     stale_reads: int = 0  # pull: reads whose bytes were not their grant's words (reader check)
     stale_read_blocks: int = 0  # ... distinct source blocks they hit
@@ -157,7 +165,7 @@ class Report:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Report:
+    def from_dict(cls, d: Mapping[str, Any]) -> RunResult:
         """A report back from ``to_dict()`` (what ``report.json`` holds); the derived keys
         (``late_writes``, ``reclaimed_total``, ...) are recomputed, not read. Raises
         ``UsageError`` naming the first missing field or a value of the wrong kind."""
@@ -197,7 +205,7 @@ class Report:
             ("aborted (client)", self.aborted),
             ("rejected (admission)", self.rejected),
             ("transfer failed", self.transfer_failed),
-            ("lost to prefill crash", self.lost_to_crash),
+            ("lost to peer crash", self.lost_to_crash),
             (
                 "ended mid-transfer",
                 f"{self.ended_mid_transfer} ({100 * self.mid_transfer_ratio:.1f}%)",
@@ -285,7 +293,7 @@ PULL_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 
-def compare_cells(reports: Sequence[Report]) -> tuple[list[str], list[list[str]]]:
+def compare_cells(reports: Sequence[RunResult]) -> tuple[list[str], list[list[str]]]:
     """The comparison table as data: its headings, and one row of cells per run."""
     columns = COMPARE_COLUMNS
     if any(r.direction != "push" for r in reports):  # push-only tables stay as they were
@@ -307,7 +315,7 @@ def compare_cells(reports: Sequence[Report]) -> tuple[list[str], list[list[str]]
     return ["backend", *(c for c, _ in columns)], rows
 
 
-def compare_markdown(reports: Sequence[Report]) -> str:
+def compare_markdown(reports: Sequence[RunResult]) -> str:
     """The policies side by side, and what the proof policy costs against naive."""
     head, rows = compare_cells(reports)
     lines = ["| " + " | ".join(head) + " |", "| --- " * len(head) + "|"]

@@ -1,0 +1,431 @@
+"""The push direction's owner: decode owns the KV arena prefill writes into, and its ledger.
+
+Decode pre-allocates each request's blocks through the ``BlockLedger``, grants them to the
+prefill peer *before* their addresses leave the process, and sends them over ZeroMQ. It checks
+every block it consumes (and again when it lets go) against the pattern of its current owner,
+so contamination is counted, not guessed. What it does when a request ends early is the policy:
+
+- ``naive``: release at once (``force_release``, counted unsafe) and reuse the blocks;
+- ``timeout``: a lease reaper: release when a deadline passes without proof;
+- ``proof``: kvlifetime's rule: release only through ``collect_releasable`` once the evidence
+  closes every grant; quarantine when no proof can come (a FAILED batch, a crashed peer); and
+  **fence** to get the quarantined blocks back: after a crash, and whenever quarantine grows
+  past ``fence_quarantined_blocks``, the peer's access is ended for real (``fence_peer``) and
+  the ledger is told so by local ``AccessRevoked`` evidence.
+
+The timeout policy sets the ledger's deadline too (as SGLang's decode does): at that tick the
+ledger quarantines the request, and the reaper frees it right after.
+
+Evidence from the prefill peer is stamped with the identity of the socket it came in on (one
+socket per prefill incarnation), never with the name inside the message: a peer that claims
+what it may not (``kvlifetime.provenance``) is refused and counted.
+
+A decode restart (``PushSettings.restart``) re-creates the ledger mid-run over the same arena,
+while the prefill peer's writes are still landing: ``naive`` starts with every block free,
+``guarded`` starts with every block quarantined (``BlockLedger.after_restart``) and fences
+before reusing any.
+
+The run is ``harness.loop``'s, in lock-step ticks (see ``wire.Tick``): one seed decides every
+fault and every landing order, so two runs with one seed give the same figures, on the
+in-process engine. The initiator, prefill, is ``harness.push_initiator``.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import structlog
+
+from kvlifetime.adapters.inproc import LOG_AFTER_DEATH, LOG_NBYTES, LOG_REDELIVERED, InprocTarget
+from kvlifetime.adapters.transfer import TargetMemory
+from kvlifetime.errors import BlockUnavailable, KVLifetimeError, UnauthorizedEvidence
+from kvlifetime.evidence import SchedulingStopped, TransferCompleted
+from kvlifetime.grant import Grant, GrantId, RequestKey
+from kvlifetime.harness import pattern
+from kvlifetime.harness.faults import RequestPlan, chunks
+from kvlifetime.harness.oracle import ArenaDiff, TransportOracle
+from kvlifetime.harness.owner import Ending, Owner
+from kvlifetime.harness.settings import PushSettings
+from kvlifetime.harness.wire import (
+    Abort,
+    Assign,
+    EvidenceMsg,
+    Message,
+    Query,
+    Rejected,
+    TransferFailed,
+    encode,
+)
+from kvlifetime.ledger import BlockLedger
+from kvlifetime.spec.vocabulary import RequestState
+
+log = structlog.get_logger("kvlifetime")
+
+
+@attrs.define(slots=True)
+class _Req:
+    plan: RequestPlan
+    grant: Grant
+    admitted: int  # tick
+    consumed: bool = False
+    ended: Ending | None = None  # why the owner ended it early
+    finished: bool = False
+    last_news: int = 0  # tick of the last message about it (or of the last query)
+    queries: int = 0
+    quarantined: bool = False  # its deadline passed without proof (it may come late)
+    # a prefix-cache hit: blocks shared read-only with an earlier request, and their words
+    shared: npt.NDArray[np.int64] | None = None
+    shared_words: npt.NDArray[np.uint64] | None = None
+    # tensor parallel: the grants of ranks 1.. (``grant`` is rank 0's), one per rank and peer
+    more: tuple[Grant, ...] = ()
+    completed: set[GrantId] = attrs.field(factory=set)  # grants whose TransferCompleted came
+
+    @property
+    def grants(self) -> tuple[Grant, ...]:
+        return (self.grant, *self.more)
+
+    def rank_of(self, grant: GrantId) -> int | None:
+        for i, g in enumerate(self.grants):
+            if g.id == grant:
+                return i
+        return None
+
+    def to(self, peer: str) -> bool:
+        """Whether one of its grants is to ``peer``."""
+        return any(g.peer == peer for g in self.grants)
+
+    @property
+    def nchunks(self) -> int:
+        """Batches prefill writes for it (shared blocks are not written)."""
+        return chunks(len(self.grant.blocks))
+
+
+class DecodeWorker(Owner):
+    """Decode in the push direction: the memory owner. It grants its blocks WRITE to the
+    prefill ranks, consumes the KV once every rank completed, and decides when they go back."""
+
+    ROLE: ClassVar[str] = "decode"
+    TIMEOUT_SETS_DEADLINE: ClassVar[bool] = True
+    cfg: PushSettings
+
+    def __init__(self, cfg: PushSettings, target: TargetMemory, ledger: BlockLedger) -> None:
+        super().__init__(cfg, target, ledger, links=cfg.faults.tp_ranks)
+        self.reqs: dict[int, _Req] = {}
+        self._aborts: dict[int, list[int]] = {}
+        self._finishes: dict[int, list[int]] = {}
+        self._prefix_sources: collections.deque[int] = collections.deque(maxlen=64)
+        # The oracle at the transport: the in-process engine's copy log, else an arena diff.
+        arena_diff = cfg.oracle == "arena diff" or not isinstance(target, InprocTarget)
+        self.oracle = TransportOracle(
+            cfg.num_blocks, cfg.block_bytes, "arena diff" if arena_diff else "copy log"
+        )
+        self._diff = ArenaDiff(target.array, cfg.block_bytes) if arena_diff else None
+
+    # ----------------------------------------------------------------- inbound
+
+    def observe(self) -> None:
+        """Hand the oracle every landing since the last look (before anything changes hands)."""
+        if self._diff is not None:
+            self.oracle.landed(*self._diff.landings())
+            return
+        assert isinstance(self.memory, InprocTarget)
+        rows = self.memory.landings()
+        if not len(rows):
+            return
+        bb = self.cfg.block_bytes
+        off, tagged, words = rows[:, 0], rows[:, 1], rows[:, 2]
+        nbytes = tagged & np.uint64(LOG_NBYTES)
+        kinds = {
+            "after_death": (tagged & np.uint64(LOG_AFTER_DEATH)) != 0,
+            "redelivered": (tagged & np.uint64(LOG_REDELIVERED)) != 0,
+        }
+        per = np.maximum(nbytes // bb, 1).astype(np.int64)
+        first = (off // bb).astype(np.int64)
+        if (per == 1).all():
+            self.oracle.landed(first, words, kinds)
+        else:  # a slice over several blocks: one landing per block it covers
+            blocks = np.concatenate([f + np.arange(k) for f, k in zip(first, per, strict=True)])
+            rep = {k: np.repeat(v, per) for k, v in kinds.items()}
+            self.oracle.landed(blocks, np.repeat(words, per), rep)
+
+    def handle(self, msg: Message, sender: str) -> None:
+        """Act on one message that came in on the connection of peer ``sender`` (the
+        transport's identity). A control message about a grant is acted on only when it comes
+        from that grant's peer on its own connection, and never from a fenced one: anything
+        else is refused (``UnauthorizedMessage``), logged, counted and changes nothing."""
+        if isinstance(msg, EvidenceMsg):
+            if sender in self._fenced:  # its evidence is the ledger's to judge; it is counted
+                self._refuse_unauthorized(msg.TYPE, sender, "its connection was fenced")
+                return
+            self._evidence(msg)
+        elif isinstance(msg, Rejected | TransferFailed):
+            r = self._live(msg.request, msg.grant)
+            if r is None:
+                self.count.unknown_refused += 1
+                return
+            why = self._not_from_peer(r, msg.grant, sender)
+            if why is not None:
+                self._refuse_unauthorized(msg.TYPE, sender, why)
+                return
+            if r.ended is None and not r.consumed:
+                r.last_news = self.now
+                how = Ending.REJECTED if isinstance(msg, Rejected) else Ending.TRANSFER_FAILED
+                self.end(int(msg.request), how)
+        else:
+            self._refuse_unexpected(msg)
+
+    def _not_from_peer(self, r: _Req, grant: GrantId, sender: str) -> str | None:
+        """Why ``sender`` may not speak about ``grant`` of ``r`` (None: it may)."""
+        if sender in self._fenced:
+            return "its connection was fenced"
+        g = r.grants[r.rank_of(grant) or 0]
+        if g.peer != sender:
+            return f"grant {g.id} is to {g.peer!r}"
+        return None
+
+    def _live(self, request: int | str, grant: object) -> _Req | None:
+        # Exact match on both: a message about another grant of a reused key acts on nothing.
+        r = self.reqs.get(request) if isinstance(request, int) else None
+        if r is None or not isinstance(grant, GrantId) or r.rank_of(grant) is None:
+            return None
+        return r
+
+    def _evidence(self, msg: EvidenceMsg) -> None:
+        ev = msg.evidence
+        try:
+            self.ledger.apply(ev)
+        except UnauthorizedEvidence:
+            self.count.unauthorized_refused += 1
+            return  # a claim this peer may not make: refused, logged and counted
+        except KVLifetimeError:
+            # Refused, logged and counted by the ledger; the worker goes on, and its own
+            # bookkeeping follows the ledger's verdict: a refused message changes nothing here.
+            return
+        gid = getattr(ev, "grant_id", None)
+        req = getattr(ev, "request", None)
+        if req is None or gid is None:
+            return
+        r = self._live(req, gid)
+        if r is None or r.ended is not None:
+            return
+        r.last_news = self.now
+        if isinstance(ev, TransferCompleted) and not r.consumed:
+            r.completed.add(gid)
+            if len(r.completed) == len(r.grants):  # every rank's KV has landed
+                self._consume(int(req), r)
+        elif isinstance(ev, SchedulingStopped) and not r.consumed:
+            # Prefill stopped without completing: its Rejected / TransferFailed may be lost.
+            rejected = r.plan.tokens > self.cfg.faults.capacity_tokens
+            self.end(int(req), Ending.REJECTED if rejected else Ending.TRANSFER_FAILED)
+
+    # ----------------------------------------------------------------- content checks
+
+    def _check(self, key: int, r: _Req) -> np.ndarray[Any, np.dtype[np.bool_]]:
+        w = pattern.words(key, r.grant.blocks, r.grant.generations)
+        bad = pattern.mismatched(self.memory.array, r.grant.blocks, w, self.cfg.block_bytes)
+        if r.shared is not None and r.shared_words is not None:
+            # The shared prefix must still hold the words its first owner's peer wrote.
+            shared_bad = pattern.mismatched(
+                self.memory.array, r.shared, r.shared_words, self.cfg.block_bytes
+            )
+            bad = np.concatenate([shared_bad, bad])
+        return bad
+
+    def _consume(self, key: int, r: _Req) -> None:
+        r.consumed = True
+        bad = self._check(key, r)
+        if bad.any():
+            self.count.contaminated_blocks += int(bad.sum())
+            self.count.contaminated_requests += 1
+        self.count.kv_bytes += len(r.grant.blocks) * self.cfg.block_bytes
+        self._finishes.setdefault(self.now + r.plan.decode_ticks, []).append(key)
+        if r.plan.nblocks > 1:
+            self._prefix_sources.append(key)  # its settled blocks may serve a prefix hit
+
+    def _finish(self, key: int) -> None:
+        r = self.reqs.get(key)
+        if r is None or r.ended is not None or r.finished:
+            return
+        # A write landing after consumption corrupts the blocks while this request holds them.
+        bad = self._check(key, r)
+        if bad.any():
+            self.count.contaminated_blocks += int(bad.sum())
+            self.count.contaminated_requests += 1
+        r.finished = True
+        self.count.ended(Ending.COMPLETED)
+        self.ledger.finish(key)
+
+    # ----------------------------------------------------------------- ending early
+
+    def end(self, key: int, how: Ending) -> None:
+        """The owner ends the request early: the error response may go out now; what happens
+        to the blocks is the policy's decision."""
+        r = self.reqs[key]
+        r.ended = how
+        self.count.ended(how)
+        open_now = bool(self.ledger.open_grants(key))
+        # Prefill posts batch c at tick admitted+1+c and reads an abort before its tick's work.
+        posted = min(r.nchunks, max(0, self.now - r.admitted))
+        if how is Ending.REJECTED:
+            posted = max(posted, r.plan.stub_chunks)
+        if open_now and posted >= 1:
+            self.count.ended_mid_transfer += 1
+        self.ledger.reject(key, how.value)
+        self._ended(key, how.value)
+
+    def _release(self, key: RequestKey, ids: npt.NDArray[np.int64]) -> None:
+        r = self.reqs.pop(key, None) if isinstance(key, int) else None
+        if r is not None:
+            # Every block it held, shared prefix included: the oracle learns each holder that
+            # lets go, not only the blocks that go back to the pool (a block its writer let go
+            # of while a sharer keeps it takes no write on time any more).
+            held = (
+                r.grant.blocks if r.shared is None else np.concatenate([r.shared, r.grant.blocks])
+            )
+            self.oracle.let_go(int(key), held)
+        self.oracle.freed(ids)  # back in the pool: from here, any landing in them is late
+        if r is None:
+            return  # the previous incarnation's blocks after a guarded restart: no request
+        self._released(r.admitted, r.quarantined)
+
+    # ----------------------------------------------------------------- one tick
+
+    def _begin_tick(self, n: int, peers: Sequence[str]) -> None:
+        for key in self._aborts.pop(n, []):
+            r = self.reqs.get(key)
+            if r is not None and r.ended is None and not r.finished:
+                self.end(key, Ending.ABORTED)
+                for i, g in enumerate(r.grants):
+                    self.links[i].offer(encode(Abort(key, g.id)), n)
+        for key in self._finishes.pop(n, []):
+            self._finish(key)
+
+    def _quarantined(self, key: RequestKey) -> None:
+        q = self.reqs.get(key) if isinstance(key, int) else None
+        if q is not None:
+            q.quarantined = True
+
+    def _holds(self, key: int) -> bool:
+        return key in self.reqs
+
+    def _queries(self, n: int) -> None:
+        # Lost evidence is asked for again; evidence is idempotent, so asking is always safe.
+        for key, r in self.reqs.items():
+            if r.finished or r.queries >= self.cfg.max_queries:
+                continue
+            waiting = r.ended is not None or not r.consumed
+            quiet = n - r.last_news
+            due = self.cfg.query_every if r.ended is not None else self.cfg.overdue_ticks
+            open_now = self.ledger.open_grants(key) if waiting and quiet >= due else []
+            if open_now:
+                r.queries += 1
+                r.last_news = n
+                self.count.queries += 1
+                for g in open_now:  # each rank is asked about its own grant
+                    rank = r.rank_of(g.id)
+                    if rank is not None:
+                        self.links[rank].offer(encode(Query(key, g.id)), n)
+
+    def _admit(self, n: int, peers: Sequence[str], outs: list[list[bytes]]) -> None:
+        for _ in range(self.cfg.arrivals_per_tick):
+            p = self._next_plan()
+            if p is None:
+                break
+            key = self.next_request
+            shared, shared_words = self._prefix_hit(key, p.prefix)
+            ids = self.ledger.allocate(key, p.nblocks - (0 if shared is None else len(shared)))
+            self.last_admitted = n
+            # The grants (one per rank) exist before the addresses leave the process.
+            gs = [self.ledger.grant(key, peer, ids) for peer in peers]
+            g = gs[0]
+            self.oracle.granted(key, ids, pattern.words(key, ids, g.generations))
+            if shared is not None:
+                self.oracle.shared(key, shared)  # one more holder of the prefix's blocks
+            self.reqs[key] = _Req(
+                p, g, n, last_news=n, shared=shared, shared_words=shared_words, more=tuple(gs[1:])
+            )
+            self.next_request += 1
+            if p.abort_after is not None:
+                self._aborts.setdefault(n + p.abort_after, []).append(key)
+            addrs = tuple(self.memory.address(int(b) * self.cfg.block_bytes) for b in ids)
+            for out, peer, gi in zip(outs, peers, gs, strict=True):
+                assign = Assign(
+                    key,
+                    gi.id,
+                    peer,
+                    tuple(int(b) for b in ids),
+                    tuple(int(x) for x in gi.generations),
+                    addrs,
+                    p.tokens,
+                )
+                out.append(encode(assign))
+
+    def _prefix_hit(
+        self, key: int, k: int
+    ) -> tuple[npt.NDArray[np.int64] | None, npt.NDArray[np.uint64] | None]:
+        """Share the first ``k`` blocks of the most recent request still decoding, as a prefix
+        cache would; the ledger refuses what is not settled (an open write grant, a holder
+        draining or quarantined), and then the request writes all its blocks itself."""
+        src = self._prefix_sources
+        while k and src:
+            e = self.reqs.get(src[-1])
+            if (
+                e is None
+                or not e.consumed
+                or e.ended is not None
+                or e.finished
+                or len(e.grant.blocks) < k  # a sharer itself may have written fewer
+            ):
+                src.pop()
+                continue
+            blocks = e.grant.blocks[:k]
+            try:
+                self.ledger.acquire(key, blocks, shared=True)
+            except BlockUnavailable:
+                src.pop()
+                continue
+            self.count.prefix_hits += 1
+            return blocks, pattern.words(src[-1], blocks, e.grant.generations[:k])
+        return None, None
+
+    # ----------------------------------------------------------------- crashes and fences
+
+    def _lost(self, peer: str, how: Ending) -> None:
+        for key, r in list(self.reqs.items()):
+            if not r.to(peer) or key not in self.reqs:
+                continue
+            if r.ended is None and not r.finished and not r.consumed:
+                self.end(key, how)
+
+    # ----------------------------------------------------------------- a decode restart
+
+    def restart(self, mode: str, peers: list[str]) -> None:
+        """Decode restarts over the same arena: every request it held is lost with its state,
+        and a new ledger (a new incarnation) takes over. ``naive``: every block free.
+        ``guarded``: every block quarantined (reason previous_incarnation) until fenced."""
+        self.retired.append(self.ledger.stats())
+        self.count.lost_to_restart += len(self.reqs)
+        self.reqs.clear()
+        self._aborts.clear()
+        self._finishes.clear()
+        self._reaper.clear()
+        self.observe()
+        n = self.cfg.num_blocks
+        if mode == "naive":
+            self.ledger = BlockLedger(n)
+            self.oracle.freed(np.arange(n))
+        else:
+            self.ledger = BlockLedger.after_restart(n, peers=peers)
+            self.oracle.held_by_previous(np.arange(n))
+
+    def idle(self) -> bool:
+        """Nothing left but quarantined requests (which wait for proof that may never come)."""
+        return all(self.ledger.state(k) is RequestState.QUARANTINED for k in self.reqs)
+
+    def oracle_figures(self) -> dict[str, int | str]:
+        return dict(attrs.asdict(self.oracle.counts()))
