@@ -163,7 +163,7 @@ class SourceOwner(Owner):
             return
         except StaleEvidence:
             # The ledger forgot the grant because this owner released the request itself
-            # (naive, lease, or a late proof after release): it has no verdict left to give.
+            # (naive, timeout, or a late proof after release): it has no verdict left to give.
             # What the grant's own peer says then only tells when its reads ended - never a
             # second, different stop (the first one stands).
             r = None if gid is None or req is None else self._about(req, gid, sender)
