@@ -93,6 +93,28 @@ def _item(draw: Any) -> Any:
     return draw(st.sampled_from([[key, ids, peer], (key, ids), "x", None]))
 
 
+def _clean_step(draw: Any) -> list[Any]:
+    """A step as an engine makes one: distinct requests (mostly new), one access, valid peers,
+    disjoint ids (some may be held, settled or exposed already): the case taken in one pass,
+    which must still agree with the single calls, refusals included."""
+    keys = draw(st.lists(st.sampled_from(["n1", "n2", "n3", 8, 9, *KEYS]), max_size=4, unique=True))
+    ids = draw(st.permutations(list(range(N))))
+    access = draw(st.sampled_from([Access.WRITE, Access.READ]))
+    items: list[Any] = []
+    start = 0
+    for key in keys:
+        n = draw(st.integers(0, 2))  # N blocks in all: the last ones may get none
+        part: Any = ids[start : start + n]
+        start += n
+        if draw(st.booleans()):
+            part = np.array(part, dtype=np.int64)
+        peer = draw(st.sampled_from(["p", "q"]))
+        items.append((key, part, peer, access) if draw(st.booleans()) else (key, part, peer))
+    if access is Access.READ:  # a three-tuple is a write grant: one access for all
+        items = [(*it[:3], Access.READ) for it in items]
+    return items
+
+
 def _grant_data(g: Grant) -> tuple[Any, ...]:
     return (
         g.id,
@@ -135,7 +157,10 @@ def test_acquire_and_grant_many_is_acquire_and_grant_of_each_item_in_order(
     led = BlockLedger(N, counts=counts, incarnation="inc")
     grants = _history(led, data.draw)
     for _ in range(data.draw(st.integers(1, 3))):
-        items = [_item(data.draw) for _ in range(data.draw(st.integers(0, 6)))]
+        if data.draw(st.integers(0, 2)) == 0:
+            items = [_item(data.draw) for _ in range(data.draw(st.integers(0, 6)))]
+        else:
+            items = _clean_step(data.draw)
         kw: dict[str, Any] = {}
         if data.draw(st.booleans()):
             kw["shared"] = True
@@ -198,3 +223,31 @@ def test_a_bad_batch_is_refused_whole_and_changes_nothing(items: Any, kw: Any) -
     with pytest.raises(errors.InvalidField):
         led.acquire_and_grant_many(items, **kw)
     assert led.fingerprint() == before
+
+
+@pytest.mark.parametrize("counts", COUNTS)
+@pytest.mark.parametrize("access", list(Access))
+@pytest.mark.parametrize("tracking", [False, True])
+def test_a_whole_step_of_new_requests_is_the_single_calls_in_one_pass(
+    counts: Counts, access: Access, tracking: bool
+) -> None:
+    """A step of 50 new requests of 4 blocks each (the common case, taken in one pass): the
+    same grants, state, per-block counters and log events as 50 ``acquire_and_grant``."""
+    led = BlockLedger(256, counts=counts, incarnation="inc")
+    led.acquire("old", [200, 201])
+    led.grant("old", "p", [200], Access.WRITE, deadline=1.0)
+    if tracking:
+        led.open_access([0])
+    items = [
+        (f"r{i}", list(range(4 * i, 4 * i + 4)), "p" if i % 2 else "q", access) for i in range(50)
+    ]
+    ref = led.copy()
+    with captured_logs() as ref_logs:
+        expected = _singles(ref, items, deadline=9.0)
+    with captured_logs() as logs:
+        out = led.acquire_and_grant_many(items, deadline=9.0)
+    assert out.ok and _as_data(out, items) == expected
+    assert _state(led) == _state(ref) and logs == ref_logs
+    assert led.blocks_of("r3").tolist() == [12, 13, 14, 15]
+    g = out.grants[3]
+    assert led.grant("r3", "p", g.blocks, Access.READ).blocks.tolist() == [12, 13, 14, 15]

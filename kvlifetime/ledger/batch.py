@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from itertools import chain
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +29,7 @@ HoldAndGrant = (
 )
 """An item of ``acquire_and_grant_many``: a request, its block ids, the peer, the access."""
 
+_T = TypeVar("_T", bound=np.generic)
 _PLAIN = (list, tuple)  # batches holds() flattens without a conversion per request
 
 # A request's holds from acquire_many are views into that step's array of every request's ids:
@@ -91,6 +92,78 @@ def hold_and_grant(item: object) -> tuple[Any, Any, Any, Any]:
         f"an item must be a (request, ids, peer) or (request, ids, peer, access) tuple, got "
         f"{show(item)}"
     )
+
+
+class FreshGrants:
+    """``acquire_and_grant_many``'s items when each is simple (``fresh_grants``): distinct
+    valid keys, valid peers, one access for all, every request's ids in one array in range with
+    no id twice anywhere in the batch."""
+
+    __slots__ = ("access", "allids", "keys", "lens", "peers", "starts")
+
+    def __init__(
+        self,
+        keys: list[RequestKey],
+        peers: list[PeerId],
+        access: Access,
+        allids: BlockIds,
+        starts: list[int],
+        lens: list[int],
+    ) -> None:
+        self.keys = keys
+        self.peers = peers
+        self.access = access
+        self.allids = allids
+        self.starts = starts
+        self.lens = lens
+
+
+def fresh_grants(batch: Sequence[Any], num_blocks: int) -> FreshGrants | None:
+    """``batch`` (``acquire_and_grant_many``'s items) as one array when no item can be refused
+    for its own values (``None`` otherwise, and the caller takes each item on its own): the
+    vectorized path's arguments, checked exactly as the single call checks them."""
+    keys: list[RequestKey] = []
+    peers: list[PeerId] = []
+    values: list[Any] = []
+    access: Access | None = None
+    try:
+        for item in batch:
+            if type(item) is not tuple or len(item) not in (3, 4):
+                return None
+            a = item[3] if len(item) == 4 else Access.WRITE
+            if type(a) is not Access or (access is not None and a is not access):
+                return None
+            access = a
+            keys.append(inputs.request_key(item[0]))
+            peers.append(inputs.peer_id(item[2]))
+            values.append(item[1])
+    except errors.KVLifetimeError:
+        return None
+    if access is None or len(set(keys)) != len(keys):
+        return None
+    lens = [len(v) if type(v) in _PLAIN else -1 for v in values]
+    if -1 in lens:
+        if not all(type(v) is np.ndarray and v.ndim == 1 and v.dtype == np.int64 for v in values):
+            return None
+        lens = [len(v) for v in values]
+        parts: list[Any] = values
+    else:
+        flat = list(chain.from_iterable(values))
+        if len(flat) != sum(lens) or not set(map(type, flat)) <= {int}:
+            return None
+        parts = [flat]
+    try:
+        allids = concat_ids(parts, num_blocks)
+    except errors.KVLifetimeError:
+        return None
+    if repeats(allids, [len(allids)]) is not None:
+        return None  # an id twice: the items decide, each on its own
+    starts = [0] * len(keys)
+    total = 0
+    for i, n in enumerate(lens):
+        starts[i] = total
+        total += n
+    return FreshGrants(keys, peers, access, allids, starts, lens)
 
 
 def check_mapping(batch: object) -> None:
@@ -189,7 +262,7 @@ def merge(batches: list[BlockIds]) -> int:
     return fewer
 
 
-def views(allids: BlockIds, starts: list[int], lens: list[int]) -> list[BlockIds]:
+def views(allids: npt.NDArray[_T], starts: list[int], lens: list[int]) -> list[npt.NDArray[_T]]:
     """Each request's part of ``allids`` as a read-only view. When every request takes as many
     blocks (a decode step: one each), the rows of a reshape: numpy makes those views in one
     call, at half the cost of slicing each in Python."""

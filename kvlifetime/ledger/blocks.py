@@ -161,6 +161,19 @@ class BlockCounts(abc.ABC):
         """Count the holds ``check_hold_many`` allowed."""
 
     @abc.abstractmethod
+    def fresh_holds_allowed(self, allids: BlockIds, shared: bool, write: bool) -> bool:
+        """Whether requests not admitted yet may each hold their part of ``allids`` (distinct
+        ids) with a grant of their own (a write grant if ``write``), where none of the single
+        calls would be refused: ``acquire_and_grant_many``'s vectorized path. False when in
+        doubt (each item is then taken on its own)."""
+
+    @abc.abstractmethod
+    def record_fresh_holds(
+        self, recs: Sequence[RequestRecord], allids: BlockIds, parts: list[BlockIds]
+    ) -> None:
+        """Count the holds ``fresh_holds_allowed`` allowed: ``recs[i]`` holds ``parts[i]``."""
+
+    @abc.abstractmethod
     def check_grant(self, req: RequestRecord, arr: BlockIds, access: Access) -> None:
         """``grant``'s refusals of ``access`` to ``arr`` (blocks ``req`` holds)."""
 
@@ -263,6 +276,16 @@ class BlockCounts(abc.ABC):
         else:
             self.readers = counted(self.readers, arr, self.open_reads)
             self.open_reads += 1
+
+    def count_open_many(self, allids: BlockIds, access: Access, grants: int) -> None:
+        """``count_open`` of ``grants`` grants of ``access`` whose blocks together are
+        ``allids`` (distinct): one write. ``HolderLimit``, with nothing changed, as there."""
+        if access is Access.WRITE:
+            self.unsettled = counted(self.unsettled, allids, self.open_writes)
+            self.open_writes += grants
+        else:
+            self.readers = counted(self.readers, allids, self.open_reads)
+            self.open_reads += grants
 
     def uncount_open(self, rec: GrantRecord) -> None:
         """A counted grant closed (or was forgotten open): take it off the counters."""

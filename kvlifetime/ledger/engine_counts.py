@@ -137,6 +137,26 @@ class EngineCounts(BlockCounts):
             if any(np.isin(mine, s, assume_unique=True).any() for s in req.shared):
                 raise BlockUnavailable(f"request {show(key)} already holds some of these blocks")
 
+    def fresh_holds_allowed(self, allids: BlockIds, shared: bool, write: bool) -> bool:
+        # No open write grant on any block, no block at the holder limit; a write grant: no
+        # holder and no open grant at all.
+        holders = self.sharers.take(allids)
+        if np.count_nonzero(self.unsettled.take(allids)):
+            return False
+        if int(holders.max(initial=0)) >= self.max_sharers:
+            return False
+        return not write or not (
+            np.count_nonzero(holders) or np.count_nonzero(self.readers.take(allids))
+        )
+
+    def record_fresh_holds(
+        self, recs: Sequence[RequestRecord], allids: BlockIds, parts: list[BlockIds]
+    ) -> None:
+        self.sharers[allids] += 1
+        self.shared_holds += len(recs)
+        for req, part in zip(recs, parts, strict=True):
+            req.shared.append(part)
+
     def hold_batches(self, req: RequestRecord) -> list[BlockIds]:
         return req.shared
 

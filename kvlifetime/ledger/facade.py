@@ -336,10 +336,15 @@ class BlockLedger(_Queries):
         shared = shared or blocks.all_shared
         num_blocks = self.num_blocks
         table = self._table
+        fresh = batch.fresh_grants(batch_items, num_blocks) if batch_items else None
         grants: list[Grant] = []
         refused: list[Refusal] = []
         try:
             with self._lock:
+                if fresh is not None:
+                    done = table.grant_fresh(blocks, fresh, shared, deadline)
+                    if done is not None:
+                        return BatchOutcome((), (), tuple(done))
                 for i, item in enumerate(batch_items):
                     try:
                         request, ids, peer, access = batch.hold_and_grant(item)

@@ -136,6 +136,22 @@ class LedgerCounts(BlockCounts):
                 if len(req.excl) > STEP_VIEWS:
                     merge(req.excl)
 
+    def fresh_holds_allowed(self, allids: BlockIds, shared: bool, write: bool) -> bool:
+        # Exclusive holds of free blocks, the ledger not owning the free list.
+        if shared or self.free_stack is not None:
+            return False
+        return bool(self.owner.take(allids).tobytes() == self._free_pattern(len(allids)))
+
+    def record_fresh_holds(
+        self, recs: Sequence[RequestRecord], allids: BlockIds, parts: list[BlockIds]
+    ) -> None:
+        lens = [len(p) for p in parts]
+        self.owner[allids] = np.repeat(
+            np.fromiter((r.slot for r in recs), np.int32, len(recs)), lens
+        )
+        for req, part in zip(recs, parts, strict=True):
+            req.excl.append(part)
+
     def hold_batches(self, req: RequestRecord) -> list[BlockIds]:
         return req.excl
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from kvlifetime.errors import (
     DoubleRelease,
     DuplicateRequest,
+    HolderLimit,
     IllegalTransition,
     KVLifetimeError,
     UnknownRequest,
@@ -34,6 +35,7 @@ from kvlifetime.grant import (
     make_grant,
     make_grant_id,
 )
+from kvlifetime.ledger.batch import views
 from kvlifetime.ledger.events import Event, enabled, note, note_released
 from kvlifetime.ledger.records import GrantRecord, RequestRecord
 from kvlifetime.ledger.snapshot import copy_slots
@@ -42,7 +44,7 @@ from kvlifetime.ledger.values import Transition
 from kvlifetime.spec.vocabulary import RequestState
 
 if TYPE_CHECKING:
-    from kvlifetime.ledger.batch import Holds
+    from kvlifetime.ledger.batch import FreshGrants, Holds
     from kvlifetime.ledger.blocks import BlockCounts
 
 _ADMITTED = RequestState.ADMITTED.value
@@ -201,6 +203,35 @@ class RequestTable:
         count = (lambda: blocks.count_open(arr, access)) if blocks.tracking else None
         req = self.hold(blocks, request, req, arr, shared, deadline, count)
         return self.open_grant(req, peer, arr, blocks.generation.take(arr), access, None)
+
+    def grant_fresh(
+        self, blocks: BlockCounts, step: FreshGrants, shared: bool, deadline: float | None
+    ) -> list[Grant] | None:
+        """``acquire_and_grant_many`` of requests none of which is live yet, in one pass of
+        numpy work: the same holds, grants, counts and log events as ``hold_and_grant`` of each
+        item in order. ``None`` (nothing changed) where any of them might be refused: the
+        caller then takes each item on its own."""
+        requests = self.requests
+        if any(k in requests for k in step.keys):
+            return None
+        allids, access = step.allids, step.access
+        if not blocks.fresh_holds_allowed(allids, shared, access is Access.WRITE):
+            return None
+        if blocks.tracking:
+            try:
+                blocks.count_open_many(allids, access, len(step.keys))
+            except HolderLimit:
+                return None  # counted nothing: each item says which one is refused
+        parts = views(allids, step.starts, step.lens)
+        generations = views(blocks.generation.take(allids), step.starts, step.lens)
+        recs: list[RequestRecord] = []
+        grants: list[Grant] = []
+        for key, peer, part, gens in zip(step.keys, step.peers, parts, generations, strict=True):
+            req = self.admit(key, deadline)
+            recs.append(req)
+            grants.append(self.open_grant(req, peer, part, gens, access, None))
+        blocks.record_fresh_holds(recs, allids, parts)
+        return grants
 
     def refused_item(self, call: str, e: KVLifetimeError, request: object) -> None:
         """Log one refused item of a batch call (``{call}_refused``, naming the ``request`` it
