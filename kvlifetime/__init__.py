@@ -48,6 +48,7 @@ _EXPORTS: dict[str, str] = {
             "UnknownGrant",
             "UnknownRequest",
             "UsageError",
+            "WrongCountsMode",
         ),
         "kvlifetime.errors",
     ),
@@ -104,6 +105,7 @@ if TYPE_CHECKING:  # what the names are, for mypy and editors; at run time __get
         UnknownGrant,
         UnknownRequest,
         UsageError,
+        WrongCountsMode,
     )
     from kvlifetime.evidence import (
         AccessRevoked,
@@ -142,7 +144,10 @@ def __getattr__(name: str) -> object:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+    # What a user may use: the exports, the version and the module's own dunders; not this
+    # module's helpers (``TYPE_CHECKING``, ``_sys``, ``_EXPORTS``).
+    own = {n for n in globals() if n.startswith("__") and n.endswith("__")}
+    return sorted({*own, *_EXPORTS})
 
 
 __all__ = [
@@ -198,5 +203,6 @@ __all__ = [
     "UnknownGrant",
     "UnknownRequest",
     "UsageError",
+    "WrongCountsMode",
     "__version__",
 ]

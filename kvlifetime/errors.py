@@ -20,6 +20,7 @@ KVLifetimeError
 │   │   ├── UnknownRequest        A request key never admitted, or already released
 │   │   ├── DuplicateRequest      A request key admitted again while it is still live
 │   │   └── DoubleRelease         A request let go of a second time
+│   ├── WrongCountsMode           ``allocate`` asked of a ledger that keeps the engine's counts
 │   ├── UnknownGrant              A grant id this ledger never issued
 │   ├── BlockError                Base of errors about block ids
 │   │   ├── OutOfBlocks           Fewer free blocks than ``allocate`` asked for
@@ -209,6 +210,16 @@ class DuplicateRequest(RequestError):
     def __init__(self, request: object) -> None:
         self.request = request
         super().__init__(f"request {show(request)} is already live")
+
+
+class WrongCountsMode(UsageError):
+    """``allocate`` asked of a ledger that keeps the engine's counts.
+    With ``counts="engine"`` the engine's allocator hands out blocks and the ledger records
+    them with ``acquire``; with the ledger's own counts it owns the free list. Asking the
+    ledger for fresh blocks in engine mode is a mistake in the caller's set-up, not a block
+    that happens to be busy. Whose fault: the caller. State left: unchanged."""
+
+    kind = "wrong_counts_mode"
 
 
 class UnknownGrant(UsageError):

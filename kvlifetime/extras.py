@@ -67,6 +67,12 @@ EXTRAS: Mapping[str, Extra] = {
         ),
         Extra("prometheus", ("prometheus_client",), ("prometheus-client",)),
         Extra("report", ("matplotlib",), ("matplotlib",)),  # the plots of kvlifetime report
+        # the documentation site (make docs): MkDocs, Material, the API reference
+        Extra(
+            "docs",
+            ("mkdocs", "material", "mkdocstrings"),
+            ("mkdocs", "mkdocs-material", "mkdocstrings"),
+        ),
         Extra(
             "vllm",
             ("vllm",),

@@ -350,7 +350,7 @@ def test_acquire_sets_the_deadline_of_an_admitted_request() -> None:
     L.reject("a")
     assert L.expire(4.9) == []
     assert L.expire(5.0) == ["a"]
-    assert L.unproven("a") == {f"{g.id} (p)": list(L.proof_of(g).unproven())}
+    assert L.unproven("a") == {f"{g.id} (p)": tuple(L.proof_of(g).unproven())}
 
 
 # =========================================================================== grant
@@ -611,7 +611,7 @@ def test_out_of_order_stopped_and_quiesced(order: str, checked: bool) -> None:
         assert L.apply(q) == []  # proves nothing about later transfers
         assert_whole_state(L, requests={"a": R.REJECTED}, blocks=[F, F, D, D])
         assert L.unproven("a") == {
-            f"{g.id} (p)": ["cancel_received", "scheduling_stopped", NOT_ENDED]
+            f"{g.id} (p)": ("cancel_received", "scheduling_stopped", NOT_ENDED)
         }
         out = L.apply(s)
         assert [x.event for x in out] == [
@@ -630,7 +630,7 @@ def test_quiesced_through_lower_than_last_seq_does_not_close() -> None:
     L.apply(SchedulingStopped.of(g, 5))
     assert L.apply(TransferQuiesced.of(g, 4)) == []
     assert_whole_state(L, requests={"a": R.SCHEDULING_STOPPED}, blocks=[F, F, D, D])
-    assert L.unproven("a") == {f"{g.id} (p)": ["transfers_ended through seq 5"]}
+    assert L.unproven("a") == {f"{g.id} (p)": ("transfers_ended through seq 5",)}
     assert len(L.apply(TransferQuiesced.of(g, 6))) == 1  # beyond last_seq: closes
     assert L.state("a") is R.TRANSFER_QUIESCED
 
@@ -964,7 +964,7 @@ def test_several_grants_all_must_prove(checked: bool) -> None:
     ]
     assert L.apply(TransferCompleted.of(g2, 1)) == []  # closes g2 only
     assert_whole_state(L, requests={"a": R.CANCEL_RECEIVED}, blocks=[D, D, Q, F])
-    assert L.unproven("a") == {f"{g1.id} (p1)": ["scheduling_stopped", NOT_ENDED]}
+    assert L.unproven("a") == {f"{g1.id} (p1)": ("scheduling_stopped", NOT_ENDED)}
     assert [x.event for x in L.apply(TransferCompleted.of(g1, 4))] == [
         "scheduling_stopped",
         "transfer_quiesced",
@@ -973,6 +973,30 @@ def test_several_grants_all_must_prove(checked: bool) -> None:
 
 
 # =========================================================================== release
+
+
+def test_block_state_codes_compare_with_block_state() -> None:
+    from kvlifetime import BlockState
+
+    L = BlockLedger(3)
+    L.grant("a", "p", L.allocate("a", 1))
+    codes = L.block_state([0, 1])
+    assert (codes == BlockState.EXPOSED).tolist() == [True, False]
+    assert [BlockState(c) for c in codes] == [BlockState.EXPOSED, BlockState.FREE]
+
+
+def test_unproven_is_what_insufficient_evidence_says() -> None:
+    """One shape for one thing: the query and the error both give tuples."""
+    L = BlockLedger(4)
+    g = L.grant("a", "p", L.allocate("a", 1))
+    L.reject("a")
+    with pytest.raises(errors.InsufficientEvidence) as info:
+        L.release("a")
+    assert (
+        L.unproven("a")
+        == info.value.unproven
+        == {f"{g.id} (p)": ("cancel_received", "scheduling_stopped", NOT_ENDED)}
+    )
 
 
 def test_release_with_open_grant_lists_what_is_unproven() -> None:

@@ -825,7 +825,7 @@ class EngineCountsMachine(LedgerMachine):
     @rule(data=st.data(), n=st.sampled_from([1, 2, 0]), dl=st.none() | st.floats(0, 30))
     def allocate(self, data: st.DataObject, n: int, dl: float | None) -> None:
         # The engine's allocator hands out blocks in this mode.
-        self.refused(errors.BlockUnavailable, self.L.allocate, self.key(data), n)
+        self.refused(errors.WrongCountsMode, self.L.allocate, self.key(data), n)
 
     @rule(data=st.data(), shared=st.booleans())
     def share(self, data: st.DataObject, shared: bool) -> None:

@@ -70,6 +70,10 @@ def test_every_export_resolves_and_the_three_lists_agree() -> None:
         value = getattr(kvlifetime, name)
         assert getattr(sys.modules[kvlifetime._EXPORTS[name]], name) is value
     assert exports <= set(dir(kvlifetime))
+    # dir() shows what a user may use: no helper of the module's own
+    public = {n for n in dir(kvlifetime) if not (n.startswith("__") and n.endswith("__"))}
+    assert public == exports and "TYPE_CHECKING" not in dir(kvlifetime)
+    assert "__version__" in dir(kvlifetime)
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         _ = kvlifetime.Nope
 

@@ -372,8 +372,8 @@ def test_apply_refuses_what_is_not_evidence(bad: object) -> None:
 # In engine mode allocate is refused (after its arguments are checked): the engine's allocator
 # hands out blocks.
 _ENGINE_EXC = {
-    "allocate-too-many": errors.BlockUnavailable,
-    "allocate-ended": errors.BlockUnavailable,
+    "allocate-too-many": errors.WrongCountsMode,
+    "allocate-ended": errors.WrongCountsMode,
 }
 
 

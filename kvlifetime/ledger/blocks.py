@@ -52,7 +52,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvlifetime import inputs
-from kvlifetime.errors import BlockUnavailable, HolderLimit, show
+from kvlifetime.errors import BlockUnavailable, HolderLimit, WrongCountsMode, show
 from kvlifetime.grant import Access, BlockIds, RequestKey
 from kvlifetime.ledger.batch import Holds
 from kvlifetime.ledger.counters import Counts as CountArray
@@ -190,10 +190,10 @@ class BlockCounts(abc.ABC):
         made possible are counted in ``reclaimed`` under the fence's name."""
 
     def check_allocates(self) -> None:
-        """Refuse ``allocate`` (``BlockUnavailable``) unless this ledger may hand out fresh
+        """Refuse ``allocate`` (``WrongCountsMode``) unless this ledger may hand out fresh
         blocks (own the free list)."""
         if not self.allocates:
-            raise BlockUnavailable(
+            raise WrongCountsMode(
                 f"counts={self.counts!r}: the engine's allocator hands out blocks in this mode; "
                 "record what it handed out with acquire"
             )

@@ -380,6 +380,12 @@ class BlockLedger(_Queries):
         """Record that ``peer`` may now access ``blocks`` of ``request``: from here on only
         evidence can end it. Call it *before* the addresses leave the process.
 
+        ``access`` is ``Access.WRITE`` unless given: a peer that writes into the blocks (push:
+        prefill's transfer engine filling decode's pages). Pass ``Access.READ`` for a peer
+        that only reads them (pull: decode reading prefill's blocks, as vLLM's NIXL path does;
+        a peer copying a cached prefix out): read grants may be open on a shared block, write
+        grants may not.
+
         ``request`` must be running and hold every block. A write grant is refused
         (``BlockUnavailable``) on a block another request holds (or, with the ledger's counts,
         that ``request`` holds shared); with ``counts="engine"`` also on a block any open grant

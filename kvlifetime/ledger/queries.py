@@ -105,7 +105,10 @@ class _Queries:
                 raise errors.UnknownGrant(f"no live grant {gid}")
             return rec.copy()
 
-    def unproven(self, request: RequestKey) -> dict[str, list[str]]:
+    def unproven(self, request: RequestKey) -> dict[str, tuple[str, ...]]:
+        """What is still unproven before ``request`` may be released: each open grant (as
+        ``"incarnation#serial (peer)"``) and the claims it still misses, the same mapping as
+        ``InsufficientEvidence.unproven`` (tuples in both). Empty: every grant is closed."""
         request = inputs.request_key(request)
         with self._lock:
             table = self._table
@@ -144,9 +147,12 @@ class _Queries:
             return self._blocks.count_free()
 
     def block_state(self, ids: npt.ArrayLike) -> npt.NDArray[np.uint8]:
-        """``BlockState`` codes of ``ids``, derived from holders and open grants. A block no
-        request holds is ``FREE`` (with ``counts="engine"``: not guarded, the engine may do
-        with it what it likes)."""
+        """The state of each block of ``ids``, derived from holders and open grants, as an
+        array of ``BlockState`` codes (``uint8``, one per id: a batch stays an array).
+        ``BlockState`` is an ``IntEnum``, so the codes compare with its members directly
+        (``ledger.block_state(ids) == BlockState.QUARANTINED``) and ``BlockState(code)`` names
+        one. A block no request holds is ``FREE`` (with ``counts="engine"``: not guarded, the
+        engine may do with it what it likes)."""
         arr = inputs.block_ids(ids, self.num_blocks)
         with self._lock:
             return self._blocks.derive_states(self._table.requests).take(arr)

@@ -327,8 +327,8 @@ class RequestTable:
         if len(rr) > RECENTLY_RELEASED:
             rr.popitem(last=False)
 
-    def unproven(self, req: RequestRecord) -> dict[str, list[str]]:
-        return {f"{r.grant.id} ({r.grant.peer})": r.unproven() for r in req.open.values()}
+    def unproven(self, req: RequestRecord) -> dict[str, tuple[str, ...]]:
+        return {f"{r.grant.id} ({r.grant.peer})": tuple(r.unproven()) for r in req.open.values()}
 
     # ------------------------------------------------------------------ grants
 
