@@ -89,8 +89,8 @@ def dot_label(row: Row, *more: str) -> str:
 
 def _header(machine: str, fmt: str) -> str:
     return (
-        f"Generated from kvlifetime.machines by `kvlifetime diagram {machine} --format {fmt}`. "
-        "Do not edit."
+        "Generated from kvlifetime.spec.lifecycles by "
+        f"`kvlifetime diagram {machine} --format {fmt}`. Do not edit."
     )
 
 
