@@ -594,16 +594,16 @@ class ConnectorGuard:
     def _grant_many(
         self, items: Sequence[tuple[str, Sequence[int]]], access: Access
     ) -> list[Grant | KVLifetimeError]:
-        """``acquire_and_grant`` of each item (request, its blocks): the grant, or the typed
-        refusal (the ledger changed nothing for that request)."""
-        out: list[Grant | KVLifetimeError] = []
-        led, peer = self.ledger, self.peer
-        for request, ids in items:
-            try:
-                out.append(led.acquire_and_grant(request, ids, peer, access))
-            except KVLifetimeError as e:
-                out.append(e)
-        return out
+        """A step's grants in one ledger call (``acquire_and_grant_many``): for each item
+        (request, its blocks) its grant, or the typed refusal (each request's holds and grant
+        are all or nothing; the ledger changed nothing for a refused one)."""
+        if not items:
+            return []
+        peer = self.peer
+        outcome = self.ledger.acquire_and_grant_many([(r, ids, peer, access) for r, ids in items])
+        refused = {r.position: r.error for r in outcome.refused}
+        grants = iter(outcome.grants)
+        return [refused[i] if i in refused else next(grants) for i in range(len(items))]
 
     def _finished_unexposed(self, request: str, rec: _Record, delay: bool) -> None:
         """vLLM finished a request the guard holds no exposure of: it frees it now (``delay``
