@@ -234,7 +234,8 @@ def test_the_readmes_install_call_runs_as_written(clean: None) -> None:
     ]
     space: dict[str, Any] = {}
     exec(block, space)
-    assert space["guard"] is kv_sglang.installed() and space["guard"].role == "decode"
+    guard = kv_sglang.installed()
+    assert guard is not None and space["guard"] is guard and guard.role == "decode"
     assert sorted(name for _, name in hooks.wrapped_points()) == sorted(
         name for _, _, name in POINTS["decode"]
     )
