@@ -17,7 +17,7 @@ Capsys = pytest.CaptureFixture[str]
 def test_simulate_log_json_round_trips_through_replay(capsys: Capsys, tmp_path: Path) -> None:
     before = structlog.get_config()
     log = tmp_path / "events.jsonl"
-    argv = ["simulate", "--direction", "pull", "--policy", "lease", "--requests", "60"]
+    argv = ["simulate", "--direction", "pull", "--policy", "timeout", "--requests", "60"]
     assert main([*argv, "--seed", "4", "--log-json", str(log)]) == 0
     assert structlog.get_config() == before  # the run's configuration is put back
     records = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
@@ -32,7 +32,7 @@ def test_simulate_log_json_round_trips_through_replay(capsys: Capsys, tmp_path: 
 def test_a_tampered_simulate_log_is_refused_by_replay(capsys: Capsys, tmp_path: Path) -> None:
     """The round trip can fail: the same log with one release moved earlier is illegal."""
     log = tmp_path / "events.jsonl"
-    argv = ["simulate", "--direction", "pull", "--policy", "lease", "--requests", "60"]
+    argv = ["simulate", "--direction", "pull", "--policy", "timeout", "--requests", "60"]
     assert main([*argv, "--seed", "4", "--log-json", str(log)]) == 0
     lines = log.read_text(encoding="utf-8").splitlines()
     first = next(i for i, line in enumerate(lines) if '"request_released"' in line)
