@@ -175,7 +175,7 @@ sglang-venv: $(SGLANG_VENV)/.installed
 
 # The scenarios, each with SGLang alone and with the guard installed.
 test-sglang: system-deps $(SGLANG_VENV)/.installed
-	$(SGLANG_VENV)/bin/pytest -p no:cacheprovider tests/in_sglang
+	$(SGLANG_VENV)/bin/pytest -o addopts=-q -p no:cacheprovider tests/in_sglang
 
 clean-sglang:
 	rm -rf $(SGLANG_VENV)
