@@ -145,10 +145,10 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "documents",
-        ("diagrams.py", "report/", "architecture.py"),
-        "what is generated from the code and from results: the diagrams, the review page, the "
-        "map of layers and the exception tree (the API reference is built from the docstrings "
-        "by mkdocstrings)",
+        ("diagrams.py", "pages.py", "report/", "architecture.py"),
+        "what is generated from the code and from results: the diagrams, the pages of docs/ "
+        "(evidence, engines), the review page, the map of layers and the exception tree (the "
+        "API reference is built from the docstrings by mkdocstrings)",
     ),
     Layer(
         "cli",

@@ -18,9 +18,10 @@ from structlog.testing import capture_logs
 
 from kvlifetime import cli
 from kvlifetime.cli import Command, main, run_demo
-from kvlifetime.diagrams import evidence_markdown, render
+from kvlifetime.diagrams import render
 from kvlifetime.errors import InsufficientEvidence
 from kvlifetime.evidence import Claim, claims_matrix
+from kvlifetime.pages import evidence_markdown
 from kvlifetime.profiles import PROFILES
 from kvlifetime.spec.table import table_for
 

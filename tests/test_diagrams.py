@@ -15,17 +15,10 @@ import pytest
 
 from kvlifetime import diagrams
 from kvlifetime.cli import main
-from kvlifetime.diagrams import (
-    GraphvizFailed,
-    GraphvizNotFound,
-    docs_files,
-    dot_label,
-    edge_label,
-    evidence_markdown,
-    render,
-)
+from kvlifetime.diagrams import GraphvizFailed, GraphvizNotFound, dot_label, edge_label, render
 from kvlifetime.errors import KVLifetimeError
 from kvlifetime.evidence import EVIDENCE_CLASSES
+from kvlifetime.pages import docs_files, evidence_markdown
 from kvlifetime.spec.table import Row, table_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -282,7 +275,7 @@ def test_output_is_deterministic_across_processes() -> None:
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
         code = (
-            "import sys; from kvlifetime.diagrams import docs_files; "
+            "import sys; from kvlifetime.pages import docs_files; "
             "sys.stdout.buffer.write(''.join(docs_files(include_svg=False).values())"
             ".encode('utf-8'))"
         )

@@ -24,9 +24,9 @@ from kvlifetime import profiles
 from kvlifetime.adapters.inproc import InprocEngine, InprocTarget
 from kvlifetime.adapters.transfer import Status
 from kvlifetime.cli import main
-from kvlifetime.diagrams import docs_files, engine_markdown, evidence_markdown
 from kvlifetime.errors import FenceUnavailable, InvalidField
 from kvlifetime.evidence import Claim
+from kvlifetime.pages import docs_files, engine_markdown, evidence_markdown
 from kvlifetime.profiles import (
     ENGINES,
     NOTHING,
@@ -239,7 +239,7 @@ def test_profiles_load_without_the_engines_installed() -> None:
         sys.modules["mooncake"] = None  # as if not installed
         sys.modules["nixl"] = None
         from kvlifetime.profiles import PROFILES
-        from kvlifetime.diagrams import docs_files
+        from kvlifetime.pages import docs_files
         names = list(PROFILES)
         docs_files(include_svg=False)
         assert not [m for m in sys.modules if m.startswith("mooncake.") or m == "nixl._api"]

@@ -8,16 +8,9 @@ import sys
 from pathlib import Path
 
 from kvlifetime.cli.output import Logger, emit, write_text
-from kvlifetime.diagrams import (
-    DIAGRAM_FORMATS,
-    MACHINES,
-    docs_files,
-    engine_markdown,
-    evidence_markdown,
-    graphviz_available,
-    render,
-)
+from kvlifetime.diagrams import DIAGRAM_FORMATS, MACHINES, graphviz_available, render
 from kvlifetime.evidence import claims_matrix
+from kvlifetime.pages import docs_files, engine_markdown, evidence_markdown
 from kvlifetime.spec.table import table_for
 
 TABLE_FORMATS: tuple[str, ...] = ("md", "csv", "json")
