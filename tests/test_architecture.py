@@ -39,7 +39,7 @@ def test_the_package_keeps_its_layers() -> None:
 def test_docs_architecture_md_draws_the_layer_table() -> None:
     """Fails when LAYERS changed and the page did not. Fix: `python -m kvlifetime.architecture`
     and commit docs/architecture.md."""
-    assert committed_layers() == layers_markdown()
+    assert committed_layers() == layers_markdown(), "run `python -m kvlifetime.architecture`"
 
 
 def test_each_layer_and_each_entry_appears_once() -> None:
