@@ -30,7 +30,7 @@ from kvlifetime.harness.faults import FaultyLink, RequestPlan, plan
 from kvlifetime.harness.series import StateSeries
 from kvlifetime.harness.wire import MalformedMessage, Message, Tick, decode, encode
 from kvlifetime.ledger import BlockLedger
-from kvlifetime.ledger_values import LedgerStats
+from kvlifetime.ledger.values import LedgerStats
 from kvlifetime.spec.vocabulary import BlockState, RequestState
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import attrs
 
-from kvlifetime.ledger_values import LedgerStats
+from kvlifetime.ledger.values import LedgerStats
 from kvlifetime.spec.vocabulary import BlockState
 
 BLOCK_COLUMNS: tuple[str, ...] = tuple(s.label for s in BlockState)
