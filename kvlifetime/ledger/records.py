@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvlifetime.grant import BlockIds, Grant, RequestKey
-from kvlifetime.ledger.snapshot import copy_slots
+from kvlifetime.ledger.snapshot import copier
 from kvlifetime.spec.proof import GrantProof
 from kvlifetime.spec.vocabulary import RequestState
 
@@ -77,12 +77,13 @@ class RequestRecord:
         """An independent copy, with copies of its grant records (``snapshot.copy_slots``:
         every field, by its kind). The python-statemachine mirror is not copied: the table
         makes a new one for a checked ledger."""
-        new = copy_slots(self, grants={}, open={}, machine=None)
+        new: RequestRecord = copier(RequestRecord, "grants", "open", "machine")(self, {}, {}, None)
+        copy_grant = copier(GrantRecord, "req")
+        grants, opened, still_open = new.grants, new.open, self.open
         for serial, rec in self.grants.items():
-            dup = copy_slots(rec, req=new)
-            new.grants[serial] = dup
-            if serial in self.open:
-                new.open[serial] = dup
+            dup = grants[serial] = copy_grant(rec, new)
+            if serial in still_open:
+                opened[serial] = dup
         return new
 
     def open_proofs(self) -> Iterable[GrantProof]:
