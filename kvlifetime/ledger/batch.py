@@ -79,15 +79,19 @@ class Holds:
         self.repeats = repeats
 
 
-def hold_and_grant(item: object) -> tuple[Any, Any, Any, Any]:
-    """An item of ``acquire_and_grant_many`` as ``(request, ids, peer, access)``: a tuple
-    ``(request, ids, peer)`` (a write grant) or ``(request, ids, peer, access)``, else
-    ``InvalidField``. Its values are checked by the caller, as the single call checks them."""
-    if type(item) is tuple:
-        if len(item) == 4:
-            return item
-        if len(item) == 3:
-            return (*item, Access.WRITE)
+def hold_and_grant(
+    item: object, num_blocks: int, unique: bool
+) -> tuple[RequestKey, BlockIds, PeerId, Access]:
+    """An item of ``acquire_and_grant_many``, a tuple ``(request, ids, peer)`` (a write grant)
+    or ``(request, ids, peer, access)``, validated as ``acquire_and_grant`` validates its
+    arguments: ``(request, ids as an array, peer, access)``, else ``InvalidField`` (or the
+    block ids' own error)."""
+    if type(item) is tuple and len(item) in (3, 4):
+        request = inputs.request_key(item[0])
+        peer = inputs.peer_id(item[2])
+        access = item[3] if len(item) == 4 else Access.WRITE
+        inputs.instance(access, Access, "access")
+        return request, inputs.block_ids(item[1], num_blocks, unique=unique), peer, access
     raise errors.InvalidField(
         f"an item must be a (request, ids, peer) or (request, ids, peer, access) tuple, got "
         f"{show(item)}"

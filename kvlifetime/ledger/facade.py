@@ -347,16 +347,9 @@ class BlockLedger(_Queries):
                         return BatchOutcome((), (), tuple(done))
                 for i, item in enumerate(batch_items):
                     try:
-                        request, ids, peer, access = batch.hold_and_grant(item)
-                        request = inputs.request_key(request)
-                        peer = inputs.peer_id(peer)
-                        inputs.instance(access, Access, "access")
-                        arr = inputs.block_ids(ids, num_blocks, unique=shared)
-                        grants.append(
-                            table.hold_and_grant(
-                                blocks, request, arr, peer, access, shared, deadline
-                            )
-                        )
+                        request, arr, peer, access = batch.hold_and_grant(item, num_blocks, shared)
+                        step = (blocks, request, arr, peer, access, shared, deadline)
+                        grants.append(table.hold_and_grant(*step))
                     except UsageError as e:
                         refused.append(Refusal(i, item, e))
                         named = item[0] if type(item) is tuple and item else item
