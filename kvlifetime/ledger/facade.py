@@ -205,7 +205,9 @@ class BlockLedger(_Queries):
                     req = table.admit(request, deadline)
                 elif deadline is not None:
                     table.set_deadline(req, deadline)
-                return blocks.allocate(req, n)
+                ids = blocks.allocate(req, n)
+                table.note_held(request, ids, False)
+                return ids
         finally:
             if self._pending:
                 self._flush()

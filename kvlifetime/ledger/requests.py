@@ -166,7 +166,20 @@ class RequestTable:
             blocks.unmark(arr, shared)
             raise
         blocks.record_hold(req, arr, shared)
+        self.note_held(request, arr, shared)
         return req
+
+    def note_held(self, request: RequestKey, arr: BlockIds, shared: bool) -> None:
+        """Log that ``request`` now holds ``arr`` (``blocks_held``): what a replay needs to
+        hold the same blocks, shared or not, before any grant names them."""
+        if enabled():
+            self.pending.append(
+                (
+                    "info",
+                    "blocks_held",
+                    {"request": request, "blocks": arr.tolist(), "shared": shared},
+                )
+            )
 
     def hold_many(self, blocks: BlockCounts, step: Holds, shared: bool) -> None:
         """Every request of ``step`` holds its ids (``acquire_many``): all or nothing."""
@@ -182,6 +195,11 @@ class RequestTable:
             blocks.unmark(step.allids, shared)
             raise
         blocks.record_hold_many(step, recs, shared)
+        if enabled():
+            for key, part in zip(
+                step.keys, views(step.allids, step.starts, step.lens), strict=True
+            ):
+                self.note_held(key, part, shared)
 
     def hold_and_grant(
         self,
@@ -229,6 +247,7 @@ class RequestTable:
         for key, peer, part, gens in zip(step.keys, step.peers, parts, generations, strict=True):
             req = self.admit(key, deadline)
             recs.append(req)
+            self.note_held(key, part, shared)
             grants.append(self.open_grant(req, peer, part, gens, access, None))
         blocks.record_fresh_holds(recs, allids, parts)
         return grants

@@ -264,6 +264,7 @@ class _TableOnly:
 
 CHECKED_FIELDS: Mapping[str, frozenset[str]] = {
     "request_admitted": frozenset({"request"}),
+    "blocks_held": frozenset({"request", "blocks", "shared"}),
     "grant_opened": frozenset({"grant", "request", "peer", "access", "blocks", "generations"}),
     "evidence_applied": frozenset({"evidence", "changed"}),
     "evidence_refused": frozenset({"error", "evidence"}),
@@ -313,7 +314,7 @@ class _Full:
         # has as many blocks as the log names (bounded by its size), whatever their values.
         self.to_new: dict[int, int] = {}
         for n, r in records:
-            if r.get("event") in ("grant_opened", "request_released"):
+            if r.get("event") in ("blocks_held", "grant_opened", "request_released"):
                 try:
                     ids = _block_ids(r, n)
                 except _Malformed:
@@ -327,6 +328,7 @@ class _Full:
         self.expected: list[Transition] = []  # fired by the fresh ledger, not yet seen logged
         self.consumed: set[int] = set()  # evidence lines already applied (ahead of time)
         self.released: dict[str, list[int]] = {}  # recorded block ids
+        self.clock = 0.0  # the fresh ledger's clock: one tick per deadline the log saw pass
 
     def _map(self, data: Mapping[str, Any]) -> Evidence:
         ev = from_record(dict(data))
@@ -370,6 +372,8 @@ class _Full:
             if kind == "request_admitted":
                 self.ledger.admit(rec["request"])
                 return None
+            if kind == "blocks_held":
+                return self._held(rec, everything[i][0])
             if kind == "grant_opened":
                 return self._grant(rec)
             if kind == "evidence_applied":
@@ -412,6 +416,16 @@ class _Full:
                 f"the fresh ledger has {open_now}"
             )
         self._call(req, "force_release", {**rec, "reason": str(rec.get("reason", "replay"))})
+        return None
+
+    def _held(self, rec: Mapping[str, Any], line: int) -> str | None:
+        """The recorded request holds these blocks: the fresh ledger takes them the same way
+        (a shared hold needs them held already, an exclusive one free)."""
+        shared = rec.get("shared")
+        if type(shared) is not bool:
+            raise _Malformed(line, "shared must be true or false")
+        ids = [self.to_new[b] for b in _block_ids(rec, line)]
+        self.ledger.acquire(rec["request"], ids, shared=shared)
         return None
 
     def _grant(self, rec: Mapping[str, Any]) -> str | None:
@@ -459,6 +473,8 @@ class _Full:
         if not self.expected:
             if cause in _CALL_EVENTS and rec.get("transition") in _CALL_EVENTS[cause]:
                 self._call(req, cause, rec)
+            elif cause == "expire" and rec.get("transition") == "quarantined":
+                self._expire(req)
             elif cause in _CALL_EVENTS or cause == "expire":
                 return f"{rec.get('transition')} by {cause} without the call's first transition"
             else:
@@ -494,6 +510,18 @@ class _Full:
                 "in " + ", ".join(f"{k}={rec.get(k)!r}" for k in sorted(set(differ)))
             )
         return None
+
+    def _expire(self, req: Any) -> None:
+        """The owner's clock passed ``req``'s deadline (a local fact the log cannot prove):
+        the fresh ledger is given a deadline for it that has just passed, and whatever its
+        ``expire`` fires is expected next. It quarantines only where the tables allow it (an
+        ended request with an open grant); anything else makes the logged step illegal."""
+        self.clock += 1.0
+        before = self.ledger.state(req).value
+        self.ledger.set_deadline(req, self.clock)
+        if self.ledger.expire(self.clock) == [req]:
+            self.expected.append(Transition(req, "quarantined", before, "quarantined", "expire"))
+        self.ledger.set_deadline(req, None)
 
     def _call(self, req: Any, cause: str, rec: Mapping[str, Any]) -> None:
         led = self.ledger
