@@ -206,7 +206,7 @@ def test_demo(capsys: Capsys, tmp_path: Path, backend: str) -> None:
     assert sorted(p.name for p in logs.parent.iterdir()) == [
         f"events-{i:02d}.jsonl" for i in range(1, 11)
     ]
-    # run 9 (pull, lease) replays clean: its log is what replay checks
+    # run 9 (pull, timeout) replays clean: its log is what replay checks
     assert main(["replay", str(logs.parent / "events-09.jsonl")]) == 0
     assert "every one legal" in capsys.readouterr().out
     lines = out.splitlines()

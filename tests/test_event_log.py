@@ -29,6 +29,24 @@ def test_simulate_log_json_round_trips_through_replay(capsys: Capsys, tmp_path: 
     assert out.startswith(f"replay (full): {len(records)} steps, every one legal")
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--policy", "proof"],  # prefix-cache sharing (blocks_held), quarantine by deadline
+        ["--policy", "naive"],
+        ["--direction", "pull", "--policy", "proof"],
+    ],
+)
+def test_push_and_pull_logs_replay_clean(capsys: Capsys, tmp_path: Path, argv: list[str]) -> None:
+    log = tmp_path / "events.jsonl"
+    assert (
+        main(["simulate", *argv, "--requests", "150", "--seed", "5", "--log-json", str(log)]) == 0
+    )
+    capsys.readouterr()
+    assert main(["replay", str(log)]) == 0, capsys.readouterr()
+    assert "every one legal" in capsys.readouterr().out
+
+
 def test_a_tampered_simulate_log_is_refused_by_replay(capsys: Capsys, tmp_path: Path) -> None:
     """The round trip can fail: the same log with one release moved earlier is illegal."""
     log = tmp_path / "events.jsonl"

@@ -160,7 +160,18 @@ def test_other_events_and_their_fields(logs: list[MutableMapping[str, Any]]) -> 
             "blocks": freed.tolist(),
         }
     ]
+    # what a replay needs to hold the same blocks (allocate, acquire, shared or not)
+    assert by_event["blocks_held"] == [
+        {
+            "event": "blocks_held",
+            "log_level": "info",
+            "request": "a",
+            "blocks": ids.tolist(),
+            "shared": False,
+        }
+    ]
     assert sorted(by_event) == [
+        "blocks_held",
         "evidence_applied",
         "grant_opened",
         "request_admitted",

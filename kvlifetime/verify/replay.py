@@ -425,6 +425,8 @@ class _Full:
         if type(shared) is not bool:
             raise _Malformed(line, "shared must be true or false")
         ids = [self.to_new[b] for b in _block_ids(rec, line)]
+        if rec["request"] not in self.ledger.live_requests():  # the log admits it first
+            return f"blocks held by request {rec['request']!r}, never admitted"
         self.ledger.acquire(rec["request"], ids, shared=shared)
         return None
 
