@@ -205,9 +205,7 @@ class BlockLedger(_Queries):
                     req = table.admit(request, deadline)
                 elif deadline is not None:
                     table.set_deadline(req, deadline)
-                ids = blocks.allocate(req, n)
-                table.note_held(request, ids, False)
-                return ids
+                return table.take_fresh(blocks, req, n)
         finally:
             if self._pending:
                 self._flush()

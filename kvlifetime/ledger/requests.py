@@ -169,6 +169,12 @@ class RequestTable:
         self.note_held(request, arr, shared)
         return req
 
+    def take_fresh(self, blocks: BlockCounts, req: RequestRecord, n: int) -> BlockIds:
+        """``allocate``'s last step: ``n`` fresh blocks for ``req``, logged as held."""
+        ids = blocks.allocate(req, n)
+        self.note_held(req.key, ids, False)
+        return ids
+
     def note_held(self, request: RequestKey, arr: BlockIds, shared: bool) -> None:
         """Log that ``request`` now holds ``arr`` (``blocks_held``): what a replay needs to
         hold the same blocks, shared or not, before any grant names them."""
