@@ -1,5 +1,12 @@
 """ConnectorGuard: the exposure guard behind vLLM's KV-connector hooks, with no vLLM import.
 
+Why this module is one piece (over 600 lines, about 100 of them this docstring): every hook
+vLLM calls reads and moves the same per-request records (``_Record``: phase, load, grants) and
+the same step journal, under one lock, and ``flush`` turns that journal into the ledger's batch
+calls; splitting the hooks from the records or the journal would put a phase apart from the
+code that moves it. The values it hands out (``RequestView``, ``GuardStats``, ``Handback``)
+are small and defined beside it.
+
 vLLM keeps a finished request's blocks while its connector says so (``request_finished`` ->
 ``delay_free_blocks=True``; an asynchronous load in flight) and frees them when the request id
 comes back in ``finished_sending`` / ``finished_recving``. The guard sits on that path:
