@@ -10,6 +10,7 @@ import structlog
 
 from kvlifetime.cli import main
 from kvlifetime.cli.eventlog import event_log, run_log_path
+from kvlifetime.verify.replay import KNOWN_EVENTS
 
 Capsys = pytest.CaptureFixture[str]
 
@@ -59,6 +60,67 @@ def test_a_tampered_simulate_log_is_refused_by_replay(capsys: Capsys, tmp_path: 
     capsys.readouterr()
     assert main(["replay", str(log)]) == 1
     assert f"ILLEGAL step at line {first + 1}" in capsys.readouterr().out
+
+
+def _restart_log(tmp_path: Path, mode: str) -> list[str]:
+    log = tmp_path / f"restart-{mode}.jsonl"
+    argv = ["simulate", "--restart", mode, "--requests", "120", "--seed", "3"]
+    assert main([*argv, "--log-json", str(log)]) == 0
+    return log.read_text(encoding="utf-8").splitlines()
+
+
+def _replay_lines(capsys: Capsys, tmp_path: Path, lines: list[str]) -> tuple[int, str]:
+    log = tmp_path / "edited.jsonl"
+    log.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    capsys.readouterr()
+    code = main(["replay", str(log)])
+    return code, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", ["guarded", "naive"])
+def test_a_decode_restart_log_replays_as_two_lives(
+    capsys: Capsys, tmp_path: Path, mode: str
+) -> None:
+    """A restart's log holds two ledgers' lives, one after the other: replay starts a fresh
+    ledger at the second ``ledger_started`` (and, guarded, rebuilds ``after_restart``)."""
+    lines = _restart_log(tmp_path, mode)
+    kinds = [json.loads(line)["event"] for line in lines]
+    assert kinds.count("ledger_started") == 2
+    assert kinds.count("ledger_restarted") == (1 if mode == "guarded" else 0)
+    code, out = _replay_lines(capsys, tmp_path, lines)
+    assert code == 0, out
+    steps = sum(1 for k in kinds if k in KNOWN_EVENTS)  # the harness logs its own events too
+    assert out.startswith(f"replay (full): {steps} steps, every one legal")
+
+
+def test_a_tampered_restart_log_is_refused(capsys: Capsys, tmp_path: Path) -> None:
+    """Each edit of the restart's part of the log is an illegal step, found where it is."""
+    lines = _restart_log(tmp_path, "guarded")
+    at = next(i for i, line in enumerate(lines) if '"ledger_restarted"' in line)
+    rec = json.loads(lines[at])
+    # the restart's own write grants, quarantining the arena: one dropped
+    grant = next(i for i in range(at, len(lines)) if '"grant_opened"' in lines[i])
+    code, out = _replay_lines(capsys, tmp_path, lines[:grant] + lines[grant + 1 :])
+    assert code == 1 and "ILLEGAL" in out
+    # a peer left out of the restart: the fresh ledger opens one grant fewer
+    fewer = json.dumps({**rec, "peers": rec["peers"][:-1] or ["someone-else"]})
+    code, out = _replay_lines(capsys, tmp_path, [*lines[:at], fewer, *lines[at + 1 :]])
+    assert code == 1 and f"ILLEGAL step at line {at + 1}" not in out and "ILLEGAL" in out
+    # a grant of the first life opened in the second one (its incarnation gives it away)
+    first = json.loads(next(line for line in lines if '"grant_opened"' in line))
+    old_incarnation = first["grant"].split("#")[0]
+    later = next(
+        i
+        for i in range(grant + 1, len(lines))
+        if '"grant_opened"' in lines[i] and json.loads(lines[i])["request"] != rec["request"]
+    )
+    forged = json.loads(lines[later])
+    forged["grant"] = f"{old_incarnation}#{forged['grant'].split('#')[1]}9"
+    code, out = _replay_lines(
+        capsys, tmp_path, [*lines[:later], json.dumps(forged), *lines[later + 1 :]]
+    )
+    assert code == 1 and f"ILLEGAL step at line {later + 1}" in out
+    assert "incarnation" in out
 
 
 def test_event_log_puts_back_the_configuration_it_found(tmp_path: Path) -> None:

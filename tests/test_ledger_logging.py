@@ -170,13 +170,41 @@ def test_other_events_and_their_fields(logs: list[MutableMapping[str, Any]]) -> 
             "shared": False,
         }
     ]
+    # a ledger's life begins: replay starts a fresh ledger at each (a restart is a second life)
+    assert by_event["ledger_started"] == [
+        {
+            "event": "ledger_started",
+            "log_level": "info",
+            "num_blocks": 4,
+            "incarnation": "inc",
+            "counts": "ledger",
+        }
+    ]
     assert sorted(by_event) == [
         "blocks_held",
         "evidence_applied",
         "grant_opened",
+        "ledger_started",
         "request_admitted",
         "request_released",
         "request_transition",
+    ]
+
+
+def test_a_restart_logs_what_replay_needs_to_rebuild_it(
+    logs: list[MutableMapping[str, Any]],
+) -> None:
+    BlockLedger.after_restart(4, peers=["p0", "p1"], exposed=[1, 2], incarnation="new")
+    head = [
+        (e["event"], {k: v for k, v in e.items() if k not in ("event", "log_level")}) for e in logs
+    ][:3]
+    assert head == [
+        ("ledger_started", {"num_blocks": 4, "incarnation": "new", "counts": "ledger"}),
+        (
+            "ledger_restarted",
+            {"request": "previous-incarnation", "peers": ["p0", "p1"], "blocks": [1, 2]},
+        ),
+        ("request_admitted", {"request": "previous-incarnation"}),
     ]
 
 

@@ -35,6 +35,14 @@ def enabled() -> bool:
     return structlog.is_configured()
 
 
+def started(num_blocks: int, incarnation: str, counts: str) -> None:
+    """``ledger_started``: a ledger's life begins (its grant ids carry ``incarnation``). A log
+    may hold several lives one after the other (a restart): replay starts a fresh ledger at
+    each. Logged at once: nothing else can hold a ledger that is being built."""
+    if enabled():
+        log.info("ledger_started", num_blocks=num_blocks, incarnation=incarnation, counts=counts)
+
+
 def emit(logger: Any, events: Sequence[Event]) -> None:
     """Emit ``events`` in the order they were noted (the ledger's lock is not held)."""
     for level, event, fields in events:

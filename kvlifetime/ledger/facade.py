@@ -41,7 +41,7 @@ from kvlifetime.ledger import batch, proofs
 from kvlifetime.ledger.batch import HoldAndGrant
 from kvlifetime.ledger.blocks import COUNTS, MAX_SHARERS, Counts, MaxSharers
 from kvlifetime.ledger.engine_counts import EngineCounts
-from kvlifetime.ledger.events import emit, log
+from kvlifetime.ledger.events import emit, log, started
 from kvlifetime.ledger.ledger_counts import LedgerCounts
 from kvlifetime.ledger.queries import _Queries
 from kvlifetime.ledger.requests import RequestTable
@@ -96,6 +96,7 @@ class BlockLedger(_Queries):
         blocks = EngineCounts(num_blocks, limit) if engine else LedgerCounts(num_blocks, limit)
         # Random per instance: a grant id from another ledger or an earlier process never matches.
         self._take(blocks, RequestTable(incarnation or uuid.uuid4().hex[:16], checked=checked))
+        started(num_blocks, self._table.incarnation, "engine" if engine else "ledger")
 
     def _flush(self) -> None:
         """Emit the log events noted so far, outside the lock. Whichever call flushes takes

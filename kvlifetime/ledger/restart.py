@@ -30,6 +30,10 @@ def quarantine_previous(
 ) -> None:
     """``request`` holds ``arr`` with a fence-only write grant per peer, rejected and
     quarantined (every value validated; a fresh ledger, under its lock)."""
+    if enabled():
+        # What replay needs to rebuild this start: the same call on its fresh ledger.
+        fields = {"request": request, "peers": list(peers), "blocks": arr.tolist()}
+        table.pending.append(("info", "ledger_restarted", fields))
     req = table.hold(blocks, request, None, arr, blocks.all_shared, None)
     # One write grant per peer over the same blocks: opened directly (with the engine's
     # counts a write grant is refused where any grant is open; here every peer may write).
