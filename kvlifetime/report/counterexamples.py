@@ -1,7 +1,8 @@
 """Each refuted policy's counterexample as a sequence diagram: lanes and arrows, in SVG.
 
 The verifier (``kvlifetime.verify.explore``) refutes the naive, timeout, trusting and
-sglang-0.5.23 release policies with a shortest trace of numbered steps. A reviewer reads who
+sglang-0.5.23 release policies and the field's bug classes (first-failure, counted-completions,
+id-overwrite, ordered-reaper, naive on read grants) with a shortest trace of numbered steps. A reviewer reads who
 did what to whom more easily as lanes: the decode side (the owner, whose ledger decides what
 goes back to the pool), each prefill peer, and the transfer engine whose writes land in
 decode's memory. Only the verifier's public result is read (``Result.to_dict()``: each step's
@@ -41,6 +42,12 @@ REFUTED: tuple[Shape, ...] = (
     ("first-failure", "fail", 1, 1),
     ("counted-completions", "duplicate", 1, 1, (("ranks", 2),)),
     ("id-overwrite", "none", 2, 1, (("reuse_ids", True),)),
+    # vLLM #58222 / #50789: a head-of-line reaper (a progress violation: nothing is written,
+    # a request whose grants are all closed is stranded); two blocks, one per request.
+    ("ordered-reaper", "none", 2, 1, (("blocks", 2),)),
+    # vLLM #52360 (an asynchronous save still reading at preemption) and pre-admission
+    # rejection after a read grant: naive freeing of source blocks a reader still reads.
+    ("naive", "none", 1, 1, (("access", "read"),)),
 )
 PASSING: tuple[Shape, ...] = (
     ("proof", "none", 1, 1),
@@ -49,6 +56,8 @@ PASSING: tuple[Shape, ...] = (
     ("proof", "fail", 1, 1),
     ("proof", "duplicate", 1, 1, (("ranks", 2),)),
     ("proof", "none", 2, 1, (("reuse_ids", True),)),
+    ("proof", "none", 2, 1, (("blocks", 2),)),
+    ("proof", "none", 1, 1, (("access", "read"),)),
 )
 WHY = {
     "naive": "frees the blocks when it rejects or aborts the request (the error response read "
@@ -67,6 +76,13 @@ WHY = {
     "id-overwrite": "keys its transfer table by the client's request id: a new request "
     "with the id of one still held takes its entry, and the old request's blocks are freed "
     "(vLLM #49796)",
+    "ordered-reaper": "releases ended requests in the order they ended and stops at the "
+    "first one not yet provably over (vLLM #58222 / #50789, a head-of-line lease reaper): a "
+    "request whose every grant is closed is stranded behind it, its blocks never returned",
+    "naive-read": "frees a request's source blocks when it ends it, while a reader granted "
+    "them may still read (vLLM #52360: an asynchronous save still reading at preemption; "
+    "a decode peer that rejects after its read was granted): the read returns another "
+    "request's data",
     "sglang-0.5.23": "is SGLang 0.5.23's decode: on an abort it holds the pages until every "
     "prefill rank has acknowledged the abort (a drain ACK of the request's generation) or the "
     "deferred-release deadline passes, whichever comes first (ready = drained or now >= "
@@ -157,9 +173,13 @@ def lanes(steps: Sequence[Arrow]) -> list[str]:
 
 
 LANE_TITLES = {OWNER: ("decode", "owner + ledger"), ENGINE: ("transfer engine", "writes KV")}
+# Read grants (pull, an asynchronous save): the owner's blocks are the source, the peer reads.
+READ_LANE_TITLES = {OWNER: ("source", "owner + ledger"), ENGINE: ("transfer engine", "reads KV")}
 
 
-def _lane_title(lane: str) -> tuple[str, str]:
+def _lane_title(lane: str, reading: bool = False) -> tuple[str, str]:
+    if reading:
+        return READ_LANE_TITLES.get(lane, (f"reader {lane}", "peer"))
     return LANE_TITLES.get(lane, (f"prefill {lane}", "peer"))
 
 
@@ -206,7 +226,9 @@ def _label_lines(s: Arrow, x: Mapping[str, int], lane_w: int) -> list[str]:
     return _wrap(s.label, _label_room(s, x, lane_w)[1])
 
 
-def sequence_svg(figure_id: str, trace: Sequence[Mapping[str, Any]]) -> str:
+def sequence_svg(
+    figure_id: str, trace: Sequence[Mapping[str, Any]], *, reading: bool = False
+) -> str:
     """The trace as an SVG sequence diagram (ids prefixed with ``figure_id``).
 
     A message's label is wrapped to fit between the two lanes it joins and sits above its
@@ -252,7 +274,7 @@ def sequence_svg(figure_id: str, trace: Sequence[Mapping[str, Any]]) -> str:
             f'fill="{band}"/>'
         )
     for n in names:
-        title, sub = _lane_title(n)
+        title, sub = _lane_title(n, reading)
         # the lane's line, broken where an action's pill sits on it
         pills = sorted(
             (mid - 13, mid + 13) for s, _, _, _, _, mid in rows if s.source == n == s.target
@@ -367,45 +389,63 @@ class Verdict:
         return self.result.get("violation") is not None
 
     @property
+    def slug(self) -> str:
+        """The policy, told apart from the same policy on another access (``naive-read``):
+        the figure's id and what the page calls it."""
+        access = dict(self.options).get("access")
+        return self.policy if access in (None, "write") else f"{self.policy}-{access}"
+
+    @property
+    def blocks(self) -> int:
+        return int(dict(self.options).get("blocks", 1))
+
+    @property
     def title(self) -> str:
         """The configuration, in words."""
-        extra = "".join(f", {_OPTION_WORDS[k](v)}" for k, v in self.options)
+        extra = "".join(f", {_OPTION_WORDS[k](v)}" for k, v in self.options if k in _OPTION_WORDS)
+        plural = "block" if self.blocks == 1 else "blocks"
         return (
-            f"{self.requests} request x {self.peers} peer(s) x 1 block, faults: {self.faults}"
-            + extra
+            f"{self.requests} request x {self.peers} peer(s) x {self.blocks} {plural}, "
+            f"faults: {self.faults}" + extra
         )
 
     @property
     def flags(self) -> str:
-        """The options as ``kvlifetime verify`` takes them."""
-        return "".join(f" {_OPTION_FLAGS[k](v)}" for k, v in self.options)
+        """The options as ``kvlifetime verify`` takes them (beyond --blocks)."""
+        return "".join(f" {_OPTION_FLAGS[k](v)}" for k, v in self.options if k in _OPTION_FLAGS)
 
 
 _OPTION_WORDS: dict[str, Any] = {
     "ranks": lambda v: f"{v} ranks",
     "reuse_ids": lambda v: "reused request ids",
+    "access": lambda v: f"{v} grants",
 }
 _OPTION_FLAGS: dict[str, Any] = {
     "ranks": lambda v: f"--ranks {v}",
     "reuse_ids": lambda v: "--reuse-ids",
+    "access": lambda v: f"--access {v}",
 }
 
 
 def explore_policies(configs: Sequence[Shape] = REFUTED + PASSING) -> list[Verdict]:
     """Run the verifier on each (policy, faults, requests, peers[, options]), one block, at
     most one fault event per run (a few hundred states each: about a second in all)."""
+    from kvlifetime.grant import Access
     from kvlifetime.verify import Config, Policy, explore, parse_faults
 
     out = []
     for policy, faults, requests, peers, *more in configs:
         options: Options = more[0] if more else ()
+        fields = dict(options)
+        if "access" in fields:
+            fields["access"] = Access(fields["access"])
         cfg = Config(
             requests=requests,
             peers=peers,
-            blocks=1,
+            blocks=fields.pop("blocks", 1),
             faults=parse_faults(faults),
             max_faults=1,
-            **dict(options),
+            **fields,
         )
         result = explore(cfg, Policy(policy))
         out.append(Verdict(policy, faults, requests, peers, result.to_dict(), options))

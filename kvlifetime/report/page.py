@@ -270,15 +270,21 @@ def lifecycle_figure(lc: Lifecycle) -> Figure:
     )
 
 
+def _on(v: Verdict) -> str:
+    """What tells this policy's entry apart from the same policy's other one."""
+    return "" if v.slug == v.policy else f" ({v.slug.removeprefix(v.policy + '-')} grants)"
+
+
 def counterexample_figure(v: Verdict) -> Figure:
     trace = v.result.get("trace", [])
-    fid = f"fig-cx-{v.policy}"
+    fid = f"fig-cx-{v.slug}"
     return Figure(
         fid,
         "sequence",
-        sequence_svg(fid, trace),
+        sequence_svg(fid, trace, reading=dict(v.options).get("access") == "read"),
         f"kvlifetime verify --policy {v.policy} --requests {v.requests} --peers {v.peers} "
-        f"--blocks 1 --faults {v.faults} --max-faults 1{v.flags}: the shortest counterexample, "
+        f"--blocks {v.blocks} --faults {v.faults} --max-faults 1{v.flags}: the shortest "
+        "counterexample, "
         f"{len(trace)} steps ({v.result.get('states')} states explored).",
         len(trace),
         cls="sequence",
@@ -399,9 +405,10 @@ def render_page(
     for v in refuted:
         viol = v.result["violation"]
         out.append(
-            f'<h3 id="cx-{e(v.policy)}">Policy <code>{e(v.policy)}</code>: '
+            f'<h3 id="cx-{e(v.slug)}">Policy <code>{e(v.policy)}</code>{e(_on(v))}: '
             f'<span class="verdict-refuted">refuted</span></h3>'
-            f"<p>It {e(WHY.get(v.policy, ''))}. Broken: <strong>{e(viol['invariant'])}"
+            f"<p>It {e(WHY.get(v.slug, WHY.get(v.policy, '')))}. Broken: "
+            f"<strong>{e(viol['invariant'])}"
             f"</strong> ({e(viol['statement'])}).</p>"
         )
         out.append(_figure(counterexample_figure(v)))
@@ -411,7 +418,7 @@ def render_page(
             passed = verdict == "pass"
             mark = '<span class="verdict-pass">PASS</span>' if passed else e(verdict)
             out.append(
-                f'<p class="beside" id="beside-{e(v.policy)}">Beside it, on the same shape '
+                f'<p class="beside" id="beside-{e(v.slug)}">Beside it, on the same shape '
                 f"({e(proof.title)}): the proof policy, {mark}, {proof.result.get('states')} "
                 + ("states, every reachable one explored.</p>" if passed else "states.</p>")
             )

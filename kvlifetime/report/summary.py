@@ -125,12 +125,12 @@ def summary_html(runs: Sequence[RunResult] | None, verdicts: Sequence[Verdict]) 
             '<p class="note">No harness results: run <code>make demo</code> (or '
             "<code>kvlifetime demo --out out</code>), then <code>kvlifetime report</code>.</p>"
         )
-    refuted = [v.policy for v in verdicts if v.refuted]
+    refuted = [v.slug for v in verdicts if v.refuted]
     passing = sorted({v.policy for v in verdicts if not v.refuted})
     if verdicts:
         out.append(
-            "<p><strong>Verifier verdicts</strong> (every interleaving of one block, one fault "
-            "at most): "
+            "<p><strong>Verifier verdicts</strong> (every interleaving of one or two blocks, one "
+            "fault at most): "
             + ", ".join(f"<code>{e(p)}</code>" for p in refuted)
             + ' <span class="verdict-refuted">refuted</span>, each with its shortest '
             'counterexample below; <span class="verdict-pass">passing</span>: '
