@@ -358,6 +358,18 @@ def test_a_line_over_the_limit_is_refused_without_reading_it_whole(tmp_path: Pat
         read_log([deep])
 
 
+@pytest.mark.parametrize("event", [[], ["request_admitted"], {}, {"a": 1}, 7, None])
+def test_an_event_that_is_not_a_string_is_unreadable(tmp_path: Path, event: object) -> None:
+    """Found by fuzzing: an unhashable event was a TypeError from the replay (a crash)."""
+    lines = to_jsonl(_session()).splitlines()
+    bad = json.dumps({**json.loads(lines[2]), "event": event})
+    with pytest.raises(ValueError, match="line 3: its event is not a string"):
+        read_log([*lines[:2], bad, *lines[3:]])
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join([*lines[:2], bad, *lines[3:]]) + "\n")
+    assert main(["replay", str(path)]) == 2
+
+
 def test_replay_verbose_logs_each_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = tmp_path / "good.jsonl"
     good.write_text(to_jsonl(_session()))

@@ -143,6 +143,8 @@ def _parse(n: int, raw: str) -> dict[str, Any] | None:
         raise ValueError(f"line {n}: not JSON: {e}") from e
     if not isinstance(rec, dict):
         raise ValueError(f"line {n}: not a JSON object")
+    if not isinstance(rec.get("event", ""), str):
+        raise ValueError(f"line {n}: its event is not a string")
     return rec
 
 
