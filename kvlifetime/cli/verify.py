@@ -145,6 +145,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--checked", action="store_true", help="mirror into the specification too")
     p.add_argument(
+        "--engine",
+        choices=("auto", "ledger", "packed"),
+        default="auto",
+        help="the ledger the model drives: ledger (the real BlockLedger), packed (the same "
+        "model over plain values, proven equal to it on a grid of shapes; its counterexamples "
+        "are replayed on the real ledger); auto (default): packed where it models the shape "
+        "(no --restarts, --share or --checked), else ledger",
+    )
+    p.add_argument(
         "--format",
         choices=("text", "json"),
         default="text",
@@ -180,6 +189,15 @@ def run(args: argparse.Namespace) -> int:
     budget: int | None = default_budget() if args.memory_budget is None else args.memory_budget
     if budget == 0:
         budget = None  # --memory-budget none
+    from kvlifetime.verify.packed import supports
+
+    engine = args.engine
+    if engine == "auto":
+        engine = "packed" if supports(config) is None and not args.checked else "ledger"
+    elif engine == "packed" and (supports(config) is not None or args.checked):
+        why = supports(config) or "--checked (it mirrors the real ledger's transitions)"
+        print(f"kvlifetime verify: error: the packed engine does not model {why}", file=sys.stderr)
+        return 2
     with _ProgressBar(args, _start_line(config, args.policy, budget)) as bar:
         result = explore(
             config,
@@ -191,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
             progress_every=0.5,
             compact=args.hash_compaction,
             memory_budget=budget,
+            engine=engine,
         )
     if args.format == "json":
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")

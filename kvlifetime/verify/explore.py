@@ -254,14 +254,16 @@ from typing import Any
 
 import attrs
 
+from kvlifetime.errors import SpecDisagreement
 from kvlifetime.verify.events import enabled
 from kvlifetime.verify.keys import RENAMING_CAP, canonical_key, concrete_key, renamings
 from kvlifetime.verify.lies import lie_events
 from kvlifetime.verify.memory import resident_bytes
-from kvlifetime.verify.por import stubborn
+from kvlifetime.verify.packed import PackedLedger, supports
 from kvlifetime.verify.result import Result, Step
-from kvlifetime.verify.semantics import check_quiet, describe_event, step
+from kvlifetime.verify.semantics import check_quiet, describe_event, run_events, step
 from kvlifetime.verify.state import (
+    INCARNATION,
     Broken,
     Config,
     Event,
@@ -270,8 +272,10 @@ from kvlifetime.verify.state import (
     Violation,
     initial,
 )
+from kvlifetime.verify.successors import expansion
 
 __all__ = [
+    "ENGINES",
     "RENAMING_CAP",
     "Progress",
     "Result",
@@ -285,6 +289,42 @@ __all__ = [
 
 
 # ------------------------------------------------------------------ the search
+
+# The ledgers the model can drive: the real ``BlockLedger``, or ``packed.PackedLedger`` (the
+# same model over plain values, proven equal to the real one on a grid of shapes by
+# ``tests/test_verify_packed.py``; its counterexamples are replayed on the real ledger).
+ENGINES = ("ledger", "packed")
+
+
+def engine_root(config: Config, engine: str, *, checked: bool, crash_first: bool) -> State:
+    """The initial state for ``engine``; ``ValueError`` if it cannot run ``config``."""
+    if engine == "ledger":
+        return initial(config, checked=checked, crash_first=crash_first)
+    if engine != "packed":
+        raise ValueError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
+    why = supports(config)
+    if why is not None:
+        raise ValueError(f"the packed engine does not model {why}")
+    if checked:
+        raise ValueError("checked=True mirrors the real ledger's transitions: engine='ledger'")
+    led = PackedLedger(config.blocks, incarnation=INCARNATION)
+    return initial(config, crash_first=crash_first, ledger=led)
+
+
+def confirm_on_ledger(
+    config: Config, policy: Policy, events: list[Event], violation: Violation
+) -> None:
+    """Replay ``events`` on the real ledger; raise ``SpecDisagreement`` unless it breaks the
+    same invariant (the packed engine reports only what the real ledger confirms)."""
+    try:
+        _, _, got = run_events(config, policy, events, checked=False)
+    except ValueError as e:  # an event the real model does not enable there
+        raise SpecDisagreement(f"the packed engine's counterexample does not replay: {e}") from e
+    if got is None or got.invariant != violation.invariant:
+        raise SpecDisagreement(
+            f"the packed engine found {violation.invariant} ({violation.message}); replayed on "
+            f"the real ledger the same events give {got!r}"
+        )
 
 
 @attrs.frozen(slots=True)
@@ -316,6 +356,8 @@ def explore(
     quiet: set[Any] | None = None,
     compact: bool = False,
     memory_budget: int | None = None,
+    engine: str = "ledger",
+    reached: set[Any] | None = None,
 ) -> Result:
     """Explore every state reachable under ``config``; stop at the shortest violation.
 
@@ -329,13 +371,18 @@ def explore(
     docstring); its result is never a pass. ``memory_budget`` (bytes): the search reads the
     process's resident memory as it goes and stops once it reaches the budget; the result is
     then incomplete (``out_of_memory``), with the states stored and the depth it had covered.
+    ``reached``, when given, receives the key of every state stored (the equality of the two
+    engines is checked on these sets). ``engine``: ``"ledger"`` drives the real
+    ``BlockLedger``; ``"packed"`` the same model over ``packed.PackedLedger`` (faster;
+    ``ValueError`` for a configuration it does not model), whose counterexample is replayed on
+    the real ledger before it is returned.
     """
     t0 = time.perf_counter()
     base_key = canonical_key if reduce else concrete_key
     keyf: Callable[[State, Config], Any] = (
         (lambda s, c: hash(base_key(s, c))) if compact else base_key
     )
-    root = initial(config, checked=checked, crash_first=por)
+    root = engine_root(config, engine, checked=checked, crash_first=por)
     rkey = keyf(root, config)
     # key -> (parent key, event taken from the parent's stored state); the root maps to None.
     parents: dict[Any, tuple[Any, Event] | None] = {rkey: None}
@@ -377,8 +424,12 @@ def explore(
                     if now - last_report >= progress_every:
                         last_report = now
                         report()
-            # Lies that the ledger refuses are self-loops, left out ("lies" above).
-            events = enabled(state, config) + lie_events(state, config, policy, answers)
+            if found is not None:
+                # Only quiet states of this depth can still give a shorter one.
+                events = enabled(state, config) + lie_events(state, config, policy, answers)
+                succ = None
+            else:
+                events, succ = expansion(state, config, policy, por, answers)
             if not events:
                 if quiet is not None:
                     quiet.add(key)
@@ -387,30 +438,13 @@ def explore(
                     found = (v, key, None, [], depth)
                     break
                 continue
-            if found is not None:
-                continue  # only quiet states of this depth can still give a shorter one
-            succ: dict[Event, State | Broken] = {}
-
-            def after(
-                ev: Event, state: State = state, succ: dict[Event, State | Broken] = succ
-            ) -> State | None:
-                got = succ.get(ev)
-                if got is None:
-                    try:
-                        got = step(state, ev, config, policy)[0]
-                    except Broken as exc:
-                        got = exc
-                    succ[ev] = got
-                return None if isinstance(got, Broken) else got
-
-            if por:
-                events = stubborn(state, config, events, after, policy)
+            if succ is None:
+                continue
             for ev in events:
                 transitions += 1
-                nxt = after(ev)
+                nxt = succ.after(ev)
                 if nxt is None:
-                    b = succ[ev]
-                    assert isinstance(b, Broken)
+                    b = succ.broken(ev)
                     found = (b.violation, key, ev, b.notes, depth + 1)
                     break
                 nkey = keyf(nxt, config)
@@ -432,6 +466,8 @@ def explore(
     except KeyboardInterrupt:  # a second Ctrl-C (or a callback that stops the search) here
         interrupted = True
     seconds = time.perf_counter() - t0
+    if reached is not None:
+        reached.update(parents)
     complete = (
         found is None and not interrupted and not compact and not capped and not out_of_memory
     )
@@ -439,7 +475,10 @@ def explore(
     violation = None
     if found is not None:
         violation = found[0]
-        trace = _trace(config, policy, parents, found[1], found[2], checked)
+        events = _path(parents, found[1], found[2])
+        if engine != "ledger":
+            confirm_on_ledger(config, policy, events, violation)
+        trace = readable_steps(config, policy, events, checked=checked)
     return Result(
         config,
         policy,
@@ -458,18 +497,14 @@ def explore(
         memory_budget=memory_budget,
         out_of_memory=out_of_memory,
         covered_depth=depth - 1 if queue else max_depth,
+        engine=engine,
     )
 
 
-def _trace(
-    config: Config,
-    policy: Policy,
-    parents: dict[Any, tuple[Any, Event] | None],
-    key: Any,
-    last: Event | None,
-    checked: bool,
-) -> tuple[Step, ...]:
-    """Rebuild the path to ``key`` (then ``last``) and replay it to get readable notes."""
+def _path(
+    parents: dict[Any, tuple[Any, Event] | None], key: Any, last: Event | None
+) -> list[Event]:
+    """The events from the root to ``key`` (then ``last``), from the parent links."""
     events: list[Event] = [] if last is None else [last]
     link = parents[key]
     while link is not None:
@@ -477,7 +512,7 @@ def _trace(
         events.append(ev)
         link = parents[pkey]
     events.reverse()
-    return readable_steps(config, policy, events, checked=checked)
+    return events
 
 
 def readable_steps(

@@ -21,7 +21,6 @@ from kvlifetime.evidence import (
     TransferCompleted,
     TransferQuiesced,
 )
-from kvlifetime.ledger import BlockLedger
 from kvlifetime.source import LOCAL, Source
 from kvlifetime.verify.state import (
     RELEASED,
@@ -29,6 +28,7 @@ from kvlifetime.verify.state import (
     Env,
     Event,
     Fault,
+    ModelLedger,
     Policy,
     Snap,
     State,
@@ -208,7 +208,7 @@ def _ask_lies(
     that are not no-ops (see ``lie_events``)."""
     believe = policy.believes_the_wire
     base = snap.ledger
-    scratch: BlockLedger | None = None
+    scratch: ModelLedger | None = None
     refused_any = False
     out: list[int] = []
     for i, (_lie, evidence) in enumerate(table):
@@ -238,7 +238,7 @@ def _ask_lies(
     return tuple(sorted(out))
 
 
-def _changes(ledger: BlockLedger, ev: Evidence) -> bool:
+def _changes(ledger: ModelLedger, ev: Evidence) -> bool:
     """Whether applying ``ev`` to (a copy of) ``ledger`` changes it, refused or not."""
     scratch = ledger.copy()
     with contextlib.suppress(EvidenceError):

@@ -48,6 +48,8 @@ class Result:
     memory_budget: int | None = None  # the budget it ran under, bytes (None: no budget)
     out_of_memory: bool = False  # stopped at the memory budget: a partial result
     covered_depth: int = 0  # every state this many steps deep or less was expanded
+    engine: str = "ledger"  # the ledger the model drove: "ledger" (real) or "packed"
+    processes: int = 1  # processes that expanded the frontier
 
     @property
     def verdict(self) -> str:
@@ -92,6 +94,8 @@ class Result:
             "memory_budget_bytes": self.memory_budget,
             "out_of_memory": self.out_of_memory,
             "covered_depth": self.covered_depth,
+            "engine": self.engine,
+            "processes": self.processes,
             "violation": None
             if self.violation is None
             else {
@@ -125,7 +129,8 @@ class Result:
             f"rule: {POLICY_RULES[self.policy]}",
             f"states explored: {self.states} ({self.transitions} transitions, depth "
             f"{self.max_depth}, reduction {'on' if self.reduced else 'off'})",
-            f"time: {self.seconds:.2f} s, {self.states_per_second:,.0f} states/s",
+            f"time: {self.seconds:.2f} s, {self.states_per_second:,.0f} states/s (engine "
+            f"{self.engine}, {self.processes} process{'es' if self.processes > 1 else ''})",
             f"memory: {_mb(self.memory_peak)} resident at most"
             + ("" if self.memory_budget is None else f", budget {_mb(self.memory_budget)}"),
         ]

@@ -17,12 +17,12 @@ from kvlifetime.errors import (
     UnauthorizedEvidence,
 )
 from kvlifetime.evidence import Evidence
-from kvlifetime.ledger import BlockLedger
 from kvlifetime.verify.state import (
     RELEASED,
     Broken,
     Config,
     Env,
+    ModelLedger,
     Msg,
     Policy,
     Snap,
@@ -39,26 +39,26 @@ class Scratch:
         self.config = config
         self.policy = policy
         self.env = state.env
-        self._ledger: BlockLedger | None = None
+        self._ledger: ModelLedger | None = None
         self.notes: list[str] = []
 
     @property
-    def ledger(self) -> BlockLedger:
+    def ledger(self) -> ModelLedger:
         if self._ledger is None:
             self._ledger = self.parent.snap.ledger.copy()
         return self._ledger
 
     @property
-    def view(self) -> BlockLedger:
+    def view(self) -> ModelLedger:
         """The ledger for queries: the copy if one was made, else the parent's."""
         return self._ledger if self._ledger is not None else self.parent.snap.ledger
 
     @property
-    def copy_made(self) -> BlockLedger | None:
+    def copy_made(self) -> ModelLedger | None:
         """The ledger copy this step made, if it made one (the step changed the ledger)."""
         return self._ledger
 
-    def replace_ledger(self, ledger: BlockLedger) -> None:
+    def replace_ledger(self, ledger: ModelLedger) -> None:
         """The step ends with ``ledger`` in place of the parent's (a restart)."""
         self._ledger = ledger
 

@@ -6,14 +6,18 @@ See ``kvlifetime.verify.model`` for what the model is, and ``docs/verification.m
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import numpy as np
+import numpy.typing as npt
 
 from kvlifetime.errors import KVLifetimeError
+from kvlifetime.evidence import Evidence
 from kvlifetime.grant import Access, Grant
 from kvlifetime.ledger import BlockLedger
+from kvlifetime.spec.proof import GrantProof
+from kvlifetime.spec.vocabulary import RequestState
 
 INCARNATION = "verify"  # fixed, so that a replayed trace issues the same grant ids
 # The request that holds the arena for the previous incarnation after a restart.
@@ -350,12 +354,45 @@ class Env:
     incarnation: int = 0  # restarts so far: the ledger's incarnation is INCARNATION + "-<n>"
 
 
+class ModelLedger(Protocol):
+    """What the model asks of a ledger: the calls ``semantics`` / ``policies`` / ``lies`` make
+    and the queries the keys read. ``BlockLedger`` (the real one, ``engine="ledger"``) and
+    ``packed.PackedLedger`` (``engine="packed"``) both answer them."""
+
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def checked(self) -> bool: ...
+    def copy(self) -> ModelLedger: ...
+    def fingerprint(self) -> tuple[Any, ...]: ...
+    def state(self, request: str, /) -> RequestState: ...
+    def proof_of(self, grant: Grant, /) -> GrantProof: ...
+    def open_grants(self, request: str, /) -> list[Grant]: ...
+    def generation(self, ids: npt.ArrayLike, /) -> npt.NDArray[np.uint32]: ...
+    def free_count(self) -> int: ...
+    def blocks_of(self, request: str, /) -> npt.NDArray[np.int64]: ...
+    def block_state(self, ids: npt.ArrayLike, /) -> npt.NDArray[np.uint8]: ...
+    def stats(self) -> Any: ...
+    def allocate(self, request: str, n: int, /) -> npt.NDArray[np.int64]: ...
+    def admit(self, request: str, /) -> None: ...
+    def acquire(self, request: str, blocks: npt.ArrayLike, /, *, shared: bool) -> None: ...
+    def grant(
+        self, request: str, peer: str, blocks: npt.ArrayLike, access: Access = ..., /
+    ) -> Grant: ...
+    def finish(self, request: str, /) -> object: ...
+    def reject(self, request: str, reason: str = ..., /) -> object: ...
+    def release(self, request: str, /) -> npt.NDArray[np.int64]: ...
+    def force_release(self, request: str, reason: str, /) -> npt.NDArray[np.int64]: ...
+    def collect_releasable(self) -> dict[Any, npt.NDArray[np.int64]]: ...
+    def apply(self, evidence: Evidence, /) -> object: ...
+
+
 class Snap:
     """A ledger that no one mutates any more, with the queries the explorer keeps asking."""
 
     __slots__ = ("_fp", "_gens", "_proofs", "_stale", "_stale_old", "_states", "ledger", "lies")
 
-    def __init__(self, ledger: BlockLedger) -> None:
+    def __init__(self, ledger: ModelLedger) -> None:
         self.ledger = ledger
         self.lies: dict[Any, tuple[int, ...]] = {}  # lie signature -> the lies not no-ops
         self._fp: tuple[Any, ...] | None = None
@@ -463,11 +500,19 @@ def peer_name(i: int) -> str:
     return f"p{i + 1}"
 
 
-def initial(config: Config, *, checked: bool = False, crash_first: bool = False) -> State:
+def initial(
+    config: Config,
+    *,
+    checked: bool = False,
+    crash_first: bool = False,
+    ledger: ModelLedger | None = None,
+) -> State:
     """The state before anything happened. ``crash_first``: only the first
     ``config.max_crashes`` peers may crash (a reduction: see "which peers crash" in
-    ``explore.py``); else any peer may."""
-    ledger = BlockLedger(config.blocks, checked=checked, incarnation=INCARNATION)
+    ``explore.py``); else any peer may. ``ledger``: the empty ledger to drive (a packed one,
+    ``engine="packed"``); by default a real ``BlockLedger``."""
+    if ledger is None:
+        ledger = BlockLedger(config.blocks, checked=checked, incarnation=INCARNATION)
     env = Env(
         peers=tuple(
             PeerSide(
