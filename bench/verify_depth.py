@@ -1,7 +1,8 @@
 """The verifier's depth targets, timed (run by hand or by ``make verify-depth``; not a test).
 
     .venv/bin/python bench/verify_depth.py [--only 3x2x3-k2|2x2x2-kinds|3x2x3-k1]
-        [--limit SECONDS] [--baseline DIR]
+        [--limit SECONDS] [--baseline DIR] [--engines ledger,packed] [--processes 1,2]
+        [--profile SECONDS]
 
 Each target is a proof-policy search with every fault kind:
 
@@ -14,6 +15,13 @@ Each target is a proof-policy search with every fault kind:
   cores; its test checks the verdict, not the time).
 
 Every line carries the machine's load average when it started: the machine is shared.
+
+``--engines`` and ``--processes`` run each search once per engine (``ledger``: the real
+``BlockLedger``; ``packed``: ``PackedLedger``) and per number of worker processes (packed
+only), one after the other in the same run, and print the rate of each against the first
+(the comparison of the engines, and of one process with two). ``--profile SECONDS``: instead,
+cProfile of the packed engine on ``3x2x3-k2`` for that long, top functions by own time (the
+floor, where a target is not met).
 
 A search still running at ``--limit`` seconds is stopped there (through its progress callback)
 and reported with the states it reached and its rate, marked unfinished. ``--baseline DIR``:
@@ -64,7 +72,7 @@ def run_default_command(limit: float) -> dict[str, Any]:
     }
 
 
-def run_one(name: str, limit: float) -> dict[str, Any]:
+def run_one(name: str, limit: float, engine: str = "ledger", processes: int = 1) -> dict[str, Any]:
     """One target in this process, stopped at ``limit`` seconds."""
     from kvlifetime.verify import Config, Policy, explore, parse_faults
 
@@ -83,7 +91,17 @@ def run_one(name: str, limit: float) -> dict[str, Any]:
             raise KeyboardInterrupt  # explore returns the partial result
 
     try:
-        r = explore(cfg, Policy.PROOF, progress=stop_at_limit, progress_every=1.0)
+        if engine == "ledger" and processes == 1:
+            r = explore(cfg, Policy.PROOF, progress=stop_at_limit, progress_every=1.0)
+        else:
+            r = explore(
+                cfg,
+                Policy.PROOF,
+                progress=stop_at_limit,
+                progress_every=1.0,
+                engine=engine,
+                processes=processes,
+            )
     except KeyboardInterrupt:
         # An explorer from before the partial results (a baseline): it cannot say how far
         # it got.
@@ -108,12 +126,38 @@ def run_one(name: str, limit: float) -> dict[str, Any]:
     }
 
 
-def _in_subprocess(name: str, limit: float, path: str | None) -> dict[str, Any]:
+def profile_packed(seconds: float) -> None:
+    """cProfile of the packed engine on 3x2x3-k2 for ``seconds``: the top functions."""
+    import cProfile
+    import pstats
+
+    from kvlifetime.verify import Config, Policy, explore, parse_faults
+
+    cfg = Config(3, 2, 3, faults=parse_faults("all"), max_faults=2)
+    t0 = time.perf_counter()
+
+    def stop(*_progress: Any) -> None:
+        if time.perf_counter() - t0 > seconds:
+            raise KeyboardInterrupt
+
+    prof = cProfile.Profile()
+    prof.enable()
+    r = explore(cfg, Policy.PROOF, engine="packed", progress=stop, progress_every=1.0)
+    prof.disable()
+    print(f"packed, 3x2x3-k2, profiled: {r.states:,} states in {r.seconds:.1f} s")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+
+
+def _in_subprocess(
+    name: str, limit: float, path: str | None, engine: str = "ledger", processes: int = 1
+) -> dict[str, Any]:
     env = dict(os.environ)
     if path is not None:
         env["PYTHONPATH"] = path
+    extra = [] if engine == "ledger" and processes == 1 else ["--engine", engine]
+    extra += [] if processes == 1 else ["--processes", str(processes)]
     out = subprocess.run(
-        [sys.executable, __file__, "--child", name, "--limit", str(limit)],
+        [sys.executable, __file__, "--child", name, "--limit", str(limit), *extra],
         capture_output=True,
         text=True,
         env=env,
@@ -128,10 +172,21 @@ def main() -> None:
     ap.add_argument("--only", choices=sorted(TARGETS), action="append")
     ap.add_argument("--limit", type=float, default=600.0, help="seconds per search")
     ap.add_argument("--baseline", default=None, help="a directory holding another kvlifetime")
+    ap.add_argument("--engines", default=None, help="e.g. ledger,packed: one search each")
+    ap.add_argument("--processes", default="1", help="e.g. 1,2: worker processes (packed)")
+    ap.add_argument("--engine", default="ledger", help=argparse.SUPPRESS)
+    ap.add_argument("--profile", type=float, default=None, help="profile packed for SECONDS")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(run_one(args.child, args.limit)))
+        procs = int(args.processes)
+        print(json.dumps(run_one(args.child, args.limit, args.engine, procs)))
+        return
+    if args.profile is not None:
+        profile_packed(args.profile)
+        return
+    if args.engines is not None:
+        compare(args)
         return
     print(f"cores: {os.cpu_count()}  limit: {args.limit:.0f} s per search")
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -151,6 +206,33 @@ def main() -> None:
                 f" {base['states_per_second']:,} states/s | rate ratio {ratio:.2f}x"
             )
         print(line, flush=True)
+
+
+def compare(args: argparse.Namespace) -> None:
+    """Each target once per engine and number of processes, in one run: rates against the
+    first search of the target."""
+    print(f"cores: {os.cpu_count()}  limit: {args.limit:.0f} s per search")
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    runs = [
+        (e, int(p))
+        for e in args.engines.split(",")
+        for p in args.processes.split(",")
+        if e == "packed" or p == "1"
+    ]
+    for name in args.only or [t for t in TARGETS if t != "cli-default"]:
+        first = None
+        for engine, procs in runs:
+            load = os.getloadavg()[0]
+            cur = _in_subprocess(name, args.limit, here, engine, procs)
+            rate = cur["states_per_second"]
+            first = first or max(rate, 1)
+            print(
+                f"{name:>12} {engine:>6} x{procs}: {cur['verdict']}"
+                f"{'' if cur['finished'] else ' (stopped at limit)'}, {cur['states']:,} states, "
+                f"{cur['seconds']} s, {rate:,} states/s ({rate / first:.2f}x), "
+                f"{cur.get('memory_mb', '?')} MB (load average {load:.1f})",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

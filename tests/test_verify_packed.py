@@ -112,3 +112,39 @@ def test_configurations_the_packed_ledger_does_not_model_are_refused() -> None:
             explore(config, Policy.PROOF, engine="packed")
     with pytest.raises(ValueError, match="unknown engine"):
         explore(Config(1, 1, 1), Policy.PROOF, engine="spin")
+
+
+@pytest.mark.parametrize(
+    ("config", "policy"),
+    [
+        (Config(2, 2, 1, faults=parse_faults("all"), max_faults=1), Policy.PROOF),
+        (Config(2, 2, 1, faults=parse_faults("all"), max_faults=1), Policy.TIMEOUT),
+        (Config(2, 2, 2, faults=parse_faults("fail,timeout"), max_faults=1), Policy.NAIVE),
+        (Config(1, 2, 1, faults=parse_faults("lie,crash")), Policy.TRUSTING),
+        (Config(2, 1, 2, faults=frozenset()), Policy.ORDERED_REAPER),
+    ],
+    ids=lambda v: v.value if isinstance(v, Policy) else None,
+)
+def test_two_processes_reach_what_one_reaches(config: Config, policy: Policy) -> None:
+    """The parallel frontier (two worker processes) against the serial search, same engine:
+    the same verdict and shortest length; for a pass, the same states, key for key."""
+    one: set[Any] = set()
+    two: set[Any] = set()
+    serial = explore(config, policy, engine="packed", reached=one)
+    parallel = explore(config, policy, engine="packed", processes=2, reached=two)
+    assert parallel.processes == 2
+    assert (parallel.violation is None) == (serial.violation is None)
+    if serial.violation is not None:
+        assert parallel.violation is not None
+        assert parallel.violation.invariant == serial.violation.invariant
+        assert len(parallel.trace) == len(serial.trace)
+    else:
+        assert parallel.complete and serial.complete
+        assert parallel.states == serial.states == len(two)
+        assert two == one
+        assert parallel.max_depth == serial.max_depth
+
+
+def test_the_parallel_frontier_needs_the_packed_engine() -> None:
+    with pytest.raises(ValueError, match="needs engine='packed'"):
+        explore(Config(1, 1, 1), Policy.PROOF, processes=2)

@@ -154,6 +154,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(no --restarts, --share or --checked), else ledger",
     )
     p.add_argument(
+        "--processes",
+        type=bounded_int(1),
+        default=1,
+        metavar="N",
+        help="expand the frontier in N worker processes (level by level, the same states and "
+        "shortest counterexample as one; needs the packed engine; default 1)",
+    )
+    p.add_argument(
         "--format",
         choices=("text", "json"),
         default="text",
@@ -189,14 +197,11 @@ def run(args: argparse.Namespace) -> int:
     budget: int | None = default_budget() if args.memory_budget is None else args.memory_budget
     if budget == 0:
         budget = None  # --memory-budget none
-    from kvlifetime.verify.packed import supports
 
-    engine = args.engine
-    if engine == "auto":
-        engine = "packed" if supports(config) is None and not args.checked else "ledger"
-    elif engine == "packed" and (supports(config) is not None or args.checked):
-        why = supports(config) or "--checked (it mirrors the real ledger's transitions)"
-        print(f"kvlifetime verify: error: the packed engine does not model {why}", file=sys.stderr)
+    engine, refused = _engine(args, config)
+    if refused is not None:
+        args.log.info("verify_refused", error=refused)
+        print(f"kvlifetime verify: error: {refused}", file=sys.stderr)
         return 2
     with _ProgressBar(args, _start_line(config, args.policy, budget)) as bar:
         result = explore(
@@ -210,12 +215,33 @@ def run(args: argparse.Namespace) -> int:
             compact=args.hash_compaction,
             memory_budget=budget,
             engine=engine,
+            processes=args.processes,
         )
     if args.format == "json":
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
     else:
         sys.stdout.write(result.to_text())
     return exit_status(result)
+
+
+def _engine(args: argparse.Namespace, config: Config) -> tuple[str, str | None]:
+    """The engine ``--engine`` asks for (``auto``: packed where it models the shape), and why
+    the options cannot run together (``None``: they can)."""
+    from kvlifetime.verify.packed import supports
+
+    unmodelled = supports(config) or (
+        "--checked (it mirrors the real ledger's transitions)" if args.checked else None
+    )
+    engine = args.engine
+    if engine == "auto":
+        engine = "ledger" if unmodelled is not None else "packed"
+    if engine == "packed" and unmodelled is not None:
+        return engine, f"the packed engine does not model {unmodelled}"
+    if args.processes > 1 and engine != "packed":
+        return engine, "--processes needs the packed engine (a real ledger stays in one process)"
+    if args.processes > 1 and args.hash_compaction:
+        return engine, "--processes does not take --hash-compaction"
+    return engine, None
 
 
 def exit_status(result: Result) -> int:

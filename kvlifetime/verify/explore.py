@@ -260,6 +260,7 @@ from kvlifetime.verify.keys import RENAMING_CAP, canonical_key, concrete_key, re
 from kvlifetime.verify.lies import lie_events
 from kvlifetime.verify.memory import resident_bytes
 from kvlifetime.verify.packed import PackedLedger, supports
+from kvlifetime.verify.parallel import Pool, run_levels
 from kvlifetime.verify.result import Result, Step
 from kvlifetime.verify.semantics import check_quiet, describe_event, run_events, step
 from kvlifetime.verify.state import (
@@ -358,6 +359,7 @@ def explore(
     memory_budget: int | None = None,
     engine: str = "ledger",
     reached: set[Any] | None = None,
+    processes: int = 1,
 ) -> Result:
     """Explore every state reachable under ``config``; stop at the shortest violation.
 
@@ -375,8 +377,25 @@ def explore(
     engines is checked on these sets). ``engine``: ``"ledger"`` drives the real
     ``BlockLedger``; ``"packed"`` the same model over ``packed.PackedLedger`` (faster;
     ``ValueError`` for a configuration it does not model), whose counterexample is replayed on
-    the real ledger before it is returned.
+    the real ledger before it is returned. ``processes`` >= 2: the frontier is expanded by that
+    many worker processes (``parallel``: the packed engine only; no ``quiet``, no ``compact``),
+    with the same states, verdict and shortest length as in one.
     """
+    if processes > 1:
+        return _explore_parallel(
+            config,
+            policy,
+            processes,
+            reduce=reduce,
+            por=por,
+            max_states=max_states,
+            progress=progress,
+            quiet=quiet,
+            compact=compact,
+            memory_budget=memory_budget,
+            engine=engine,
+            reached=reached,
+        )
     t0 = time.perf_counter()
     base_key = canonical_key if reduce else concrete_key
     keyf: Callable[[State, Config], Any] = (
@@ -498,6 +517,85 @@ def explore(
         out_of_memory=out_of_memory,
         covered_depth=depth - 1 if queue else max_depth,
         engine=engine,
+    )
+
+
+def _explore_parallel(
+    config: Config,
+    policy: Policy,
+    processes: int,
+    *,
+    reduce: bool,
+    por: bool,
+    max_states: int | None,
+    progress: Callable[[Progress], None] | None,
+    quiet: set[Any] | None,
+    compact: bool,
+    memory_budget: int | None,
+    engine: str,
+    reached: set[Any] | None,
+) -> Result:
+    """``explore`` on ``processes`` worker processes (``parallel``)."""
+    if engine != "packed":
+        raise ValueError("processes > 1 needs engine='packed' (a BlockLedger is no value to send)")
+    if quiet is not None or compact:
+        raise ValueError("processes > 1 takes neither quiet nor compact")
+    t0 = time.perf_counter()
+    root = engine_root(config, engine, checked=False, crash_first=por)
+    rkey = (canonical_key if reduce else concrete_key)(root, config)
+
+    def report(states: int, transitions: int, depth: int, queue: int, memory: int) -> None:
+        if progress is not None:
+            elapsed = time.perf_counter() - t0
+            progress(Progress(states, transitions, depth, queue, elapsed, memory))
+
+    pool = Pool(processes, config, policy, reduce)
+    try:
+        got = run_levels(
+            pool,
+            root,
+            rkey,
+            por=por,
+            max_states=max_states,
+            memory_budget=memory_budget,
+            report=report,
+        )
+        if reached is not None:
+            reached.update(pool.keys())
+    finally:
+        pool.close()
+    seconds = got["seconds"] - t0
+    report(got["states"], got["transitions"], got["depth"], got["queue"], got["memory"])
+    violation = None
+    trace: tuple[Step, ...] = ()
+    found = got.get("found")
+    if found is not None:
+        violation, events, _length = found
+        confirm_on_ledger(config, policy, events, violation)
+        trace = readable_steps(config, policy, events)
+    interrupted = got["interrupted"]
+    complete = not (found is not None or interrupted or got["capped"] or got["out_of_memory"])
+    depth = got["depth"]
+    max_depth = depth if found is not None or got["queue"] else depth - 1
+    return Result(
+        config,
+        policy,
+        reduce,
+        got["states"],
+        got["transitions"],
+        seconds,
+        max(max_depth, 0),
+        complete,
+        violation,
+        trace,
+        interrupted=interrupted,
+        queue=got["queue"],
+        memory_peak=got["memory_peak"],
+        memory_budget=memory_budget,
+        out_of_memory=got["out_of_memory"],
+        covered_depth=max(depth - 1, 0),
+        engine=engine,
+        processes=processes,
     )
 
 
