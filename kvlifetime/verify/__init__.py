@@ -2,7 +2,9 @@
 
 ``explore(Config(...), Policy.PROOF)`` drives a real ``BlockLedger`` through every interleaving
 of an environment of requests, peers and a faulty control channel (``model.py``), and checks
-isolation, exclusivity, no leak and progress in every reachable state (``explore.py``).
+isolation, exclusivity, no leak and progress in every reachable state (``explore.py``);
+``engine="packed"`` runs the same model over a packed ledger proven equal to the real one
+(``packed.py``), ``processes=N`` on N worker processes (``parallel.py``).
 ``replay.py`` checks recorded event logs against the transition tables and evidence rules.
 """
 

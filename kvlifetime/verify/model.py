@@ -1,7 +1,10 @@
 """The environment around a real ``BlockLedger``: requests, peers, a faulty control channel.
 
-The explorer (``explore.py``) never models the ledger: every owner call and every piece of
-evidence goes to a real ``BlockLedger``, copied before it changes (``BlockLedger.copy``). What is
+With ``engine="ledger"`` the explorer (``explore.py``) never models the ledger: every owner call
+and every piece of evidence goes to a real ``BlockLedger``, copied before it changes
+(``BlockLedger.copy``); ``engine="packed"`` runs this same model over ``packed.PackedLedger``,
+proven equal to it (``tests/test_verify_packed.py``), its counterexamples replayed on the real
+ledger. What is
 modelled here is only what the ledger cannot see — the peers, their transfers, the messages on
 the wire — and the *release policy* of the engine around it:
 
