@@ -254,17 +254,15 @@ from typing import Any
 
 import attrs
 
-from kvlifetime.errors import SpecDisagreement
 from kvlifetime.verify.events import enabled
 from kvlifetime.verify.keys import RENAMING_CAP, canonical_key, concrete_key, renamings
 from kvlifetime.verify.lies import lie_events
 from kvlifetime.verify.memory import resident_bytes
-from kvlifetime.verify.packed import PackedLedger, supports
+from kvlifetime.verify.packed import ENGINES, confirm_on_ledger, engine_root
 from kvlifetime.verify.parallel import Pool, run_levels
 from kvlifetime.verify.result import Result, Step
-from kvlifetime.verify.semantics import check_quiet, describe_event, run_events, step
+from kvlifetime.verify.semantics import check_quiet, describe_event, step
 from kvlifetime.verify.state import (
-    INCARNATION,
     Broken,
     Config,
     Event,
@@ -290,42 +288,6 @@ __all__ = [
 
 
 # ------------------------------------------------------------------ the search
-
-# The ledgers the model can drive: the real ``BlockLedger``, or ``packed.PackedLedger`` (the
-# same model over plain values, proven equal to the real one on a grid of shapes by
-# ``tests/test_verify_packed.py``; its counterexamples are replayed on the real ledger).
-ENGINES = ("ledger", "packed")
-
-
-def engine_root(config: Config, engine: str, *, checked: bool, crash_first: bool) -> State:
-    """The initial state for ``engine``; ``ValueError`` if it cannot run ``config``."""
-    if engine == "ledger":
-        return initial(config, checked=checked, crash_first=crash_first)
-    if engine != "packed":
-        raise ValueError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
-    why = supports(config)
-    if why is not None:
-        raise ValueError(f"the packed engine does not model {why}")
-    if checked:
-        raise ValueError("checked=True mirrors the real ledger's transitions: engine='ledger'")
-    led = PackedLedger(config.blocks, incarnation=INCARNATION)
-    return initial(config, crash_first=crash_first, ledger=led)
-
-
-def confirm_on_ledger(
-    config: Config, policy: Policy, events: list[Event], violation: Violation
-) -> None:
-    """Replay ``events`` on the real ledger; raise ``SpecDisagreement`` unless it breaks the
-    same invariant (the packed engine reports only what the real ledger confirms)."""
-    try:
-        _, _, got = run_events(config, policy, events, checked=False)
-    except ValueError as e:  # an event the real model does not enable there
-        raise SpecDisagreement(f"the packed engine's counterexample does not replay: {e}") from e
-    if got is None or got.invariant != violation.invariant:
-        raise SpecDisagreement(
-            f"the packed engine found {violation.invariant} ({violation.message}); replayed on "
-            f"the real ledger the same events give {got!r}"
-        )
 
 
 @attrs.frozen(slots=True)

@@ -25,7 +25,7 @@ That restated part is **proven equal** to the real ledger, not argued: ``tests/t
 explores a grid of small shapes under every policy and every fault kind with both engines and
 requires the same set of canonical keys reached, the same verdict and the same shortest
 counterexample length. And a counterexample the packed engine finds is replayed on the real
-ledger (``explore.confirm_on_ledger``) before it is reported: a reported violation is always
+ledger (``confirm_on_ledger``, below) before it is reported: a reported violation is always
 a real one.
 
 Not modelled (``supports`` says why; ``explore`` refuses them for this engine): restarts
@@ -48,6 +48,7 @@ from kvlifetime.errors import (
     InsufficientEvidence,
     MismatchedEvidence,
     OutOfBlocks,
+    SpecDisagreement,
     StaleEvidence,
     UnknownGrant,
     UnknownRequest,
@@ -59,9 +60,10 @@ from kvlifetime.source import SourceKind
 from kvlifetime.spec.proof import GrantProof
 from kvlifetime.spec.table import request_table
 from kvlifetime.spec.vocabulary import PROOF_CHAIN, REQUEST_GUARDS, BlockState, RequestState
-from kvlifetime.verify.state import Config
+from kvlifetime.verify.semantics import run_events
+from kvlifetime.verify.state import INCARNATION, Config, Event, Policy, State, Violation, initial
 
-__all__ = ["PackedLedger", "supports"]
+__all__ = ["ENGINES", "PackedLedger", "confirm_on_ledger", "engine_root", "supports"]
 
 _ADMITTED = RequestState.ADMITTED.value
 _TRANSFER_QUIESCED = RequestState.TRANSFER_QUIESCED.value
@@ -412,3 +414,42 @@ class PackedLedger:
         assert isinstance(request, str)
         if self._reqs[request].state != _ADMITTED:
             self._advance(request)
+
+
+# ------------------------------------------------------------------ choosing the engine
+
+# The ledgers the model can drive: the real ``BlockLedger``, or ``packed.PackedLedger`` (the
+# same model over plain values, proven equal to the real one on a grid of shapes by
+# ``tests/test_verify_packed.py``; its counterexamples are replayed on the real ledger).
+ENGINES = ("ledger", "packed")
+
+
+def engine_root(config: Config, engine: str, *, checked: bool, crash_first: bool) -> State:
+    """The initial state for ``engine``; ``ValueError`` if it cannot run ``config``."""
+    if engine == "ledger":
+        return initial(config, checked=checked, crash_first=crash_first)
+    if engine != "packed":
+        raise ValueError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
+    why = supports(config)
+    if why is not None:
+        raise ValueError(f"the packed engine does not model {why}")
+    if checked:
+        raise ValueError("checked=True mirrors the real ledger's transitions: engine='ledger'")
+    led = PackedLedger(config.blocks, incarnation=INCARNATION)
+    return initial(config, crash_first=crash_first, ledger=led)
+
+
+def confirm_on_ledger(
+    config: Config, policy: Policy, events: list[Event], violation: Violation
+) -> None:
+    """Replay ``events`` on the real ledger; raise ``SpecDisagreement`` unless it breaks the
+    same invariant (the packed engine reports only what the real ledger confirms)."""
+    try:
+        _, _, got = run_events(config, policy, events, checked=False)
+    except ValueError as e:  # an event the real model does not enable there
+        raise SpecDisagreement(f"the packed engine's counterexample does not replay: {e}") from e
+    if got is None or got.invariant != violation.invariant:
+        raise SpecDisagreement(
+            f"the packed engine found {violation.invariant} ({violation.message}); replayed on "
+            f"the real ledger the same events give {got!r}"
+        )

@@ -21,7 +21,7 @@ computed on that concrete state, so this is what keeps the two reached sets iden
 only equal up to symmetry), and the first violation is a shortest one, as in the serial search:
 a quiet state breaking no-leak at this depth (the first in the level's order) is shorter than
 any step that breaks (the first such step in that order). The counterexample is rebuilt by
-asking each link's owner, then replayed on the real ledger (``explore.confirm_on_ledger``).
+asking each link's owner, then replayed on the real ledger (``packed.confirm_on_ledger``).
 
 Only the packed engine: a ``BlockLedger`` holds a lock and is no value to send between processes.
 The state count of a passing search equals the serial one (the tests check); at a violation the
