@@ -187,7 +187,8 @@ def holds(batch: Mapping[Any, Any], num_blocks: int) -> Holds | None:
     walked = pairs(batch)
     if not walked:
         return None
-    keys: list[RequestKey]
+    # Any until checked below (a compiled build checks a declared element type on every read).
+    keys: list[Any]
     keys, values = map(list, zip(*walked, strict=True))
     # Plain int and str keys of a dict are valid as they are (it keeps them distinct);
     # anything else is normalized, and two keys that become one (an IntEnum member and its

@@ -74,7 +74,7 @@ _ADMITTED = RequestState.ADMITTED.value
 _QUARANTINED = RequestState.QUARANTINED.value
 
 
-class BlockCounts(abc.ABC):
+class BlockCounts(metaclass=abc.ABCMeta):
     """The per-block state of one pool (see the module docstring): what both implementations
     keep (holders counted in ``sharers``, generations, the open-grant counters) and the
     interface the facade calls, under its lock, with validated values."""
@@ -92,6 +92,11 @@ class BlockCounts(abc.ABC):
         "uncounted",
         "unsettled",
     )
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> BlockCounts:
+        # A blank instance for ``snapshot.copy_slots``: compiled by mypyc (the optional
+        # accelerator), the class is created blank only by a ``__new__`` of its own.
+        return object.__new__(cls)
 
     counts: ClassVar[Counts]
     """Which implementation this is (``BlockLedger.counts``)."""
@@ -408,17 +413,3 @@ class BlockCounts(abc.ABC):
             "free_stack": None,
             "free_top": 0,
         }
-
-
-class MaxSharers:
-    """``BlockLedger.MAX_SHARERS``: the uint16 counter's limit on the class; on a ledger, the
-    limit its per-block state enforces (a test may lower it, on a subclass or an instance)."""
-
-    def __get__(self, obj: Any, owner: type | None = None) -> int:
-        return MAX_SHARERS if obj is None else int(obj._blocks.max_sharers)
-
-    def __set__(self, obj: Any, value: int) -> None:
-        obj._blocks.max_sharers = value
-
-    def __int__(self) -> int:
-        return MAX_SHARERS

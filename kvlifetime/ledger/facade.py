@@ -39,11 +39,11 @@ from kvlifetime.evidence import Evidence
 from kvlifetime.grant import Access, BlockIds, Grant, PeerId, RequestKey
 from kvlifetime.ledger import batch, proofs
 from kvlifetime.ledger.batch import HoldAndGrant
-from kvlifetime.ledger.blocks import COUNTS, MAX_SHARERS, Counts, MaxSharers
+from kvlifetime.ledger.blocks import COUNTS, MAX_SHARERS, Counts
 from kvlifetime.ledger.engine_counts import EngineCounts
 from kvlifetime.ledger.events import emit, log, started
 from kvlifetime.ledger.ledger_counts import LedgerCounts
-from kvlifetime.ledger.queries import _Queries
+from kvlifetime.ledger.queries import MaxSharers, _Queries
 from kvlifetime.ledger.requests import RequestTable
 from kvlifetime.ledger.restart import PREVIOUS_INCARNATION, quarantine_previous
 from kvlifetime.ledger.transitions import fire

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from kvlifetime import errors, inputs
 from kvlifetime.grant import BlockIds, Grant, GrantId, RequestKey
-from kvlifetime.ledger.blocks import BlockCounts, Counts
+from kvlifetime.ledger.blocks import MAX_SHARERS, BlockCounts, Counts
 from kvlifetime.ledger.events import Event
 from kvlifetime.ledger.requests import RequestTable
 from kvlifetime.ledger.values import (
@@ -35,6 +35,23 @@ if TYPE_CHECKING:
 
 _QUARANTINED = RequestState.QUARANTINED.value
 _RELEASED = RequestState.RELEASED.value
+
+
+class MaxSharers:
+    """``BlockLedger.MAX_SHARERS``: the uint16 counter's limit on the class; on a ledger, the
+    limit its per-block state enforces (a test may lower it, on a subclass or an instance).
+
+    Here, not beside the counts in ``blocks``: a data descriptor must stay interpreted (mypyc,
+    the optional accelerator, compiles ``__get__`` but not ``__set__``)."""
+
+    def __get__(self, obj: Any, owner: type | None = None) -> int:
+        return MAX_SHARERS if obj is None else int(obj._blocks.max_sharers)
+
+    def __set__(self, obj: Any, value: int) -> None:
+        obj._blocks.max_sharers = value
+
+    def __int__(self) -> int:
+        return MAX_SHARERS
 
 
 class _Queries:

@@ -9,7 +9,7 @@ ledger applies the rules; these are what the table guards read (``spec.vocabular
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -58,6 +58,11 @@ class RequestRecord:
         "slot",
         "state",
     )
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> RequestRecord:
+        # A blank instance for ``snapshot.copy_slots``: compiled by mypyc (the optional
+        # accelerator), the class is created blank only by a ``__new__`` of its own.
+        return object.__new__(cls)
 
     def __init__(self, key: RequestKey, slot: int, deadline: float | None) -> None:
         self.key = key

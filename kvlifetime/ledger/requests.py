@@ -77,6 +77,11 @@ class RequestTable:
         "unsafe_releases",
     )
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> RequestTable:
+        # A blank instance for ``snapshot.copy_slots``: compiled by mypyc (the optional
+        # accelerator), the class is created blank only by a ``__new__`` of its own.
+        return object.__new__(cls)
+
     def __init__(self, incarnation: str, *, checked: bool) -> None:
         self.incarnation = incarnation  # in every grant id: another ledger's never matches
         self.checked = checked  # mirror every transition into python-statemachine

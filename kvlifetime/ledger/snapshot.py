@@ -53,9 +53,14 @@ _SLOTS: dict[type, tuple[str, ...]] = {}
 
 
 def slots_of(cls: type) -> tuple[str, ...]:
-    """Every slot of ``cls`` and its bases, base first."""
+    """Every slot of ``cls`` and its bases, base first (of a class compiled by mypyc, the
+    optional accelerator: its attributes, which it lists in ``__mypyc_attrs__``)."""
     names = _SLOTS.get(cls)
     if names is None:
+        compiled = cls.__dict__.get("__mypyc_attrs__")
+        if compiled is not None:
+            names = _SLOTS[cls] = tuple(sorted(n for n in compiled if n != "__dict__"))
+            return names
         seen: dict[str, None] = {}
         for klass in reversed(cls.__mro__):
             s = klass.__dict__.get("__slots__", ())
@@ -104,7 +109,10 @@ def _compile(cls: type, replaced: tuple[str, ...]) -> Any:
                 f"        new.{name} = v{i} if t{i} in _PLAIN else _copy(v{i}, {name!r})",
             ]
     lines.append("    return new")
-    scope: dict[str, Any] = {"_new": object.__new__, "_cls": cls, "_PLAIN": _PLAIN}
+    # ``cls.__new__``: ``object.__new__`` for an interpreted class; a compiled one (mypyc) is
+    # created blank only by a ``__new__`` of its own (its constructor would run ``__init__``),
+    # so each class copied here defines one (``RequestTable``, ``BlockCounts``, the records).
+    scope: dict[str, Any] = {"_new": cls.__new__, "_cls": cls, "_PLAIN": _PLAIN}
     scope["_ndarray"] = np.ndarray
     scope["_copy"] = copy_value
     exec("\n".join(lines), scope)  # the source is built from the slot names above

@@ -18,6 +18,8 @@ nothing was ever posted.
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvlifetime.errors import ContradictoryEvidence
 from kvlifetime.evidence import (
     AccessRevoked,
@@ -36,6 +38,11 @@ class GrantProof:
     """The accumulated evidence of one grant (mutable; owned by a ledger, under its lock)."""
 
     __slots__ = ("cancel_received", "last_seq", "revoked", "suspect", "through_seq")
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> GrantProof:
+        # A blank instance for ``snapshot.copy_slots``: compiled by mypyc (the optional
+        # accelerator), the class is created blank only by a ``__new__`` of its own.
+        return object.__new__(cls)
 
     def __init__(self) -> None:
         self.cancel_received = False  # a CancelReceived (or anything stronger) arrived
