@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NIXL_PKGS := nixl==1.5.1 nixl-cu13==1.5.1
 
-.PHONY: demo demo-preflight demo-mooncake demo-nixl soak test lint typecheck bench docs clean system-deps \
+.PHONY: accel demo demo-preflight demo-mooncake demo-nixl soak test lint typecheck bench docs clean system-deps \
 	vllm-venv vllm-src vllm-hf vllm-baseline test-vllm clean-vllm spin-anchor verify-depth \
 	sglang-venv test-sglang clean-sglang
 
@@ -51,8 +51,16 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: system-deps $(STAMP) lint typecheck
-	$(BIN)/pytest
+# The optional accelerator: the ledger's hot path compiled by mypyc from its own source, in
+# place (kvlifetime/ledger/*.so; about 40 s on 2 cores). `python hatch_build.py --clean` removes
+# it; KVLIFETIME_PURE=1 runs the sources beside it. Not needed to install or run kvlifetime.
+accel: $(STAMP)
+	$(BIN)/python hatch_build.py
+
+# The suite runs on the compiled modules (tests/test_accel.py fails if they are not the ones
+# imported) and runs the pure path's differential tests too.
+test: system-deps $(STAMP) lint typecheck accel
+	KVLIFETIME_REQUIRE_ACCEL=1 $(BIN)/pytest
 
 # DEMO_ARGS: e.g. `--requests 100` (CI runs each demo target that small); the default is 1,000
 # requests per run, about a minute in all on 2 cores; `--requests 10000` is the manual's size.

@@ -17,6 +17,15 @@ TYPE_CHECKING = False
 
 __version__ = "0.2.0"
 
+# KVLIFETIME_PURE=1: the ledger's sources, even where its compiled modules are built beside them
+# (the optional accelerator, kvlifetime/accel.py). Set before any of them can be imported.
+# (``os`` is loaded at start-up unless Python runs with -S; then it is imported here.)
+if __import__("os").environ.get("KVLIFETIME_PURE") == "1":
+    from kvlifetime.accel import force_pure as _force_pure
+
+    _force_pure()
+    del _force_pure
+
 # Each exported name -> the module that defines it. One table: ``__all__``, ``__getattr__``,
 # ``__dir__`` and the type checker's imports below all follow it (a test checks they agree).
 _EXPORTS: dict[str, str] = {

@@ -90,9 +90,10 @@ class Layer:
 LAYERS: tuple[Layer, ...] = (
     Layer(
         "foundation",
-        ("__init__.py", "errors.py", "inputs.py", "source.py", "extras.py"),
+        ("__init__.py", "errors.py", "inputs.py", "source.py", "extras.py", "accel.py"),
         "the exception tree (every class, by whose fault), the argument checks, where a piece of "
-        "evidence comes from, the optional dependencies (a missing one names its install); "
+        "evidence comes from, the optional dependencies (a missing one names its install), which "
+        "of the ledger's modules run compiled (the optional accelerator); "
         "`kvlifetime` itself only names where each export lives (it imports none of them)",
     ),
     Layer(

@@ -127,4 +127,9 @@ def test_the_wheel_ships_the_apache_licence(tmp_path: Path) -> None:
         entry_points = z.read(f"{info}/entry_points.txt").decode()
     assert "License-Expression: Apache-2.0" in metadata
     assert "kvlifetime/py.typed" in names
+    # The accelerator's build hook is off by default: a plain wheel is pure Python, whatever
+    # `make accel` left in the tree (tests/test_accel.py).
+    assert wheel.name.endswith("-py3-none-any.whl")
+    assert "kvlifetime/ledger/requests.py" in names
+    assert not [n for n in names if n.endswith((".so", ".pyd"))]
     assert "kvlifetime = kvlifetime.pytest_plugin" in entry_points
