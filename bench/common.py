@@ -16,11 +16,16 @@ def machine(**engine: Any) -> dict[str, Any]:
     the processor, cores, Python and numpy, then ``engine`` (the caller's versions, and more)."""
     import numpy as np
 
+    from kvlifetime import accel
+
     return {
         "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "numpy": np.__version__,
+        # the ledger's modules: "compiled" (make accel) or "pure" (KVLIFETIME_PURE=1, or not built)
+        "ledger_build": accel.variant(),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
         **engine,
     }
 

@@ -292,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     info = common.machine()
     print(
         f"vLLM {info['vllm']} BlockPool (prefix caching on) + kvlifetime ledger: "
-        f"{bench.mode}, fresh per run; {info['cores']} cores, Python {info['python']}"
+        f"{bench.mode}, fresh per run; {info['cores']} cores, Python {info['python']}, "
+        f"the ledger {info['ledger_build']}, load average {info['loadavg'][0]}"
     )
     print(
         f"{args.requests} requests x {args.blocks} blocks; {args.rounds} interleaved rounds, "

@@ -495,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     info = common.machine()
     print(
         f"vLLM {info['vllm']} Scheduler + NixlConnector (scheduler side), mocked model output; "
-        f"{info['cores']} cores, Python {info['python']}"
+        f"{info['cores']} cores, Python {info['python']}, the ledger {info['ledger_build']}, "
+        f"load average {info['loadavg'][0]}"
     )
     print(
         f"{args.requests} requests per run, prompts of {args.prompt_blocks} blocks, "
