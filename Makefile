@@ -31,9 +31,10 @@ $(DEMO_STAMP): pyproject.toml
 	@touch $(DEMO_STAMP)
 
 # Debian packages some tests need: graphviz (svg diagrams), libibverbs1 & co (Mooncake's
-# import), spin (the model-checker anchor), chromium (the report's browser test). Installed when running as root with apt-get; otherwise install them yourself
+# import), spin (the model-checker anchor), chromium (the report's browser test), gcc and
+# python3-dev (make accel compiles the ledger's hot path). Installed when running as root with apt-get; otherwise install them yourself
 # (the tests that need them say which package is missing).
-DEBS := graphviz libibverbs1 librdmacm1 libnuma1 spin chromium
+DEBS := graphviz libibverbs1 librdmacm1 libnuma1 spin chromium gcc python3-dev
 system-deps:
 	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -54,7 +55,7 @@ typecheck: $(STAMP)
 # The optional accelerator: the ledger's hot path compiled by mypyc from its own source, in
 # place (kvlifetime/ledger/*.so; about 40 s on 2 cores). `python hatch_build.py --clean` removes
 # it; KVLIFETIME_PURE=1 runs the sources beside it. Not needed to install or run kvlifetime.
-accel: $(STAMP)
+accel: system-deps $(STAMP)
 	$(BIN)/python hatch_build.py
 
 # The suite runs on the compiled modules (tests/test_accel.py fails if they are not the ones

@@ -1,6 +1,6 @@
 """The ledger pure and compiled (the optional accelerator), side by side.
 
-``python -m bench.accel_compare [--pairs 4] [--bench step,prefill,decode,live,blockpool]
+``python -m bench.accel_compare [--pairs 4] [--bench step,floor,prefill,decode,live,blockpool]
 [--out FILE]`` (``make accel`` first; the vLLM benches need ``.venv-vllm``).
 
 A module is pure or compiled for a whole process, so the two variants run in alternating
@@ -13,7 +13,10 @@ processes (pure first in even pairs, compiled first in odd ones), each process t
 - **prefill**, **decode**, **live**: ``bench.vllm_scheduler`` (its guarded / unguarded ratio,
   and the guard's and the ledger's time per request as a share of vLLM's own, all from within
   one process); **live** is prefill with 10,000 requests held live;
-- **blockpool**: ``bench.vllm_blockpool``, each variant's ratio to the pool alone.
+- **blockpool**: ``bench.vllm_blockpool``, each variant's ratio to the pool alone;
+- **floor**: what a guarded request costs at the least whatever the ledger's code: the values
+  the contract hands out per request and the records and map entries a per-request ledger
+  keeps, built with nothing checked (``floor_bench``).
 
 Each figure is the median over the processes of a variant; ``compiled / pure`` is the median of
 the per-pair quotients. A benchmark: it measures and prints, it asserts only that each process
@@ -111,19 +114,104 @@ def step_bench(steps: int) -> dict[str, Any]:
     }
 
 
+def floor_bench(reps: int) -> dict[str, Any]:
+    """What a guarded request costs at the least, whatever the ledger's code: the values the
+    contract hands out per request and the records a per-request ledger keeps, built with
+    nothing checked (the ledger's own fast constructors), us per request, median of ``reps``
+    batches of a step's requests. In this process's variant (the records compile; the values,
+    attrs classes and NamedTuples, never do)."""
+    import gc
+
+    import numpy as np
+
+    from kvlifetime import accel
+    from kvlifetime.evidence import TransferCompleted
+    from kvlifetime.grant import Access, make_grant, make_grant_id
+    from kvlifetime.ledger.records import GrantRecord, RequestRecord
+    from kvlifetime.ledger.values import Transition
+
+    new_tuple = tuple.__new__
+    ids = np.arange(STEP_BLOCKS, dtype=np.int64)
+    ids.flags.writeable = False
+    gens = np.zeros(STEP_BLOCKS, dtype=np.uint32)
+    gens.flags.writeable = False
+    clock = time.perf_counter_ns
+    values: list[float] = []
+    records: list[float] = []
+    tables: list[float] = []
+    gc.disable()
+    try:
+        for r in range(reps + 20):
+            keys = [f"r{r}-{i}" for i in range(STEP_REQUESTS)]
+            t0 = clock()
+            # The values: a Grant (and its id) per request, its evidence, three transitions.
+            grants = []
+            for n, key in enumerate(keys):
+                g = make_grant(make_grant_id("inc", n + 1), key, "decode-0", ids, gens, Access.READ)
+                grants.append(g)
+                TransferCompleted.of(g, 1)
+                for event in ("finished", "transfer_quiesced", "released"):
+                    new_tuple(Transition, (key, event, "a", "b", "c", None, None, False))
+            t1 = clock()
+            # The records: a request's and a grant's.
+            recs = []
+            for n, key in enumerate(keys):
+                req = RequestRecord(key, n, None)
+                recs.append(GrantRecord(grants[n], req, None))
+            t2 = clock()
+            # The table's maps: the entries a request and its grant make and unmake.
+            requests: dict[Any, Any] = {}
+            by_slot: dict[int, Any] = {}
+            grants_by_serial: dict[int, Any] = {}
+            by_peer: dict[Any, Any] = {"decode-0": {}}
+            releasable: dict[Any, None] = {}
+            for n, rec in enumerate(recs):
+                key, req = keys[n], rec.req
+                requests[key] = req
+                by_slot[n] = req
+                req.grants[n] = rec
+                req.open[n] = rec
+                grants_by_serial[n] = rec
+                by_peer["decode-0"][n] = rec
+            for n, rec in enumerate(recs):
+                key, req = keys[n], rec.req
+                del req.open[n]
+                del by_peer["decode-0"][n]
+                releasable[key] = None
+            for n in range(len(recs)):
+                key = keys[n]
+                del requests[key], by_slot[n], grants_by_serial[n], releasable[key]
+            t3 = clock()
+            if r >= 20:
+                values.append((t1 - t0) / STEP_REQUESTS / 1e3)
+                records.append((t2 - t1) / STEP_REQUESTS / 1e3)
+                tables.append((t3 - t2) / STEP_REQUESTS / 1e3)
+    finally:
+        gc.enable()
+    v, rc, tb = (statistics.median(x) for x in (values, records, tables))
+    return {
+        "variant": accel.variant(),
+        "loadavg": os.getloadavg()[0],
+        "values_us": v,
+        "records_us": rc,
+        "maps_us": tb,
+        "floor_us_per_request": v + rc + tb,
+    }
+
+
 def _run(cmd: list[str], variant: str) -> None:
     env = dict(os.environ, KVLIFETIME_PURE="1" if variant == "pure" else "0")
     env["PYTHONPATH"] = str(ROOT)
     subprocess.run(cmd, env=env, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
 
 
-def _child_step(variant: str, out: Path, steps: int) -> dict[str, Any]:
+def _child_step(variant: str, out: Path, steps: int, kind: str = "step") -> dict[str, Any]:
     _run(
         [
             sys.executable,
             "-m",
             "bench.accel_compare",
-            "--child-step",
+            f"--child-{kind}",
             str(steps),
             "--out",
             str(out),
@@ -213,17 +301,22 @@ def compare(pairs: int, child: Callable[[str, Path], dict[str, Any]]) -> dict[st
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.accel_compare")
     p.add_argument("--pairs", type=int, default=4, help="processes of each variant")
-    p.add_argument("--bench", default="step,prefill,decode,live,blockpool")
+    p.add_argument("--bench", default="step,floor,prefill,decode,live,blockpool")
     p.add_argument("--rounds", type=int, default=3, help="rounds within each vLLM process")
     p.add_argument("--steps", type=int, default=400, help="step: timed steps per process")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--child-step", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child-floor", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child_step is not None:
         common.write_json(args.out, step_bench(args.child_step))
         return 0
+    if args.child_floor is not None:
+        common.write_json(args.out, floor_bench(args.child_floor))
+        return 0
     benches: dict[str, Callable[[str, Path], dict[str, Any]]] = {
         "step": lambda v, o: _child_step(v, o, args.steps),
+        "floor": lambda v, o: _child_step(v, o, args.steps, "floor"),
         "prefill": lambda v, o: _child_scheduler(v, o, "prefill", 0, args.rounds),
         "decode": lambda v, o: _child_scheduler(v, o, "decode", 0, args.rounds),
         "live": lambda v, o: _child_scheduler(v, o, "prefill", 10_000, args.rounds),
