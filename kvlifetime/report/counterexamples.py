@@ -2,11 +2,12 @@
 
 The verifier (``kvlifetime.verify.explore``) refutes the naive, timeout, trusting and
 sglang-0.5.23 release policies and the field's bug classes (first-failure, counted-completions,
-id-overwrite, ordered-reaper, naive on read grants) with a shortest trace of numbered steps. A reviewer reads who
-did what to whom more easily as lanes: the decode side (the owner, whose ledger decides what
-goes back to the pool), each prefill peer, and the transfer engine whose writes land in
-decode's memory. Only the verifier's public result is read (``Result.to_dict()``: each step's
-event, label and notes), so the picture shows exactly what ``kvlifetime verify`` prints.
+id-overwrite, ordered-reaper, naive on read grants) with a shortest trace of numbered steps.
+A reviewer reads who did what to whom more easily as lanes: the decode side (the owner, whose
+ledger decides what goes back to the pool), each prefill peer, and the transfer engine whose
+writes land in decode's memory. Only the verifier's public result is read
+(``Result.to_dict()``: each step's event, label and notes), so the picture shows exactly what
+``kvlifetime verify`` prints.
 
 Proves: the drawn steps are the verifier's trace, in order, one row per step, each arrow
 between the lanes its event names. Does not prove: anything the trace does not contain (a
