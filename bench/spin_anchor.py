@@ -3,11 +3,11 @@
     .venv/bin/python -m bench.spin_anchor [--configs 1x1x1,2x1x2,2x2x2,3x2x3/k1,3x2x3/k2]
         [--policies naive,timeout,proof,trusting] [--explorer-timeout S] [--out out]
 
-For each configuration and policy it builds SPIN's verifier from ``bench/spin/kvlifetime.pml``
-(``spin -a`` with the configuration as ``-D`` flags, then ``gcc -O2 -DSAFETY``: safety
-properties only; no hash compaction, no bitstate: SPIN's search is exhaustive), runs it breadth
-first (``-DBFS``, as our explorer: a refutation ends at a shortest counterexample) and, when
-that runs out of its memory bound with no verdict, depth first; and it runs
+For each configuration and policy it generates the Promela model from the specification
+(``kvlifetime.verify.promela``, what ``kvlifetime promela`` writes), builds SPIN's verifier
+from it (``spin -a``, then ``gcc -O2 -DSAFETY -DREACH``: safety properties only; no hash
+compaction, no bitstate: SPIN's search is exhaustive), runs it depth first with ``-i`` (a
+refutation ends at a shortest counterexample, as our breadth-first explorer's); and it runs
 ``kvlifetime verify --format json`` on the same configuration in a subprocess. It
 prints one markdown table (configuration, faults, policy, checker, verdict, states, seconds,
 states/s, counterexample steps), writes the rows as JSON to ``out/spin-anchor.json``, and checks
@@ -38,30 +38,13 @@ from typing import Any
 
 import attrs
 
-from kvlifetime.verify import Config, Fault, Policy, parse_faults
+from kvlifetime.verify import Config, Policy, parse_faults
+from kvlifetime.verify.promela import PromelaError, check_expressible, defines, generate
 
-MODEL = Path(__file__).resolve().parent / "spin" / "kvlifetime.pml"
+MODEL_NAME = "kvlifetime.pml"  # the generated model, written into each run's directory
 
 # The fault kinds the Promela model has (every one of the explorer's, in these configurations).
 ANCHOR_FAULTS = "reorder,duplicate,delay,loss,crash,fence,timeout,retry,fail,lie"
-_FAULT_FLAGS: dict[Fault, str] = {
-    Fault.REORDER: "F_REORDER",
-    Fault.DUPLICATE: "F_DUP",
-    Fault.DELAY: "F_DELAY",
-    Fault.LOSS: "F_LOSS",
-    Fault.CRASH: "F_CRASH",
-    Fault.FENCE: "F_FENCE",
-    Fault.TIMEOUT: "F_TIMEOUT",
-    Fault.RETRY: "F_RETRY",
-    Fault.FAIL: "F_FAIL",
-    Fault.LIE: "F_LIE",
-}
-_POLICY_CODES: dict[Policy, int] = {
-    Policy.NAIVE: 0,
-    Policy.TIMEOUT: 1,
-    Policy.PROOF: 2,
-    Policy.TRUSTING: 3,
-}
 # What each policy must give (the explorer's own tests pin the same).
 EXPECTED: dict[Policy, str] = {
     Policy.NAIVE: "refuted",
@@ -99,34 +82,24 @@ class AnchorError(Exception):
 
 
 def spin_defines(config: Config, policy: Policy) -> list[str]:
-    """The ``-D`` flags that make the Promela model the explorer's ``config`` under ``policy``.
+    """The configuration as the generated model's ``#define`` lines say it (for the record:
+    the model is generated for the configuration, nothing is passed to ``spin -a``).
 
-    Raises ``AnchorError`` for what the model cannot express: more than one block per request,
-    sizes beyond its enumeration (4 requests, 3 peers, 2 transfers), or a fault kind it lacks.
+    Raises ``AnchorError`` for what the model cannot express (``PromelaError``).
     """
-    if config.blocks_per_request != 1:
-        raise AnchorError("the Promela model gives every request one block")
-    if not (config.requests <= 4 and config.peers <= 3 and 1 <= config.transfers_per_grant <= 2):
-        raise AnchorError("the Promela model has at most 4 requests, 3 peers, 2 transfers")
-    missing = sorted(f.value for f in config.faults if f not in _FAULT_FLAGS)
-    if missing:
-        raise AnchorError(f"the Promela model has no fault kind {', '.join(missing)}")
-    flags = {
-        "R": config.requests,
-        "P": config.peers,
-        "B": config.blocks,
-        "T": config.transfers_per_grant,
-        "POLICY": _POLICY_CODES[policy],
-        "MAXF": -1 if config.max_faults is None else config.max_faults,
-        "MAXDUP": config.max_duplicates,
-        "MAXDELAY": config.max_delays,
-        "MAXLOSS": config.max_losses,
-        "MAXCRASH": config.max_crashes,
-        "MAXRETRY": config.max_retries,
-    }
-    for fault, name in _FAULT_FLAGS.items():
-        flags[name] = int(fault in config.faults)
-    return [f"-D{k}={v}" for k, v in flags.items()]
+    try:
+        check_expressible(config, policy)
+    except PromelaError as e:
+        raise AnchorError(str(e)) from e
+    return [f"-D{k}={v}" for k, v in defines(config, policy).items()]
+
+
+def model_text(config: Config, policy: Policy) -> str:
+    """The Promela model of ``config`` / ``policy``, generated from the specification."""
+    try:
+        return generate(config, policy)
+    except PromelaError as e:
+        raise AnchorError(str(e)) from e
 
 
 @attrs.frozen(slots=True)
@@ -198,9 +171,9 @@ def invariant_of(assertion: str) -> str:
         return "isolation"
     if "blk[admitted]" in assertion:
         return "exclusivity"
-    if "quar" in assertion:
+    if "rs[" in assertion:
         return "no_leak"
-    if "POLICY" in assertion:
+    if "ledger_error" in assertion:
         return "ledger_error"
     if "lqn" in assertion or "cqn" in assertion:
         raise AnchorError(f"a channel bound of the Promela model is too small: {assertion}")
@@ -222,12 +195,8 @@ class SpinResult:
     flags: tuple[str, ...]
 
 
-def _build(
-    spin: str, gcc: str, defines: list[str], cflags: list[str], workdir: Path, name: str
-) -> None:
-    gen = subprocess.run(
-        [spin, "-a", *defines, MODEL.name], cwd=workdir, capture_output=True, text=True
-    )
+def _build(spin: str, gcc: str, cflags: list[str], workdir: Path, name: str) -> None:
+    gen = subprocess.run([spin, "-a", MODEL_NAME], cwd=workdir, capture_output=True, text=True)
     if gen.returncode != 0 or not (workdir / "pan.c").exists():
         raise AnchorError(f"spin -a failed:\n{gen.stdout}{gen.stderr}")
     cc = subprocess.run(
@@ -246,65 +215,62 @@ def _pan(workdir: Path, name: str, args: list[str], timeout_s: float) -> PanRun:
     return parse_pan(text)
 
 
+# The generated model's first step fills its constant tables (``hidden``): one step and one
+# state more than the events of ``kvlifetime verify``; a trail's length is given without it.
+TABLE_STEPS = 1
+
+
 def run_spin(
     config: Config,
     policy: Policy,
     workdir: Path,
     *,
     memlim_mb: int = 8192,
-    bfs_memlim_mb: int = 2048,
     hash_log2: int = 24,
     timeout_s: float = 3600.0,
     approximate: bool = False,
 ) -> SpinResult:
-    """Build SPIN's verifier for ``config`` / ``policy`` in ``workdir`` and run it.
+    """Generate the model of ``config`` / ``policy`` into ``workdir``, build SPIN's verifier
+    and run it.
 
-    Breadth first (``-DBFS``) first, as our explorer searches: a refutation is found at its
-    shortest counterexample (whose length is compared with the explorer's), after as many
-    states as a breadth-first search needs to get there. SPIN's breadth-first search keeps its
-    whole frontier in memory, so it runs under ``bfs_memlim_mb``; when that bound ends it
-    without a verdict, the exhaustive depth-first search (``memlim_mb``) gives the verdict, the
-    states and the time. Both are ``-DSAFETY`` (assertions and end states; no cycle checks:
-    there are no liveness properties). With ``approximate``, a depth-first search that runs
-    out of memory too is redone with hash compaction (``-DHC4``), and its result is marked
+    Depth first with ``-DREACH -i``: an exhaustive search that, on a violation, goes on
+    looking for a shorter one until it has the shortest (its length is compared with the
+    explorer's breadth-first counterexample). Not breadth first: SPIN refuses ``-DBFS`` on a
+    model with ``hidden`` variables (the generated model keeps the specification's tables
+    there, outside the state vector). ``-DSAFETY`` (assertions and end states; no cycle
+    checks: there are no liveness properties). With ``approximate``, a search that runs out of
+    ``memlim_mb`` is redone with hash compaction (``-DHC4``), and its result is marked
     approximate (a pass is then "no violation found", never an exhaustive pass).
     """
     spin, gcc = _tool("spin"), _tool("gcc")
     workdir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(MODEL, workdir / MODEL.name)
-    defines = spin_defines(config, policy)
-    base = ["-O2", "-DSAFETY"]
+    (workdir / MODEL_NAME).write_text(model_text(config, policy))
+    flags_d = spin_defines(config, policy)
+    base = ["-O2", "-DSAFETY", "-DREACH"]
+    flags = [*base, f"-DMEMLIM={memlim_mb}"]
     t0 = time.perf_counter()
-    bfs_flags = [*base, "-DBFS", f"-DMEMLIM={bfs_memlim_mb}"]
-    _build(spin, gcc, defines, bfs_flags, workdir, "pan_bfs")
+    _build(spin, gcc, flags, workdir, "pan_dfs")
     compile_s = time.perf_counter() - t0
-    trail = workdir / f"{MODEL.name}.trail"
+    trail = workdir / f"{MODEL_NAME}.trail"
     trail.unlink(missing_ok=True)
-    run = _pan(workdir, "pan_bfs", [f"-w{hash_log2}"], timeout_s)
-    flags = bfs_flags
+    # -m: the depth bound of the search stack, far above the model's longest run.
+    run = _pan(workdir, "pan_dfs", [f"-w{hash_log2}", "-m100000", "-i"], timeout_s)
     steps = None
     if run.errors and trail.exists():
         replay = subprocess.run(
-            [spin, "-t", *defines, MODEL.name], cwd=workdir, capture_output=True, text=True
+            [spin, "-t", MODEL_NAME], cwd=workdir, capture_output=True, text=True
         )
-        steps = parse_trail_steps(replay.stdout + replay.stderr)
-    elif not run.complete:
-        flags = [*base, f"-DMEMLIM={memlim_mb}"]
+        steps = parse_trail_steps(replay.stdout + replay.stderr) - TABLE_STEPS
+    elif not run.complete and approximate:
+        # Out of memory: hash compaction, stated as approximate in every output.
+        flags = [*base, "-DHC4", f"-DMEMLIM={memlim_mb}"]
         t0 = time.perf_counter()
-        _build(spin, gcc, defines, flags, workdir, "pan_dfs")
+        _build(spin, gcc, flags, workdir, "pan_hc")
         compile_s += time.perf_counter() - t0
-        # -m: the depth bound of the search stack, far above the model's longest run.
-        run = _pan(workdir, "pan_dfs", [f"-w{hash_log2}", "-m100000"], timeout_s)
-        if not run.complete and not run.errors and approximate:
-            # Out of memory again: hash compaction, stated as approximate in every output.
-            flags = [*base, "-DHC4", f"-DMEMLIM={memlim_mb}"]
-            t0 = time.perf_counter()
-            _build(spin, gcc, defines, flags, workdir, "pan_hc")
-            compile_s += time.perf_counter() - t0
-            exact = run
-            run = _pan(workdir, "pan_hc", [f"-w{hash_log2}", "-m100000"], timeout_s)
-            run = attrs.evolve(run, approximate=True, exact_states=exact.states)
-    return SpinResult(run, steps, compile_s, (*defines, *flags))
+        exact = run
+        run = _pan(workdir, "pan_hc", [f"-w{hash_log2}", "-m100000"], timeout_s)
+        run = attrs.evolve(run, approximate=True, exact_states=exact.states)
+    return SpinResult(run, steps, compile_s, (*flags_d, *flags))
 
 
 # ------------------------------------------------------------------ kvlifetime verify
@@ -398,7 +364,7 @@ class Row:
     config: str
     faults: str  # "per-kind bounds" or "at most K per run"
     policy: str
-    checker: str  # "kvlifetime verify", or "SPIN (BFS)" / "SPIN (DFS)": its search
+    checker: str  # "kvlifetime verify", or "SPIN (DFS)" / "SPIN (DFS, hash compaction)"
     verdict: str  # pass / refuted / unfinished
     invariant: str | None
     states: int | None
@@ -442,7 +408,7 @@ def spin_row(name: str, config: Config, policy: Policy, res: SpinResult) -> Row:
 def _search(flags: Sequence[str]) -> str:
     if "-DHC4" in flags:
         return "SPIN (DFS, hash compaction)"
-    return "SPIN (BFS)" if "-DBFS" in flags else "SPIN (DFS)"
+    return "SPIN (DFS)"
 
 
 def explorer_row(name: str, config: Config, policy: Policy, res: ExplorerRun) -> Row:
@@ -515,12 +481,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="seconds before kvlifetime verify is interrupted (its row is then unfinished)",
     )
     ap.add_argument("--memlim-mb", type=int, default=8192, help="SPIN's memory bound (MB)")
-    ap.add_argument(
-        "--bfs-memlim-mb",
-        type=int,
-        default=2048,
-        help="SPIN's memory bound for its breadth-first attempt (MB)",
-    )
     ap.add_argument("--hash-log2", type=int, default=24, help="SPIN's hash table: 2^N slots")
     ap.add_argument(
         "--approximate",
@@ -556,7 +516,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                     policy,
                     workdir,
                     memlim_mb=args.memlim_mb,
-                    bfs_memlim_mb=args.bfs_memlim_mb,
                     hash_log2=args.hash_log2,
                     approximate=args.approximate,
                 )

@@ -381,6 +381,7 @@ def _verbose_argv(tmp_path: Path) -> dict[str, list[str]]:
         ],
         "replay": ["replay", str(log)],
         "simulate": ["simulate", "--requests", "20"],
+        "promela": ["promela", "--shape", "1x1x1"],
     }
 
 
@@ -399,6 +400,7 @@ def test_verbose_logs_the_steps_of_every_command(capsys: Capsys, tmp_path: Path)
         "verify": "verify_progress",
         "replay": "replay_step",
         "simulate": "harness_event",
+        "promela": "stdout_written",
     }
     for name, argv in argvs.items():
         status, _, err = run(capsys, "-v", *argv)

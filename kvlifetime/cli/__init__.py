@@ -33,7 +33,7 @@ from typing import Any
 import attrs
 import structlog
 
-from kvlifetime.cli import contract, demo, replay, report, simulate, verify
+from kvlifetime.cli import contract, demo, promela, replay, report, simulate, verify
 from kvlifetime.cli.demo import run_demo
 from kvlifetime.cli.output import Interrupted, Logger, write_text
 from kvlifetime.errors import KVLifetimeError
@@ -127,6 +127,18 @@ COMMANDS: list[Command] = [
         "blocks, with faults) over the real ledger and check isolation, single ownership and "
         "no leak; a refuted policy gets its shortest counterexample. Seconds for one block "
         "and one fault, minutes or more as the configuration grows (--max-states bounds it).",
+    ),
+    Command(
+        "promela",
+        "write the Promela model for SPIN, or run a SPIN swarm on it (instant / minutes)",
+        promela.add_arguments,
+        promela.run,
+        promela.EXIT_STATUS,
+        description="Write the Promela model of one configuration for SPIN, generated from the "
+        "specification (instant); with --swarm N, run N diversified bitstate searches of it "
+        "on SPIN for a shape past exact search (a violation, or an approximate 'no violation "
+        "found' with each run's coverage estimate: never a pass). Building pan takes from "
+        "half a minute to several minutes; each run is bounded by --seconds-per-run.",
     ),
     Command(
         "replay",
