@@ -40,6 +40,7 @@ import attrs
 
 from kvlifetime.verify import Config, Policy, parse_faults
 from kvlifetime.verify.promela import PromelaError, check_expressible, defines, generate
+from kvlifetime.verify.swarm import SwarmError, build_pan
 
 MODEL_NAME = "kvlifetime.pml"  # the generated model, written into each run's directory
 
@@ -196,14 +197,10 @@ class SpinResult:
 
 
 def _build(spin: str, gcc: str, cflags: list[str], workdir: Path, name: str) -> None:
-    gen = subprocess.run([spin, "-a", MODEL_NAME], cwd=workdir, capture_output=True, text=True)
-    if gen.returncode != 0 or not (workdir / "pan.c").exists():
-        raise AnchorError(f"spin -a failed:\n{gen.stdout}{gen.stderr}")
-    cc = subprocess.run(
-        [gcc, *cflags, "-w", "-o", name, "pan.c"], cwd=workdir, capture_output=True, text=True
-    )
-    if cc.returncode != 0:
-        raise AnchorError(f"gcc failed on pan.c:\n{cc.stderr[-2000:]}")
+    try:
+        build_pan(spin, gcc, cflags, workdir, name)
+    except SwarmError as e:
+        raise AnchorError(str(e)) from e
 
 
 def _pan(workdir: Path, name: str, args: list[str], timeout_s: float) -> PanRun:

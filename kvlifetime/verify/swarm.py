@@ -151,6 +151,19 @@ def _tool(name: str) -> str:
     return path
 
 
+def build_pan(spin: str, gcc: str, cflags: list[str], workdir: Path, name: str) -> None:
+    """SPIN's verifier for the model in ``workdir`` (``spin -a``, then ``gcc``), as ``name``.
+    Raises ``SwarmError`` with SPIN's or gcc's own words."""
+    gen = subprocess.run([spin, "-a", MODEL_NAME], cwd=workdir, capture_output=True, text=True)
+    if gen.returncode != 0 or not (workdir / "pan.c").exists():
+        raise SwarmError(f"spin -a failed:\n{gen.stdout}{gen.stderr}")
+    cc = subprocess.run(
+        [gcc, *cflags, "-w", "-o", name, "pan.c"], cwd=workdir, capture_output=True, text=True
+    )
+    if cc.returncode != 0:
+        raise SwarmError(f"gcc failed on pan.c:\n{cc.stderr[-2000:]}")
+
+
 def diversify(i: int, seed: int, bits_log2: int) -> tuple[list[str], int]:
     """Run ``i``'s pan arguments (and its bits per state): seeds, order, k, depth."""
     k = (3, 2, 4)[i % 3]
@@ -183,18 +196,8 @@ def run_swarm(
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / MODEL_NAME).write_text(generate(config, policy))
     t0 = time.perf_counter()
-    gen = subprocess.run([spin, "-a", MODEL_NAME], cwd=workdir, capture_output=True, text=True)
-    if gen.returncode != 0:
-        raise SwarmError(f"spin -a failed:\n{gen.stdout}{gen.stderr}")
     cflags = [optimize, "-DSAFETY", "-DBITSTATE", "-DT_RAND", "-DP_RAND", f"-DMEMLIM={memlim_mb}"]
-    cc = subprocess.run(
-        [gcc, *cflags, "-w", "-o", "pan_swarm", "pan.c"],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-    )
-    if cc.returncode != 0:
-        raise SwarmError(f"gcc failed on pan.c:\n{cc.stderr[-2000:]}")
+    build_pan(spin, gcc, cflags, workdir, "pan_swarm")
     compile_s = time.perf_counter() - t0
     trail = workdir / f"{MODEL_NAME}.trail"
     done: list[SwarmRun] = []
