@@ -418,3 +418,42 @@ def test_engine_profiles_show_every_status() -> None:
         body = pages[name]
         assert body.count("<tr>") == 1 + len(profile.rows)  # the heading row and one per status
         assert "<code>nothing</code>" not in body  # no evidence is said in words, not as a name
+
+
+def test_no_note_sits_inside_a_plot_where_a_curve_can_cross_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression (CI, 100-request demo): the naive run's late writes reached their maximum at
+    once, so the twin axis drew a flat line at the top of the panel, through the "free: at
+    least" note. Every note is now in a title, above the plotting area."""
+    pytest.importorskip("matplotlib")
+    from kvlifetime.report import harness_plots
+
+    n = 5
+    series = {
+        "tick": list(range(n)),
+        "free": [2_000] * n,
+        "late_writes": [15] * n,  # flat at its maximum from the first sample
+        "quarantined": [0, 3, 3, 0, 0],
+        "reclaimed": [0, 0, 3, 3, 3],
+    }
+    runs = [
+        {"policy": p, "direction": "push", "num_blocks": 2_048, "series": series}
+        for p in ("naive", "timeout", "proof")
+    ]
+    figures: list[Any] = []
+
+    def keep(fig: Any, figure_id: str) -> str:
+        figures.append(fig)
+        return ""
+
+    monkeypatch.setattr(harness_plots, "_svg", keep)
+    harness_plots.naive_vs_proof(runs, "a")
+    harness_plots.every_run(runs, "b")
+    harness_plots.quarantine_and_reclaim(runs, "c")
+    assert len(figures) == 3
+    for fig in figures:
+        for ax in fig.axes:
+            assert not ax.texts, [t.get_text() for t in ax.texts]
+    titles = [ax.get_title() for fig in figures[:2] for ax in fig.axes if ax.get_title()]
+    assert titles and all("free: at least 2,000 of 2,048" in t for t in titles)

@@ -95,19 +95,15 @@ def _stack(ax: Axes, d: Mapping[str, Any]) -> float:
     top = max(10, max(out, default=0)) * 1.15
     ax.set_ylim(0, top)
     ax.set_xlabel(TICKS)
-    ax.set_title(run_title(d), fontsize=10)
-    free = _col(d, "free")
-    ax.text(
-        0.02,
-        0.95,
-        f"free: at least {min(free, default=0):,} of {d.get('num_blocks', 0):,}",
-        transform=ax.transAxes,
-        ha="left",
-        va="top",
-        fontsize=7,
-        color="#555",
-    )
+    # how few blocks were ever free, under the title: above the panel, where no curve (nor the
+    # late-write line of a twin axis, flat at its maximum) can run through it
+    ax.set_title(f"{run_title(d)}\n{free_note(d)}", fontsize=9)
     return top
+
+
+def free_note(d: Mapping[str, Any]) -> str:
+    """The fewest blocks ever free in the run, out of the pool."""
+    return f"free: at least {min(_col(d, 'free'), default=0):,} of {d.get('num_blocks', 0):,}"
 
 
 def _legend(fig: Figure, ax: Axes, *more: Axes) -> None:
@@ -165,7 +161,7 @@ def naive_vs_proof(runs: Sequence[Mapping[str, Any]], figure_id: str) -> tuple[s
             twin.set_ylabel("late writes so far", color=LATE)
         # the count in the title, above the panel: no curve can run through it
         last = _col(d, "late_writes")[-1]
-        ax.set_title(f"{run_title(d)}: {last:,} late writes", fontsize=10)
+        ax.set_title(f"{run_title(d)}: {last:,} late writes\n{free_note(d)}", fontsize=9)
     axes[0].set_ylim(0, max(tops, default=10))  # shared: one scale for every panel
     if twins:
         _legend(fig, axes[0], twins[0])
