@@ -24,6 +24,13 @@ any step that breaks (the first such step in that order). The counterexample is 
 asking each link's owner, then replayed on the real ledger (``packed.confirm_on_ledger``).
 
 Only the packed engine: a ``BlockLedger`` holds a lock and is no value to send between processes.
+
+Why pickle here, when every control message between engines is msgpack with a versioned schema
+(``kvlifetime.harness.wire``): these bytes are not a protocol. They go from a worker this search
+forked, over a pipe it made, to another such worker, and live as long as one level; nothing
+outside the process tree writes them, and no other version of the code reads them. The states
+are the verifier's own values (nested attrs classes, frozensets, enums); a schema for them would
+be a second copy of the model to keep in step.
 The state count of a passing search equals the serial one (the tests check); at a violation the
 parallel search has finished its level, so it may have stored more states than the serial one,
 which stops at the violating step.
