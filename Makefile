@@ -52,8 +52,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# The optional accelerator: the ledger's hot path compiled by mypyc from its own source, in
-# place (kvlifetime/ledger/*.so; about 40 s on 2 cores). `python hatch_build.py --clean` removes
+# The optional accelerator: the ledger's and the verifier's hot paths compiled by mypyc from
+# their own source, in place (kvlifetime/ledger/*.so, kvlifetime/verify/*.so; about 2.5 min on
+# 2 loaded cores). `python hatch_build.py --clean` removes
 # it; KVLIFETIME_PURE=1 runs the sources beside it. Not needed to install or run kvlifetime.
 accel: system-deps $(STAMP)
 	$(BIN)/python hatch_build.py

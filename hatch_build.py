@@ -1,13 +1,15 @@
-"""The optional accelerator: the ledger's hot path compiled by mypyc from the same source.
+"""The optional accelerator: the ledger's and the verifier's hot paths compiled by mypyc from
+the same source.
 
 Nothing here is needed to install or run kvlifetime: the modules are plain Python and a plain
 ``pip install`` (no compiler) installs and imports them as they are. Two ways to compile them,
 both from the very ``.py`` files the pure path runs (no second copy of the rules):
 
 - ``python hatch_build.py`` (``make accel``): compiles ``ACCEL_MODULES`` in place, beside
-  their sources (``kvlifetime/ledger/*.cpython-*.so``); ``python hatch_build.py --clean``
-  removes them. Python then imports the compiled modules first; ``KVLIFETIME_PURE=1`` makes a
-  process import the sources instead (``kvlifetime/__init__.py``).
+  their sources (``kvlifetime/ledger/*.cpython-*.so``, ``kvlifetime/verify/*.cpython-*.so``);
+  ``python hatch_build.py --clean`` removes them. Python then imports the compiled modules
+  first; ``KVLIFETIME_PURE=1`` makes a process import the sources instead
+  (``kvlifetime/__init__.py``).
 - a wheel built with ``HATCH_BUILD_HOOK_ENABLE_CUSTOM=true`` (hatchling's switch for this
   hook, off by default) carries the compiled modules beside the sources.
 
@@ -56,8 +58,15 @@ def compiled_files(root: Path = ROOT) -> list[Path]:
 
 
 def clean(root: Path = ROOT) -> list[Path]:
-    """Remove the compiled modules; return those removed."""
-    removed = [p for p in compiled_files(root) if p.exists()]
+    """Remove the compiled modules, and any other extension module left beside a source of
+    the package (one a former ``ACCEL_MODULES`` listed); return those removed."""
+    suffix = _ext_suffix()
+    stale = [
+        so
+        for so in (root / "kvlifetime").rglob(f"*{suffix}")
+        if so.with_name(so.name[: -len(suffix)] + ".py").exists()
+    ]
+    removed = sorted({p for p in [*compiled_files(root), *stale] if p.exists()})
     for p in removed:
         p.unlink()
     return removed

@@ -1,7 +1,9 @@
-"""The optional accelerator: which of the ledger's modules may run compiled, and which do.
+"""The optional accelerator: which of the ledger's and the verifier's modules may run compiled,
+and which do.
 
-The ledger's hot path can be compiled by mypyc from its own source (``make accel``, or a wheel
-built with the hook in ``hatch_build.py``): the same ``.py`` files, no second copy of the rules.
+The ledger's and the verifier's hot paths can be compiled by mypyc from their own source (``make
+accel``, or a wheel built with the hook in ``hatch_build.py``): the same ``.py`` files, no second
+copy of the rules.
 Nothing needs it: a plain install runs the sources. When the compiled modules are present Python
 imports them first; ``KVLIFETIME_PURE=1`` in the environment makes a process import the sources
 instead (``kvlifetime/__init__.py`` calls ``force_pure`` before any of them can load), so the
@@ -35,6 +37,22 @@ MODULES = (
     "kvlifetime.ledger.restart",
     "kvlifetime.ledger.snapshot",
     "kvlifetime.ledger.transitions",
+    # The verifier's step and what it reads: the environment's values and their ledger view
+    # (state), the events, the step and its policies, the keys, the stubborn sets, the packed
+    # ledger. Their attrs classes stay ordinary Python classes (mypyc compiles their methods'
+    # callers, not the classes). Interpreted: the search loop (``verify.explore``, a few
+    # percent of a search; its tests stop a search by replacing a name in its namespace, which
+    # a compiled module's calls to its own group never look up) and the rest of ``verify/``.
+    "kvlifetime.verify.events",
+    "kvlifetime.verify.keys",
+    "kvlifetime.verify.lies",
+    "kvlifetime.verify.packed",
+    "kvlifetime.verify.policies",
+    "kvlifetime.verify.por",
+    "kvlifetime.verify.scratch",
+    "kvlifetime.verify.semantics",
+    "kvlifetime.verify.state",
+    "kvlifetime.verify.successors",
 )
 
 PURE_ENV = "KVLIFETIME_PURE"

@@ -16,6 +16,7 @@ import pytest
 
 from kvlifetime.errors import SpecDisagreement
 from kvlifetime.grant import Access
+from kvlifetime.spec.vocabulary import REQUEST_GUARDS, RequestState
 from kvlifetime.verify import Config, Fault, Policy, explore, parse_faults
 from kvlifetime.verify import packed as packed_module
 from kvlifetime.verify.explore import ENGINES
@@ -85,21 +86,23 @@ def test_a_wrong_policy_is_refuted_by_both_with_one_shortest_length(policy: Poli
     assert runs[1].engine == "packed"
 
 
-def test_a_packed_ledger_that_closes_too_early_is_caught_on_the_real_ledger(
+def test_a_packed_ledger_that_releases_too_early_is_caught_on_the_real_ledger(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A planted bug in the packed ledger (a grant closed once its peer stopped scheduling,
-    transfers still in flight): the packed search finds an "isolation violation" that the
-    real ledger does not confirm, and the search raises instead of reporting it."""
-    real = packed_module._proof
-
-    def closes_at_stop(p: Any) -> Any:
-        g = real(p)
-        if g.last_seq is not None:
-            g.through_seq = max(g.through_seq, g.last_seq)
-        return g
-
-    monkeypatch.setattr(packed_module, "_proof", closes_at_stop)
+    """A planted bug in the packed ledger (a request taken as transfer_quiesced once its peers
+    stopped scheduling, transfers still in flight): the packed search finds an "isolation
+    violation" that the real ledger does not confirm, and the search raises instead of
+    reporting it. Planted in the table the packed ledger steps (``_CHAIN``, a module global it
+    looks up at each step, compiled or not: a function of the accelerator's group is called
+    directly, and replacing one in the module would change nothing there)."""
+    quiesced = RequestState.TRANSFER_QUIESCED.value
+    stopped = REQUEST_GUARDS["all_scheduling_stopped"]
+    planted = {
+        state: tuple((stopped if target == quiesced else guard, target) for guard, target in rows)
+        for state, rows in packed_module._CHAIN.items()
+    }
+    assert planted != packed_module._CHAIN
+    monkeypatch.setattr(packed_module, "_CHAIN", planted)
     config = Config(1, 1, 1, faults=frozenset(), transfers_per_grant=1)
     with pytest.raises(SpecDisagreement, match="replayed on the real ledger"):
         explore(config, Policy.PROOF, engine="packed")

@@ -165,15 +165,21 @@ class PackedLedger:
         return len(self._gens)
 
     def copy(self) -> PackedLedger:
-        new = PackedLedger.__new__(PackedLedger)
-        new.incarnation = self.incarnation
-        new.checked = False
+        # Through __init__ (an empty arena), not object.__new__: a class compiled by mypyc
+        # (the accelerator) refuses a blank instance.
+        new = PackedLedger(0, incarnation=self.incarnation)
         new._gens = self._gens.copy()
         new._holder = self._holder.copy()
         new._reqs = self._reqs.copy()
         new._grants = self._grants.copy()
         new.next_serial = self.next_serial
         return new
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled by its fields (the parallel search sends it): a class compiled by mypyc (the
+        # accelerator) has no slot state for pickle's default to read.
+        fields = (self._gens, self._holder, self._reqs, self._grants, self.next_serial)
+        return (_packed_of, (self.incarnation, *fields))
 
     def fingerprint(self) -> tuple[Any, ...]:
         return (
@@ -414,6 +420,21 @@ class PackedLedger:
         assert isinstance(request, str)
         if self._reqs[request].state != _ADMITTED:
             self._advance(request)
+
+
+def _packed_of(
+    incarnation: str,
+    gens: list[int],
+    holder: list[str | None],
+    reqs: dict[str, _Request],
+    grants: dict[int, _Grant],
+    next_serial: int,
+) -> PackedLedger:
+    """A ``PackedLedger`` from its fields (``PackedLedger.__reduce__``)."""
+    new = PackedLedger(0, incarnation=incarnation)
+    new._gens, new._holder, new._reqs, new._grants = gens, holder, reqs, grants
+    new.next_serial = next_serial
+    return new
 
 
 # ------------------------------------------------------------------ choosing the engine

@@ -376,11 +376,13 @@ class ModelLedger(Protocol):
     def allocate(self, request: str, n: int, /) -> npt.NDArray[np.int64]: ...
     def admit(self, request: str, /) -> None: ...
     def acquire(self, request: str, blocks: npt.ArrayLike, /, *, shared: bool) -> None: ...
+    # Defaults as values, not ``...``: compiled (the accelerator), a default is evaluated and
+    # checked against its type when the module loads.
     def grant(
-        self, request: str, peer: str, blocks: npt.ArrayLike, access: Access = ..., /
+        self, request: str, peer: str, blocks: npt.ArrayLike, access: Access = Access.WRITE, /
     ) -> Grant: ...
     def finish(self, request: str, /) -> object: ...
-    def reject(self, request: str, reason: str = ..., /) -> object: ...
+    def reject(self, request: str, reason: str = "rejected", /) -> object: ...
     def release(self, request: str, /) -> npt.NDArray[np.int64]: ...
     def force_release(self, request: str, reason: str, /) -> npt.NDArray[np.int64]: ...
     def collect_releasable(self) -> dict[Any, npt.NDArray[np.int64]]: ...
@@ -401,6 +403,23 @@ class Snap:
         self._proofs: dict[int, tuple[Any, ...]] = {}
         self._stale: dict[int, bool] = {}
         self._stale_old: dict[int, bool] = {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled whole (the parallel search sends it), by its fields: a class compiled by
+        # mypyc (the accelerator) has no slot state for pickle's default to read.
+        return (
+            _snap_of,
+            (
+                self.ledger,
+                self.lies,
+                self._fp,
+                self._gens,
+                self._states,
+                self._proofs,
+                self._stale,
+                self._stale_old,
+            ),
+        )
 
     def fingerprint(self) -> tuple[Any, ...]:
         if self._fp is None:
@@ -450,6 +469,23 @@ class Snap:
             s = any(now[b] != x for b, x in pairs)
             self._stale[g.id.serial] = s
         return s
+
+
+def _snap_of(
+    ledger: ModelLedger,
+    lies: dict[Any, tuple[int, ...]],
+    fp: tuple[Any, ...] | None,
+    gens: list[int] | None,
+    states: dict[str, str],
+    proofs: dict[int, tuple[Any, ...]],
+    stale: dict[int, bool],
+    stale_old: dict[int, bool],
+) -> Snap:
+    """A ``Snap`` from its fields (``Snap.__reduce__``)."""
+    s = Snap(ledger)
+    s.lies, s._fp, s._gens, s._states = lies, fp, gens, states
+    s._proofs, s._stale, s._stale_old = proofs, stale, stale_old
+    return s
 
 
 @attrs.frozen(slots=True)
