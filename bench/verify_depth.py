@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/verify_depth.py [--only 3x2x3-k2|2x2x2-kinds|3x2x3-k1]
         [--limit SECONDS] [--baseline DIR] [--engines ledger,packed] [--processes 1,2]
-        [--profile SECONDS]
+        [--profile SECONDS] [--variants pure,compiled [--pairs N]]
 
 Each target is a proof-policy search with every fault kind:
 
@@ -22,6 +22,14 @@ only), one after the other in the same run, and print the rate of each against t
 (the comparison of the engines, and of one process with two). ``--profile SECONDS``: instead,
 cProfile of the packed engine on ``3x2x3-k2`` for that long, top functions by own time (the
 floor, where a target is not met).
+
+``--variants pure,compiled``: the accelerator side by side (``make accel`` first), the packed
+engine in one process: each target (``3x2x3-k2``, ``2x2x2-kinds``, ``cli-default`` unless
+``--only`` says) once per variant in its own process (``KVLIFETIME_PURE=1`` or ``0``, and the
+child checks ``kvlifetime.accel.variant()`` is the one asked for), alternating which goes first
+pair by pair (``--pairs``, default 1), and the rate of each against the pure one of its pair.
+Where the target's full size is known (``TOTAL_STATES``), an unfinished search also prints the
+time it would take at its rate.
 
 A search still running at ``--limit`` seconds is stopped there (through its progress callback)
 and reported with the states it reached and its rate, marked unfinished. ``--baseline DIR``:
@@ -49,6 +57,11 @@ TARGETS: dict[str, dict[str, Any]] = {
 }
 
 
+# Canonical states of a target's full search, where one has finished (docs/verification.md):
+# an unfinished search's projected time to its verdict is this over its rate.
+TOTAL_STATES: dict[str, int] = {"3x2x3-k2": 1_824_117}
+
+
 def run_default_command(limit: float) -> dict[str, Any]:
     """``kvlifetime verify`` with no arguments, in a process of its own (JSON out)."""
     code = "import sys; from kvlifetime.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -74,6 +87,17 @@ def run_default_command(limit: float) -> dict[str, Any]:
 
 def run_one(name: str, limit: float, engine: str = "ledger", processes: int = 1) -> dict[str, Any]:
     """One target in this process, stopped at ``limit`` seconds."""
+    out = _run_one(name, limit, engine, processes)
+    try:
+        from kvlifetime import accel
+    except ImportError:  # a baseline from before the accelerator
+        return out
+    # The child of cli-default inherits this process's KVLIFETIME_PURE: the same variant.
+    out["variant"] = accel.variant()
+    return out
+
+
+def _run_one(name: str, limit: float, engine: str, processes: int) -> dict[str, Any]:
     from kvlifetime.verify import Config, Policy, explore, parse_faults
 
     if name == "cli-default":
@@ -149,11 +173,18 @@ def profile_packed(seconds: float) -> None:
 
 
 def _in_subprocess(
-    name: str, limit: float, path: str | None, engine: str = "ledger", processes: int = 1
+    name: str,
+    limit: float,
+    path: str | None,
+    engine: str = "ledger",
+    processes: int = 1,
+    variant: str | None = None,
 ) -> dict[str, Any]:
     env = dict(os.environ)
     if path is not None:
         env["PYTHONPATH"] = path
+    if variant is not None:
+        env["KVLIFETIME_PURE"] = "1" if variant == "pure" else "0"
     extra = [] if engine == "ledger" and processes == 1 else ["--engine", engine]
     extra += [] if processes == 1 else ["--processes", str(processes)]
     out = subprocess.run(
@@ -164,6 +195,8 @@ def _in_subprocess(
         check=True,
     ).stdout
     doc: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    if variant is not None and doc.get("variant") != variant:
+        raise SystemExit(f"asked for the {variant} variant, the child ran {doc.get('variant')}")
     return doc
 
 
@@ -176,6 +209,8 @@ def main() -> None:
     ap.add_argument("--processes", default="1", help="e.g. 1,2: worker processes (packed)")
     ap.add_argument("--engine", default="ledger", help=argparse.SUPPRESS)
     ap.add_argument("--profile", type=float, default=None, help="profile packed for SECONDS")
+    ap.add_argument("--variants", default=None, help="pure,compiled: the accelerator compared")
+    ap.add_argument("--pairs", type=int, default=1, help="with --variants: processes per variant")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -187,6 +222,9 @@ def main() -> None:
         return
     if args.engines is not None:
         compare(args)
+        return
+    if args.variants is not None:
+        compare_variants(args)
         return
     print(f"cores: {os.cpu_count()}  limit: {args.limit:.0f} s per search")
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -237,3 +275,42 @@ def compare(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def compare_variants(args: argparse.Namespace) -> None:
+    """Each target with the packed engine, pure and compiled in alternating processes: rates
+    against the pure one of the same pair."""
+    variants = args.variants.split(",")
+    print(f"cores: {os.cpu_count()}  limit: {args.limit:.0f} s per search  variants: {variants}")
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for name in args.only or ["3x2x3-k2", "2x2x2-kinds", "cli-default"]:
+        for pair in range(args.pairs):
+            order = variants if pair % 2 == 0 else variants[::-1]
+            rates: dict[str, int] = {}
+            for variant in order:
+                load = os.getloadavg()
+                engine = "ledger" if name == "cli-default" else "packed"
+                cur = _in_subprocess(name, args.limit, here, engine, 1, variant)
+                rate = cur["states_per_second"]
+                rates[variant] = rate
+                total = TOTAL_STATES.get(name)
+                projected = (
+                    f", projected {total / max(rate, 1) / 60:.1f} min to the verdict "
+                    f"({total:,} states)"
+                    if total and not cur["finished"]
+                    else ""
+                )
+                print(
+                    f"{name:>12} {variant:>8} (pair {pair + 1}): {cur['verdict']}"
+                    f"{'' if cur['finished'] else ' (stopped at limit)'}, {cur['states']:,} "
+                    f"states, {cur['seconds']} s, {rate:,} states/s{projected}, "
+                    f"{cur.get('memory_mb', '?')} MB (load average "
+                    f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f})",
+                    flush=True,
+                )
+            first = max(rates[variants[0]], 1)
+            print(
+                f"{name:>12} pair {pair + 1}: "
+                + ", ".join(f"{v} / {variants[0]} {rates[v] / first:.2f}x" for v in variants[1:]),
+                flush=True,
+            )
