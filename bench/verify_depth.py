@@ -273,10 +273,6 @@ def compare(args: argparse.Namespace) -> None:
             )
 
 
-if __name__ == "__main__":
-    main()
-
-
 def compare_variants(args: argparse.Namespace) -> None:
     """Each target with the packed engine, pure and compiled in alternating processes: rates
     against the pure one of the same pair."""
@@ -314,3 +310,7 @@ def compare_variants(args: argparse.Namespace) -> None:
                 + ", ".join(f"{v} / {variants[0]} {rates[v] / first:.2f}x" for v in variants[1:]),
                 flush=True,
             )
+
+
+if __name__ == "__main__":
+    main()
