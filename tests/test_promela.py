@@ -17,6 +17,7 @@ The SPIN tests are skipped only when ``spin`` or ``gcc`` is missing and
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import shutil
 import subprocess
@@ -166,6 +167,13 @@ def _proof_fields(p: GrantProof) -> tuple[Any, ...]:
     return (p.cancel_received, p.last_seq, p.through_seq, p.revoked, p.suspect is not None)
 
 
+@functools.cache
+def _tables(transfers_per_grant: int) -> tuple[Any, Any]:
+    """The request states and the packed proofs, computed once (each line needs them)."""
+    _, proofs = proof_tables(ProofCoding(transfers_per_grant))
+    return request_table().states, proofs
+
+
 def _spin_projection(line: str, config: Config) -> tuple[Any, ...]:
     """A state as the model printed it (``print_state``), field by field."""
     v = [int(x) for x in line.split()[1:]]
@@ -181,8 +189,7 @@ def _spin_projection(line: str, config: Config) -> tuple[Any, ...]:
     gf, tf, pf, lqn, cqn, peerf = take(g_), take(g_), take(g_), take(g_), take(g_), take(p_)
     lq, cq = take(g_ * QL), take(g_ * QC)
     budgets = tuple(take(5))
-    states = request_table().states
-    _, proofs = proof_tables(ProofCoding(config.transfers_per_grant))
+    states, proofs = _tables(config.transfers_per_grant)
     reqs = tuple((_PHASES[phase[r]], None if rs[r] == 0 else states[rs[r] - 1]) for r in range(r_))
     grants: list[Any] = []
     for g in range(g_):
