@@ -60,9 +60,11 @@ accel: system-deps $(STAMP)
 	$(BIN)/python hatch_build.py
 
 # The suite runs on the compiled modules (tests/test_accel.py fails if they are not the ones
-# imported) and runs the pure path's differential tests too.
+# imported) and runs the pure path's differential tests too. TEST_JOBS pytest-xdist workers, a
+# test file to a worker (its module fixtures built once); TEST_JOBS=0 runs it in this process.
+TEST_JOBS ?= 2
 test: system-deps $(STAMP) lint typecheck accel
-	KVLIFETIME_REQUIRE_ACCEL=1 $(BIN)/pytest
+	KVLIFETIME_REQUIRE_ACCEL=1 $(BIN)/pytest -n $(TEST_JOBS) --dist loadfile
 
 # DEMO_ARGS: e.g. `--requests 100` (CI runs each demo target that small); the default is 1,000
 # requests per run, about a minute in all on 2 cores; `--requests 10000` is the manual's size.

@@ -195,7 +195,7 @@ def test_demo(capsys: Capsys, tmp_path: Path, backend: str) -> None:
     elif backend == "nixl":
         need_nixl()
     out_dir = tmp_path / "out"
-    n = "200" if backend == "inproc" else "100"  # ten runs, each starting engine processes
+    n = "200" if backend == "inproc" else "40"  # ten runs, each starting engine processes
     logs = tmp_path / "logs" / "events.jsonl"
     status, out, err = run(
         capsys,
