@@ -189,18 +189,33 @@ def _tool(name: str) -> str:
 
 
 @attrs.frozen(slots=True)
+class PanBuild:
+    """One build of SPIN's verifier: ``spin -a`` and ``gcc`` with these flags."""
+
+    name: str  # the binary, in the run's directory
+    cflags: tuple[str, ...]
+    seconds: float  # spin -a and gcc, wall clock
+
+
+@attrs.frozen(slots=True)
 class SpinResult:
-    run: PanRun  # the search that gave the verdict (breadth first, else depth first)
+    run: PanRun  # the search that gave the verdict (or that stopped first)
     trail_steps: int | None  # a refutation's shortest counterexample
-    compile_seconds: float
-    flags: tuple[str, ...]
+    compile_seconds: float  # every build of the row, together
+    flags: tuple[str, ...]  # the model's defines, then the cflags of the search above
+    builds: tuple[PanBuild, ...] = ()
+    # The staged build: the quick search at -O0 that did not reach a verdict in its time
+    # bound (None when it did, or when there was no staged build).
+    quick_seconds: float | None = None
 
 
-def _build(spin: str, gcc: str, cflags: list[str], workdir: Path, name: str) -> None:
+def _build(spin: str, gcc: str, cflags: list[str], workdir: Path, name: str) -> PanBuild:
+    t0 = time.perf_counter()
     try:
         build_pan(spin, gcc, cflags, workdir, name)
     except SwarmError as e:
         raise AnchorError(str(e)) from e
+    return PanBuild(name, tuple(cflags), time.perf_counter() - t0)
 
 
 def _pan(workdir: Path, name: str, args: list[str], timeout_s: float) -> PanRun:
@@ -216,6 +231,15 @@ def _pan(workdir: Path, name: str, args: list[str], timeout_s: float) -> PanRun:
 # state more than the events of ``kvlifetime verify``; a trail's length is given without it.
 TABLE_STEPS = 1
 
+# gcc's optimisation for the verifier. The generated model is one process whose every event is
+# a d_step with the ledger's code inlined (settle / advance after each message): pan.c puts
+# every transition in one C function (2 MB at 2x2x2), and gcc -O2 spends minutes on it
+# (measured, docs/verification-anchor.md). "staged": build at -O0 (seconds), run it for
+# QUICK_S; if that gives no verdict, build at -O2 and run the search that counts. A refutation
+# (a few hundred states) or a small pass never waits for -O2; a long search runs at -O2's speed.
+OPTIMIZE = ("staged", "-O0", "-O1", "-O2")
+QUICK_S = 20.0
+
 
 def run_spin(
     config: Config,
@@ -226,6 +250,8 @@ def run_spin(
     hash_log2: int = 24,
     timeout_s: float = 3600.0,
     approximate: bool = False,
+    optimize: str = "staged",
+    quick_s: float = QUICK_S,
 ) -> SpinResult:
     """Generate the model of ``config`` / ``policy`` into ``workdir``, build SPIN's verifier
     and run it.
@@ -238,36 +264,78 @@ def run_spin(
     checks: there are no liveness properties). With ``approximate``, a search that runs out of
     ``memlim_mb`` is redone with hash compaction (``-DHC4``), and its result is marked
     approximate (a pass is then "no violation found", never an exhaustive pass).
+
+    ``optimize``: gcc's level (``OPTIMIZE``); it changes how fast the verifier runs and how
+    long it takes to build, never what it checks. ``staged`` (the default) runs an ``-O0``
+    build for ``quick_s`` seconds first and builds at ``-O2`` only if that gave no verdict.
     """
+    if optimize not in OPTIMIZE:
+        raise AnchorError(f"optimize: one of {', '.join(OPTIMIZE)}, not {optimize!r}")
     spin, gcc = _tool("spin"), _tool("gcc")
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / MODEL_NAME).write_text(model_text(config, policy))
     flags_d = spin_defines(config, policy)
-    base = ["-O2", "-DSAFETY", "-DREACH"]
-    flags = [*base, f"-DMEMLIM={memlim_mb}"]
-    t0 = time.perf_counter()
-    _build(spin, gcc, flags, workdir, "pan_dfs")
-    compile_s = time.perf_counter() - t0
     trail = workdir / f"{MODEL_NAME}.trail"
+    search = [f"-w{hash_log2}", "-m100000", "-i"]  # -m: far above the model's longest run
+    opt = "-O2" if optimize == "staged" else optimize
+    builds: list[PanBuild] = []
+    quick = None
+    if optimize == "staged":
+        builds.append(
+            _build(
+                spin,
+                gcc,
+                ["-O0", "-DSAFETY", "-DREACH", f"-DMEMLIM={memlim_mb}"],
+                workdir,
+                "pan_quick",
+            )
+        )
+        trail.unlink(missing_ok=True)
+        try:
+            run = _pan(workdir, "pan_quick", search, quick_s)
+        except subprocess.TimeoutExpired:
+            quick = quick_s  # no verdict yet: the search that counts is built at -O2
+        else:
+            if run.errors or run.complete:
+                return _result(spin, workdir, run, flags_d, builds, None)
+    base = [opt, "-DSAFETY", "-DREACH"]
+    builds.append(_build(spin, gcc, [*base, f"-DMEMLIM={memlim_mb}"], workdir, "pan_dfs"))
     trail.unlink(missing_ok=True)
-    # -m: the depth bound of the search stack, far above the model's longest run.
-    run = _pan(workdir, "pan_dfs", [f"-w{hash_log2}", "-m100000", "-i"], timeout_s)
+    run = _pan(workdir, "pan_dfs", search, timeout_s)
+    if not run.errors and not run.complete and approximate:
+        # Out of memory: hash compaction, stated as approximate in every output.
+        builds.append(
+            _build(spin, gcc, [*base, "-DHC4", f"-DMEMLIM={memlim_mb}"], workdir, "pan_hc")
+        )
+        exact = run
+        run = _pan(workdir, "pan_hc", [f"-w{hash_log2}", "-m100000"], timeout_s)
+        run = attrs.evolve(run, approximate=True, exact_states=exact.states)
+    return _result(spin, workdir, run, flags_d, builds, quick)
+
+
+def _result(
+    spin: str,
+    workdir: Path,
+    run: PanRun,
+    flags_d: list[str],
+    builds: list[PanBuild],
+    quick: float | None,
+) -> SpinResult:
     steps = None
+    trail = workdir / f"{MODEL_NAME}.trail"
     if run.errors and trail.exists():
         replay = subprocess.run(
             [spin, "-t", MODEL_NAME], cwd=workdir, capture_output=True, text=True
         )
         steps = parse_trail_steps(replay.stdout + replay.stderr) - TABLE_STEPS
-    elif not run.complete and approximate:
-        # Out of memory: hash compaction, stated as approximate in every output.
-        flags = [*base, "-DHC4", f"-DMEMLIM={memlim_mb}"]
-        t0 = time.perf_counter()
-        _build(spin, gcc, flags, workdir, "pan_hc")
-        compile_s += time.perf_counter() - t0
-        exact = run
-        run = _pan(workdir, "pan_hc", [f"-w{hash_log2}", "-m100000"], timeout_s)
-        run = attrs.evolve(run, approximate=True, exact_states=exact.states)
-    return SpinResult(run, steps, compile_s, (*flags_d, *flags))
+    return SpinResult(
+        run,
+        steps,
+        sum(b.seconds for b in builds),
+        (*flags_d, *builds[-1].cflags),
+        tuple(builds),
+        quick,
+    )
 
 
 # ------------------------------------------------------------------ kvlifetime verify
@@ -283,8 +351,9 @@ class ExplorerRun:
     trace_steps: int | None
 
 
-def explorer_argv(config: Config, policy: Policy) -> list[str]:
-    """``kvlifetime verify`` arguments for ``config`` / ``policy`` (JSON out)."""
+def explorer_argv(config: Config, policy: Policy, memory_mb: int | None = None) -> list[str]:
+    """``kvlifetime verify`` arguments for ``config`` / ``policy`` (JSON out); ``memory_mb``:
+    its ``--memory-budget`` (None: the command's default)."""
     argv = [
         "verify",
         "--requests",
@@ -304,6 +373,8 @@ def explorer_argv(config: Config, policy: Policy) -> list[str]:
     ]
     # The command's default is one fault per run: say "none" for the per-kind bounds only.
     argv += ["--max-faults", "none" if config.max_faults is None else str(config.max_faults)]
+    if memory_mb is not None:
+        argv += ["--memory-budget", str(memory_mb)]
     return argv
 
 
@@ -321,11 +392,13 @@ def parse_explorer(text: str) -> ExplorerRun:
     )
 
 
-def run_explorer(config: Config, policy: Policy, *, timeout_s: float) -> ExplorerRun:
+def run_explorer(
+    config: Config, policy: Policy, *, timeout_s: float, memory_mb: int | None = None
+) -> ExplorerRun:
     """Run ``kvlifetime verify`` in a subprocess; at ``timeout_s`` it is interrupted (SIGINT)
     and whatever partial result it prints is taken, else the row is marked unfinished."""
     code = "import sys; from kvlifetime.cli import main; sys.exit(main(sys.argv[1:]))"
-    argv = [sys.executable, "-c", code, *explorer_argv(config, policy)]
+    argv = [sys.executable, "-c", code, *explorer_argv(config, policy, memory_mb)]
     t0 = time.perf_counter()
     # SIGINT back to its default in the child: a runner started in the background by a shell
     # inherits SIGINT ignored, and the interrupt below would then never reach the explorer.
@@ -478,12 +551,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="seconds before kvlifetime verify is interrupted (its row is then unfinished)",
     )
     ap.add_argument("--memlim-mb", type=int, default=8192, help="SPIN's memory bound (MB)")
+    ap.add_argument(
+        "--explorer-memory-mb",
+        type=int,
+        default=None,
+        help="kvlifetime verify's --memory-budget (default: the command's own)",
+    )
     ap.add_argument("--hash-log2", type=int, default=24, help="SPIN's hash table: 2^N slots")
     ap.add_argument(
         "--approximate",
         action="store_true",
         help="where SPIN's exact searches run out of memory, redo it with hash compaction "
         "(-DHC4; marked approximate)",
+    )
+    ap.add_argument(
+        "--optimize",
+        choices=OPTIMIZE,
+        default="staged",
+        help=f"gcc's level for pan; staged: an -O0 build runs for {QUICK_S:.0f} s, and -O2 "
+        "is built only if that gave no verdict (default: %(default)s)",
     )
     ap.add_argument("--no-explorer", action="store_true", help="run SPIN only")
     ap.add_argument("--out", type=Path, default=Path("out"))
@@ -515,6 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     memlim_mb=args.memlim_mb,
                     hash_log2=args.hash_log2,
                     approximate=args.approximate,
+                    optimize=args.optimize,
                 )
                 srow = spin_row(name, config, policy, sres)
                 if args.no_explorer:
@@ -522,7 +609,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                "unfinished", None, None, None, 0.0, None)  # fmt: skip
                 else:
                     print(f"{name} {policy.value}: kvlifetime verify ...", file=sys.stderr)
-                    eres = run_explorer(config, policy, timeout_s=args.explorer_timeout)
+                    eres = run_explorer(
+                        config,
+                        policy,
+                        timeout_s=args.explorer_timeout,
+                        memory_mb=args.explorer_memory_mb,
+                    )
                     erow = explorer_row(name, config, policy, eres)
                 rows += [erow, srow]
                 checks.append(agreement(erow, srow))
@@ -535,16 +627,32 @@ def main(argv: Sequence[str] | None = None) -> int:
                         | {
                             "flags": list(sres.flags),
                             "compile_seconds": round(sres.compile_seconds, 2),
+                            "builds": [
+                                {
+                                    "name": b.name,
+                                    "cflags": list(b.cflags),
+                                    "seconds": round(b.seconds, 2),
+                                }
+                                for b in sres.builds
+                            ],
+                            "quick_search_without_verdict_s": sres.quick_seconds,
                             "vector_bytes": sres.run.vector_bytes,
                             "memory_mb": sres.run.memory_mb,
                             "approximate": sres.run.approximate,
                             "exact_states_at_memory_bound": sres.run.exact_states,
                         },
                         "expected": EXPECTED[policy],
+                        # The machine may be shared: its load when the row was done.
+                        "load_average": [round(x, 2) for x in os.getloadavg()],
                         "agreement": checks[-1],
                     }
                 )
-                print(f"  -> {erow.verdict} / {srow.verdict}: {checks[-1]}", file=sys.stderr)
+                builds = ", ".join(f"{b.cflags[0]} {b.seconds:.1f} s" for b in sres.builds)
+                print(
+                    f"  -> {erow.verdict} / {srow.verdict}: {checks[-1]} (pan built: {builds}; "
+                    f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())})",
+                    file=sys.stderr,
+                )
                 # Each row as it comes, so that a run stopped early keeps what it did.
                 build.mkdir(parents=True, exist_ok=True)
                 (build / "rows.json").write_text(json.dumps(details, indent=2) + "\n")

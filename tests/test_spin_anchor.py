@@ -38,6 +38,8 @@ def test_spin_refutes_naive_with_the_shortest_counterexample(tmp_path: Path) -> 
     assert res.trail_steps == 6
     # -i: each shorter counterexample found counts as one more error, the last is the shortest.
     assert res.run.errors >= 1 and not res.run.complete
+    # The staged build: the -O0 verifier gave the verdict, no -O2 build was waited for.
+    assert [b.cflags[0] for b in res.builds] == ["-O0"] and res.quick_seconds is None
 
 
 @needs_spin
@@ -47,6 +49,24 @@ def test_spin_passes_proof(tmp_path: Path) -> None:
     assert row.verdict == "pass" and row.invariant is None
     assert res.run.complete and res.run.errors == 0 and res.trail_steps is None
     assert res.run.states > 1000 and res.run.transitions >= res.run.states
+
+
+@needs_spin
+def test_the_optimisation_level_changes_no_count(tmp_path: Path) -> None:
+    # A quick search with no time (quick_s=0) gives no verdict: the staged build goes on to
+    # -O2, and that verifier stores exactly the states and transitions the -O0 one did.
+    quick = spin_anchor.run_spin(SMALLEST, Policy.PROOF, tmp_path / "quick")
+    full = spin_anchor.run_spin(SMALLEST, Policy.PROOF, tmp_path / "full", quick_s=0.0)
+    assert [b.cflags[0] for b in quick.builds] == ["-O0"]
+    assert [b.cflags[0] for b in full.builds] == ["-O0", "-O2"] and full.quick_seconds == 0.0
+    assert "-O2" in full.flags and "-O0" in quick.flags
+    assert spin_anchor.spin_row("1x1x1", SMALLEST, Policy.PROOF, full).verdict == "pass"
+    assert (full.run.states, full.run.transitions) == (quick.run.states, quick.run.transitions)
+
+
+def test_an_unknown_optimisation_level_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(spin_anchor.AnchorError, match="optimize"):
+        spin_anchor.run_spin(SMALLEST, Policy.PROOF, tmp_path, optimize="-O3")
 
 
 # ------------------------------------------------------------------ the parsers, no SPIN needed
