@@ -5,8 +5,9 @@
 
 For each configuration and policy it generates the Promela model from the specification
 (``kvlifetime.verify.promela``, what ``kvlifetime promela`` writes), builds SPIN's verifier
-from it (``spin -a``, then ``gcc -O2 -DSAFETY -DREACH``: safety properties only; no hash
-compaction, no bitstate: SPIN's search is exhaustive), runs it depth first with ``-i`` (a
+from it (``spin -a``, then ``gcc -DSAFETY -DREACH``: safety properties only; no hash
+compaction, no bitstate: SPIN's search is exhaustive; built at ``-O0`` first and again at
+``-O2`` only if that one gives no verdict in 20 s), runs it depth first with ``-i`` (a
 refutation ends at a shortest counterexample, as our breadth-first explorer's); and it runs
 ``kvlifetime verify --format json`` on the same configuration in a subprocess. It
 prints one markdown table (configuration, faults, policy, checker, verdict, states, seconds,
