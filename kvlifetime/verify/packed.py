@@ -291,7 +291,7 @@ class PackedLedger:
         gens.flags.writeable = False
         g = make_grant(make_grant_id(self.incarnation, serial), request, peer, arr, gens, access)
         self._grants[serial] = _Grant(g, _NEW_PROOF, True)
-        self._reqs[request] = attrs.evolve(r, grants=(*r.grants, serial))
+        self._reqs[request] = _Request(r.state, r.blocks, (*r.grants, serial))
         return g
 
     def finish(self, request: str) -> None:
@@ -321,7 +321,7 @@ class PackedLedger:
         guard refused). Raises ``IllegalTransition`` where the table has no row."""
         target = _TABLE.step(r.state, event, self._facts(r), request)
         if target is not None:
-            self._reqs[request] = attrs.evolve(r, state=target)
+            self._reqs[request] = _Request(target, r.blocks, r.grants)
         return target
 
     def _advance(self, request: str) -> None:
@@ -331,7 +331,7 @@ class PackedLedger:
             facts = self._facts(r)
             for guard, target in _CHAIN[r.state]:
                 if guard(facts):
-                    self._reqs[request] = attrs.evolve(r, state=target)
+                    self._reqs[request] = _Request(target, r.blocks, r.grants)
                     break
             else:
                 return

@@ -3,7 +3,6 @@ the invariants checked along the way (progress, exclusivity, no leak)."""
 
 from __future__ import annotations
 
-import attrs
 import numpy as np
 
 from kvlifetime.errors import DuplicateRequest
@@ -23,6 +22,7 @@ from kvlifetime.verify.state import (
     ReqSide,
     State,
     Violation,
+    evolve,
 )
 
 _ENDED = (FINISHED, REJECTED)
@@ -152,7 +152,7 @@ def reuse_id(s: Scratch, ri: int) -> bool:
     admission (nothing allocated). Returns whether the ledger changed."""
     old = s.env.reqs[ri]
     n = s.config.blocks_per_request
-    s.env = attrs.evolve(s.env, admitted=s.env.admitted + 1)
+    s.env = evolve(s.env, admitted=s.env.admitted + 1)
     if s.policy is not Policy.ID_OVERWRITE:
         try:
             s.ledger.admit(old.key)
@@ -165,7 +165,7 @@ def reuse_id(s: Scratch, ri: int) -> bool:
     s.release_as(ri, ids, f"id-overwrite (a new request took {old.key}'s entry) releases")
     got = s.call(f"allocate({old.key!r}, {n})", s.ledger.allocate, old.key, n)
     blocks = tuple(int(b) for b in got)
-    s.env = attrs.evolve(s.env, reqs=(*s.env.reqs, ReqSide(old.key, LIVE, blocks, ())))
+    s.env = evolve(s.env, reqs=(*s.env.reqs, ReqSide(old.key, LIVE, blocks, ())))
     s.notes.append(f"the new {old.key} is admitted: allocates blocks {list(blocks)}")
     check_exclusive(s, len(s.env.reqs) - 1)
     return True

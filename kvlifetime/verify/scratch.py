@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
-
 from kvlifetime.errors import (
     ContradictoryEvidence,
     EvidenceError,
@@ -27,6 +25,7 @@ from kvlifetime.verify.state import (
     Policy,
     Snap,
     State,
+    evolve,
     peer_name,
 )
 
@@ -72,32 +71,32 @@ class Scratch:
 
     def set_req(self, ri: int, **changes: Any) -> None:
         reqs = list(self.env.reqs)
-        reqs[ri] = attrs.evolve(reqs[ri], **changes)
-        self.env = attrs.evolve(self.env, reqs=tuple(reqs))
+        reqs[ri] = evolve(reqs[ri], **changes)
+        self.env = evolve(self.env, reqs=tuple(reqs))
 
     def set_grant(self, gi: int, **changes: Any) -> None:
         grants = list(self.env.grants)
-        grants[gi] = attrs.evolve(grants[gi], **changes)
-        self.env = attrs.evolve(self.env, grants=tuple(grants))
+        grants[gi] = evolve(grants[gi], **changes)
+        self.env = evolve(self.env, grants=tuple(grants))
 
     def set_peer(self, pi: int, **changes: Any) -> None:
         peers = list(self.env.peers)
-        peers[pi] = attrs.evolve(peers[pi], **changes)
-        self.env = attrs.evolve(self.env, peers=tuple(peers))
+        peers[pi] = evolve(peers[pi], **changes)
+        self.env = evolve(self.env, peers=tuple(peers))
 
     def crash(self, p: int) -> None:
         """The first crash event of peer ``p`` (silent, PeerLost, fencing) spends a crash."""
         if not self.env.peers[p].crashed:
             self.set_peer(p, crashed=True)
-            self.env = attrs.evolve(self.env, crashes_left=self.env.crashes_left - 1)
+            self.env = evolve(self.env, crashes_left=self.env.crashes_left - 1)
             self.notes.append(f"{peer_name(p)} crashes")
 
     def send(self, msg: Msg) -> None:
-        self.env = attrs.evolve(self.env, msgs=(*self.env.msgs, msg))
+        self.env = evolve(self.env, msgs=(*self.env.msgs, msg))
 
     def take_msg(self, i: int) -> Msg:
         msgs = self.env.msgs
-        self.env = attrs.evolve(self.env, msgs=msgs[:i] + msgs[i + 1 :])
+        self.env = evolve(self.env, msgs=msgs[:i] + msgs[i + 1 :])
         return msgs[i]
 
     def apply(self, ev: Evidence, what: str, *, old: bool = False) -> None:
@@ -149,7 +148,7 @@ class Scratch:
         if not self.policy.believes_the_wire:
             raise Broken("provenance", f"the ledger accepted a lie: {what} (stamped {ev.source})")
         if self.env.faults_left > 0:
-            self.env = attrs.evolve(self.env, faults_left=self.env.faults_left - 1)
+            self.env = evolve(self.env, faults_left=self.env.faults_left - 1)
         self.notes.append("the ledger believes it")
         return True
 

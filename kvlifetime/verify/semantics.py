@@ -65,6 +65,7 @@ from kvlifetime.verify.state import (
     Snap,
     State,
     Violation,
+    evolve,
     initial,
     peer_name,
 )
@@ -94,7 +95,7 @@ def step(state: State, event: Event, config: Config, policy: Policy) -> tuple[St
     if s.env.faults_left > 0:
         cost = is_fault(s.env, event)
         if cost:
-            s.env = attrs.evolve(s.env, faults_left=s.env.faults_left - cost)
+            s.env = evolve(s.env, faults_left=s.env.faults_left - cost)
     try:
         if _do(s, event):
             settle(s)
@@ -129,7 +130,7 @@ def _do(s: Scratch, ev: Event) -> bool:
         n = s.config.blocks_per_request
         ids = s.call(f"allocate({key!r}, {n})", s.ledger.allocate, key, n)
         blocks = tuple(int(b) for b in ids)
-        s.env = attrs.evolve(
+        s.env = evolve(
             env, reqs=(*env.reqs, ReqSide(key, LIVE, blocks, ())), admitted=env.admitted + 1
         )
         gens = s.ledger.generation(ids).tolist()
@@ -147,7 +148,7 @@ def _do(s: Scratch, ev: Event) -> bool:
             s.config.access,
         )
         gi = len(env.grants)
-        s.env = attrs.evolve(env, grants=(*env.grants, GrantSide(g, ev.a, p)))
+        s.env = evolve(env, grants=(*env.grants, GrantSide(g, ev.a, p)))
         s.set_req(ev.a, grants=(*req.grants, gi))
         s.notes.append(
             f"{req.key} grants blocks {g.blocks.tolist()} (generations "
@@ -274,20 +275,20 @@ def _do(s: Scratch, ev: Event) -> bool:
         text = msg_text(env, m)
         if k == "lose":
             s.take_msg(ev.a)
-            s.env = attrs.evolve(s.env, losses_left=s.env.losses_left - 1)
+            s.env = evolve(s.env, losses_left=s.env.losses_left - 1)
             s.notes.append(f"lost: {text}")
             return False
         if k == "delay":
             msgs = list(env.msgs)
-            msgs[ev.a] = attrs.evolve(m, delayed=True)
-            s.env = attrs.evolve(env, msgs=tuple(msgs), delays_left=env.delays_left - 1)
+            msgs[ev.a] = evolve(m, delayed=True)
+            s.env = evolve(env, msgs=tuple(msgs), delays_left=env.delays_left - 1)
             s.notes.append(f"delayed: {text} (it may now arrive after anything else)")
             return False
         if k == "duplicate":
             # Delivered now, and a copy (never duplicated again) stays on the wire for later.
             msgs = list(env.msgs)
-            msgs[ev.a] = attrs.evolve(m, dupable=False, delayed=True)
-            s.env = attrs.evolve(env, msgs=tuple(msgs), dups_left=env.dups_left - 1)
+            msgs[ev.a] = evolve(m, dupable=False, delayed=True)
+            s.env = evolve(env, msgs=tuple(msgs), dups_left=env.dups_left - 1)
             s.notes.append(f"duplicated on the wire: {text}; the copy arrives later")
         else:
             s.take_msg(ev.a)
@@ -357,7 +358,7 @@ def _do(s: Scratch, ev: Event) -> bool:
             ids = np.array(src.blocks, dtype=np.int64)
             s.call(f"acquire({key!r}, shared=True)", s.ledger.acquire, key, ids, shared=True)
             how = "acquire(shared=True)"
-        s.env = attrs.evolve(
+        s.env = evolve(
             env,
             reqs=(*env.reqs, ReqSide(key, LIVE, src.blocks, (), shared=True)),
             admitted=env.admitted + 1,
@@ -410,11 +411,11 @@ def _restart(s: Scratch) -> None:
             "BlockLedger.after_restart: every block quarantined (previous incarnation) until "
             f"each of {', '.join(names)} is fenced"
         )
-    s.env = attrs.evolve(
+    s.env = evolve(
         env,
-        reqs=tuple(attrs.evolve(r, phase=RELEASED) for r in env.reqs),
-        grants=tuple(attrs.evolve(g, old=True) for g in env.grants),
-        peers=tuple(attrs.evolve(p, lost_reported=False) for p in env.peers),
+        reqs=tuple(evolve(r, phase=RELEASED) for r in env.reqs),
+        grants=tuple(evolve(g, old=True) for g in env.grants),
+        peers=tuple(evolve(p, lost_reported=False) for p in env.peers),
         restarts_left=env.restarts_left - 1,
         incarnation=n,
     )

@@ -6,7 +6,7 @@ See ``kvlifetime.verify.model`` for what the model is, and ``docs/verification.m
 from __future__ import annotations
 
 import enum
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import attrs
 import numpy as np
@@ -530,6 +530,36 @@ INVARIANTS: dict[str, str] = {
     "peer's claims are refused as unauthorized)",
     "ledger_error": "the ledger refuses a call the contract allows (a kvlifetime bug)",
 }
+
+
+_T = TypeVar("_T")
+
+# Per attrs class, its fields' names in constructor order (``evolve``).
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    fields = attrs.fields(cls)
+    odd = [a.name for a in fields if not a.init or a.kw_only or a.alias != a.name]
+    if odd:
+        raise TypeError(f"evolve takes no field outside __init__, keyword-only or aliased: {odd}")
+    names = _FIELD_NAMES[cls] = tuple(a.name for a in fields)
+    return names
+
+
+def evolve(inst: _T, **changes: Any) -> _T:
+    """``attrs.evolve`` for the model's values (a step makes several per state): the same new
+    instance through the class's own ``__init__`` (its checks run), with the field names
+    looked up once per class and passed by position. Refuses what ``attrs.evolve`` would
+    handle differently (a field that is not a plain positional ``__init__`` argument)."""
+    cls = type(inst)
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _field_names(cls)
+    args = [changes.pop(n) if n in changes else getattr(inst, n) for n in names]
+    if changes:
+        raise TypeError(f"{cls.__name__} has no field {sorted(changes)}")
+    return cls(*args)
 
 
 def _pickle_by_fields(cls: type) -> None:
