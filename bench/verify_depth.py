@@ -27,9 +27,12 @@ floor, where a target is not met).
 engine in one process: each target (``3x2x3-k2``, ``2x2x2-kinds``, ``cli-default`` unless
 ``--only`` says) once per variant in its own process (``KVLIFETIME_PURE=1`` or ``0``, and the
 child checks ``kvlifetime.accel.variant()`` is the one asked for), alternating which goes first
-pair by pair (``--pairs``, default 1), and the rate of each against the pure one of its pair.
+pair by pair (``--pairs``, default 1), and the rate of each against the pure one of its pair
+(states per second of the search's own CPU time: a shared machine's load moves it less than
+the wall-clock rate, which is printed too).
 Where the target's full size is known (``TOTAL_STATES``), an unfinished search also prints the
-time it would take at its rate.
+time it would take at its rate. With ``--baseline DIR`` each variant of ``DIR``'s kvlifetime
+runs too (a change measured against the code before it, both pure and compiled).
 
 A search still running at ``--limit`` seconds is stopped there (through its progress callback)
 and reported with the states it reached and its rate, marked unfinished. ``--baseline DIR``:
@@ -73,6 +76,7 @@ def run_default_command(limit: float) -> dict[str, Any]:
         timeout=limit,
     ).stdout
     wall = time.perf_counter() - t0
+    child = resource.getrusage(resource.RUSAGE_CHILDREN)
     doc = json.loads(out)
     return {
         "target": "cli-default",
@@ -81,13 +85,18 @@ def run_default_command(limit: float) -> dict[str, Any]:
         "states": doc["states"],
         "seconds": round(wall, 1),
         "states_per_second": round(doc["states_per_second"]),
-        "memory_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
+        "cpu_seconds": round(child.ru_utime + child.ru_stime, 1),
+        "memory_mb": round(child.ru_maxrss / 1024),
     }
 
 
 def run_one(name: str, limit: float, engine: str = "ledger", processes: int = 1) -> dict[str, Any]:
     """One target in this process, stopped at ``limit`` seconds."""
+    cpu0 = time.process_time()
     out = _run_one(name, limit, engine, processes)
+    if name != "cli-default":
+        # This process's CPU time (the states' share of a shared machine's cores).
+        out["cpu_seconds"] = round(time.process_time() - cpu0, 1)
     try:
         from kvlifetime import accel
     except ImportError:  # a baseline from before the accelerator
@@ -279,16 +288,21 @@ def compare_variants(args: argparse.Namespace) -> None:
     variants = args.variants.split(",")
     print(f"cores: {os.cpu_count()}  limit: {args.limit:.0f} s per search  variants: {variants}")
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # With --baseline: each variant of the baseline's kvlifetime too, right after this one's.
+    trees = [("", here)] + ([("baseline ", args.baseline)] if args.baseline else [])
+    runs = [(f"{t}{v}", path, v) for v in variants for t, path in trees]
     for name in args.only or ["3x2x3-k2", "2x2x2-kinds", "cli-default"]:
         for pair in range(args.pairs):
-            order = variants if pair % 2 == 0 else variants[::-1]
+            order = runs if pair % 2 == 0 else runs[::-1]
             rates: dict[str, int] = {}
-            for variant in order:
+            for label, path, variant in order:
                 load = os.getloadavg()
                 engine = "ledger" if name == "cli-default" else "packed"
-                cur = _in_subprocess(name, args.limit, here, engine, 1, variant)
+                cur = _in_subprocess(name, args.limit, path, engine, 1, variant)
                 rate = cur["states_per_second"]
-                rates[variant] = rate
+                # States per second of the search's own CPU time: what the load moves least.
+                cpu_rate = round(cur["states"] / max(cur.get("cpu_seconds", 0.0), 0.1))
+                rates[label] = cpu_rate
                 total = TOTAL_STATES.get(name)
                 projected = (
                     f", projected {total / max(rate, 1) / 60:.1f} min to the verdict "
@@ -297,17 +311,18 @@ def compare_variants(args: argparse.Namespace) -> None:
                     else ""
                 )
                 print(
-                    f"{name:>12} {variant:>8} (pair {pair + 1}): {cur['verdict']}"
+                    f"{name:>12} {label:>17} (pair {pair + 1}): {cur['verdict']}"
                     f"{'' if cur['finished'] else ' (stopped at limit)'}, {cur['states']:,} "
-                    f"states, {cur['seconds']} s, {rate:,} states/s{projected}, "
+                    f"states, {cur['seconds']} s, {rate:,} states/s, {cur.get('cpu_seconds')} CPU "
+                    f"s, {cpu_rate:,} states per CPU s{projected}, "
                     f"{cur.get('memory_mb', '?')} MB (load average "
                     f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f})",
                     flush=True,
                 )
             first = max(rates[variants[0]], 1)
             print(
-                f"{name:>12} pair {pair + 1}: "
-                + ", ".join(f"{v} / {variants[0]} {rates[v] / first:.2f}x" for v in variants[1:]),
+                f"{name:>12} pair {pair + 1}, states per CPU s: "
+                + ", ".join(f"{r} / {variants[0]} {rates[r] / first:.2f}x" for r, _, _ in runs[1:]),
                 flush=True,
             )
 
