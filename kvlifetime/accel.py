@@ -38,17 +38,19 @@ MODULES = (
     "kvlifetime.ledger.snapshot",
     "kvlifetime.ledger.transitions",
     # The verifier's step and what it reads: the environment's values and their ledger view
-    # (state), the events, the step and its policies, the keys, the stubborn sets, the packed
-    # ledger. Their attrs classes stay ordinary Python classes (mypyc compiles their methods'
-    # callers, not the classes). Interpreted: the search loop (``verify.explore``, a few
-    # percent of a search; its tests stop a search by replacing a name in its namespace, which
-    # a compiled module's calls to its own group never look up) and the rest of ``verify/``.
+    # (state, rebuild), the events, the step and its policies, the keys, the stubborn sets,
+    # the packed ledger. Their attrs classes stay ordinary Python classes (mypyc compiles
+    # their methods' callers, not the classes). Interpreted: the search loop
+    # (``verify.explore``, a few percent of a search; its tests stop a search by replacing a
+    # name in its namespace, which a compiled module's calls to its own group never look up)
+    # and the rest of ``verify/``.
     "kvlifetime.verify.events",
     "kvlifetime.verify.keys",
     "kvlifetime.verify.lies",
     "kvlifetime.verify.packed",
     "kvlifetime.verify.policies",
     "kvlifetime.verify.por",
+    "kvlifetime.verify.rebuild",
     "kvlifetime.verify.scratch",
     "kvlifetime.verify.semantics",
     "kvlifetime.verify.state",

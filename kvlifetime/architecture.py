@@ -93,7 +93,7 @@ LAYERS: tuple[Layer, ...] = (
         ("__init__.py", "errors.py", "inputs.py", "source.py", "extras.py", "accel.py"),
         "the exception tree (every class, by whose fault), the argument checks, where a piece of "
         "evidence comes from, the optional dependencies (a missing one names its install), which "
-        "of the ledger's modules run compiled (the optional accelerator); "
+        "of the ledger's and the verifier's modules run compiled (the optional accelerator); "
         "`kvlifetime` itself only names where each export lives (it imports none of them)",
     ),
     Layer(

@@ -6,7 +6,7 @@ See ``kvlifetime.verify.model`` for what the model is, and ``docs/verification.m
 from __future__ import annotations
 
 import enum
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import attrs
 import numpy as np
@@ -18,6 +18,8 @@ from kvlifetime.grant import Access, Grant
 from kvlifetime.ledger import BlockLedger
 from kvlifetime.spec.proof import GrantProof
 from kvlifetime.spec.vocabulary import RequestState
+from kvlifetime.verify.rebuild import evolve as evolve
+from kvlifetime.verify.rebuild import pickle_by_fields
 
 INCARNATION = "verify"  # fixed, so that a replayed trace issues the same grant ids
 # The request that holds the arena for the previous incarnation after a restart.
@@ -532,50 +534,8 @@ INVARIANTS: dict[str, str] = {
 }
 
 
-_T = TypeVar("_T")
-
-# Per attrs class, its fields' names in constructor order (``evolve``).
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _field_names(cls: type) -> tuple[str, ...]:
-    fields = attrs.fields(cls)
-    odd = [a.name for a in fields if not a.init or a.kw_only or a.alias != a.name]
-    if odd:
-        raise TypeError(f"evolve takes no field outside __init__, keyword-only or aliased: {odd}")
-    names = _FIELD_NAMES[cls] = tuple(a.name for a in fields)
-    return names
-
-
-def evolve(inst: _T, **changes: Any) -> _T:
-    """``attrs.evolve`` for the model's values (a step makes several per state): the same new
-    instance through the class's own ``__init__`` (its checks run), with the field names
-    looked up once per class and passed by position. Refuses what ``attrs.evolve`` would
-    handle differently (a field that is not a plain positional ``__init__`` argument)."""
-    cls = type(inst)
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _field_names(cls)
-    args = [changes.pop(n) if n in changes else getattr(inst, n) for n in names]
-    if changes:
-        raise TypeError(f"{cls.__name__} has no field {sorted(changes)}")
-    return cls(*args)
-
-
-def _pickle_by_fields(cls: type) -> None:
-    """Pickle ``cls`` (a frozen slotted attrs class) as its constructor and field values: the
-    parallel search sends states between processes, and attrs' own slot-by-slot state costs
-    about twice as much to load."""
-    names = tuple(f.name for f in attrs.fields(cls))
-
-    def reduce_ex(self: Any, _protocol: object) -> tuple[Any, ...]:
-        return (cls, tuple([getattr(self, n) for n in names]))
-
-    cls.__reduce_ex__ = reduce_ex  # type: ignore[assignment,method-assign]
-
-
 for _cls in (ReqSide, GrantSide, PeerSide, Msg, Env):
-    _pickle_by_fields(_cls)
+    pickle_by_fields(_cls)
 
 
 def peer_name(i: int) -> str:
