@@ -128,6 +128,12 @@ LAYERS: tuple[Layer, ...] = (
         "real ones), Mooncake TCP, NIXL/UCX, each with its fence; the control plane's sockets",
     ),
     Layer(
+        "guard",
+        ("guard/",),
+        "the one role-agnostic, sans-IO guard core under every engine: each request's state of "
+        "the engine-side lifecycle (stepped from `spec/`), refusals as data on one log path",
+    ),
+    Layer(
         "integrations",
         ("integrations/",),
         "the guard inside real engines: `vllm/`, `sglang/` (a sans-IO guard and thin hooks)",

@@ -9,11 +9,20 @@ import sys
 
 import pytest
 
-from kvlifetime.spec.table import block_table, compiled_from_spec, request_table, table_for
+from kvlifetime.spec.table import (
+    block_table,
+    compiled_from_spec,
+    engine_table,
+    request_table,
+    table_for,
+)
 from kvlifetime.spec.vocabulary import GUARDS
 
 
-@pytest.mark.parametrize(("machine", "table"), [("request", request_table), ("block", block_table)])
+@pytest.mark.parametrize(
+    ("machine", "table"),
+    [("request", request_table), ("block", block_table), ("engine", engine_table)],
+)
 def test_the_committed_data_is_the_compiled_specification(machine: str, table: object) -> None:
     """Fails when kvlifetime/spec/lifecycles.py changed and the data did not.
     Fix: `python -m kvlifetime.spec.table` and commit kvlifetime/spec/table_data.py."""
@@ -24,7 +33,7 @@ def test_the_committed_data_is_the_compiled_specification(machine: str, table: o
     assert set(got.guards) == set(want.guards)
 
 
-@pytest.mark.parametrize("machine", ["request", "block"])
+@pytest.mark.parametrize("machine", ["request", "block", "engine"])
 def test_every_guard_is_written_once_and_used(machine: str) -> None:
     """The tables call the guard functions themselves, the classes' conditions call the same
     functions, and no guard is left that no row names."""

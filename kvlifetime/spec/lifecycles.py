@@ -1,4 +1,5 @@
-"""The specification's python-statemachine classes: ``RequestLifecycle`` and ``BlockLifecycle``.
+"""The specification's python-statemachine classes: ``RequestLifecycle``, ``BlockLifecycle`` and
+``EngineSideLifecycle`` (a request as the guard in an engine sees it).
 
 They are the one source of truth (docs/contract.md#request-lifecycle,
 docs/contract.md#block-lifecycle): ``kvlifetime.spec.table`` compiles them into the data the
@@ -18,14 +19,17 @@ from statemachine import Event, State, StateMachine
 
 from kvlifetime.spec.vocabulary import (
     BLOCK_GUARDS,
+    ENGINE_GUARDS,
     REQUEST_GUARDS,
     BlockFacts,
     BlockState,
+    EngineFacts,
+    EngineState,
     RequestFacts,
     RequestState,
 )
 
-__all__ = ["SPECS", "BlockLifecycle", "RequestLifecycle"]
+__all__ = ["SPECS", "BlockLifecycle", "EngineSideLifecycle", "RequestLifecycle"]
 
 
 def _condition(name: str, guard: Callable[[Any], bool]) -> Callable[[Any], bool]:
@@ -195,4 +199,143 @@ class BlockLifecycle(StateMachine):
         return BlockState[str(self.current_state_value).upper()]
 
 
-SPECS: Mapping[str, type[StateMachine]] = {"request": RequestLifecycle, "block": BlockLifecycle}
+@_conditions_from(ENGINE_GUARDS)
+class EngineSideLifecycle(StateMachine):
+    """A request as the guard inside an engine sees it (docs/engine.md): what the engine may do
+    with its blocks and its id. Every guard (vLLM's, SGLang's decode and prefill, the harness
+    owners, the verifier's model) steps this one table through ``kvlifetime.guard``.
+
+    The ledger's request lifecycle says what has been *proven*; this one says what the engine is
+    *told*: an ended request's id goes back (``handed_back``) only from ``releasable``, which
+    only the ledger's ``released`` verdict reaches. An engine signal with no row here proves
+    nothing and is refused.
+    """
+
+    running = State(initial=True)
+    loading = State()
+    load_received = State()
+    load_failed = State()
+    receive_held = State()
+    fenced = State()
+    reading = State()
+    ended = State()
+    withheld = State()
+    quarantined = State()
+    releasable = State()
+    handed_back = State(final=True)
+
+    # The engine holds the request (again: a repeat is harmless, it changes nothing).
+    ev_admitted = Event(running.to(running, internal=True), id="admitted")
+    # An asynchronous load's blocks were granted to the peer that writes them.
+    ev_load_granted = Event(
+        running.to(loading) | load_received.to(loading),
+        id="load_granted",
+    )
+    # The block ids left (or leave with this step) for a peer that reads them: a running
+    # request's (SGLang's prefill sends while it runs), or an ended one's (vLLM delays the free).
+    ev_read_granted = Event(
+        running.to(reading)
+        | ended.to(withheld)
+        | withheld.to(withheld, internal=True)
+        | quarantined.to(quarantined, internal=True),
+        id="read_granted",
+    )
+    # The ledger refused the exposure (a block another transfer may still touch): nothing was
+    # exposed, and the block ids must not leave the process.
+    ev_grant_refused = Event(
+        running.to(running, internal=True)
+        | load_received.to(load_received, internal=True)
+        | ended.to(ended, internal=True),
+        id="grant_refused",
+    )
+    # A receive: the load landed (a proof of its WRITE grant); or, with nothing exposed, the
+    # engine's own business (passed on); a failed load's receive is held.
+    ev_load_landed = Event(
+        loading.to(load_received)
+        | running.to(load_received)
+        | load_failed.to(receive_held)
+        | ended.to(handed_back)
+        | withheld.to(withheld, cond="has_open_write", internal=True)
+        | quarantined.to(quarantined, cond="has_open_write", internal=True),
+        id="load_landed",
+    )
+    # A peer's reads are over (a proof of its READ grant), never before the ids left.
+    ev_reads_done = Event(
+        reading.to(running, cond="read_left_earlier_step")
+        | ended.to(handed_back)
+        | withheld.to(withheld, cond="read_left_earlier_step", internal=True),
+        id="reads_done",
+    )
+    # The load was reported failed: what still lands is unknown.
+    ev_load_failed = Event(
+        loading.to(load_failed) | withheld.to(quarantined, cond="has_open_write"),
+        id="load_failed",
+    )
+    # Only time passed (a lease reaped, a peer lost): proves nothing about memory access.
+    ev_lease_expired = Event(
+        reading.to(reading, internal=True)
+        | loading.to(load_failed)
+        | withheld.to(quarantined, cond="has_open_read")
+        | withheld.to(quarantined, cond="has_open_write")
+        | quarantined.to(quarantined, internal=True),
+        id="lease_expired",
+    )
+    ev_deadline = Event(
+        withheld.to(quarantined) | quarantined.to(quarantined, internal=True), id="deadline"
+    )
+    # The engine ended the request normally, or early (an abort, a failure): the error response
+    # may go out now; what was exposed stays withheld until proven over.
+    ev_finished = Event(
+        running.to(ended)
+        | load_received.to(ended)
+        | fenced.to(ended)
+        | loading.to(withheld)
+        | reading.to(withheld)
+        | load_failed.to(quarantined)
+        | receive_held.to(quarantined),
+        id="finished",
+    )
+    ev_aborted = Event(
+        running.to(ended)
+        | load_received.to(ended)
+        | fenced.to(ended)
+        | loading.to(withheld)
+        | reading.to(withheld)
+        | load_failed.to(quarantined)
+        | receive_held.to(quarantined),
+        id="aborted",
+    )
+    # A fence on the memory owner's side ended every access of the peer: a running request's
+    # exposure is over; a held receive becomes due. (Ended requests leave through ``released``.)
+    ev_fenced = Event(
+        loading.to(running)
+        | reading.to(running)
+        | load_failed.to(running)
+        | receive_held.to(fenced),
+        id="fenced",
+    )
+    # The ledger's verdict: every grant of the ended request is closed and its blocks released.
+    ev_released = Event(
+        withheld.to(releasable) | quarantined.to(releasable),
+        id="released",
+    )
+    # The engine was handed the id (once): it frees the blocks, or goes on with a fenced load.
+    ev_handed_back = Event(
+        releasable.to(handed_back) | ended.to(handed_back) | fenced.to(load_received),
+        id="handed_back",
+    )
+
+    def __init__(self, facts: EngineFacts, start_value: str | None = None) -> None:
+        self.facts = facts
+        super().__init__(start_value=start_value)
+
+    @property
+    def state(self) -> EngineState:
+        return EngineState(self.current_state_value)
+
+
+SPECS: Mapping[str, type[StateMachine]] = {
+    "request": RequestLifecycle,
+    "block": BlockLifecycle,
+    "engine": EngineSideLifecycle,
+}

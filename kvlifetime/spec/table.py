@@ -43,7 +43,7 @@ class Row:
 class TransitionTable:
     """A lifecycle as data. ``rows`` are in specification order."""
 
-    machine: str  # "request" or "block"
+    machine: str  # "request", "block" or "engine"
     states: tuple[str, ...]
     initial: str
     finals: tuple[str, ...]
@@ -213,6 +213,13 @@ def block_table() -> TransitionTable:
     return _from_data("block", BLOCK, GUARDS["block"])
 
 
+@cache
+def engine_table() -> TransitionTable:
+    from kvlifetime.spec.table_data import ENGINE
+
+    return _from_data("engine", ENGINE, GUARDS["engine"])
+
+
 def compiled_from_spec(machine: str) -> TransitionTable:
     """``machine``'s table compiled from its python-statemachine class now (what
     ``kvlifetime.spec.table_data`` must hold)."""
@@ -234,7 +241,7 @@ def table_data_source() -> str:
         "from typing import Any",
         "",
     ]
-    for var, machine in (("REQUEST", "request"), ("BLOCK", "block")):
+    for var, machine in (("REQUEST", "request"), ("BLOCK", "block"), ("ENGINE", "engine")):
         t = compiled_from_spec(machine)
         out.append(f"{var}: dict[str, Any] = {{")
         out.append(f'    "states": {_tuple(t.states)},')
@@ -262,7 +269,9 @@ def table_for(machine: str) -> TransitionTable:
         return request_table()
     if machine == "block":
         return block_table()
-    raise ValueError(f"unknown machine {machine!r} (request, block)")
+    if machine == "engine":
+        return engine_table()
+    raise ValueError(f"unknown machine {machine!r} (request, block, engine)")
 
 
 if __name__ == "__main__":  # python -m kvlifetime.spec.table: rewrite kvlifetime/spec/table_data.py

@@ -1,4 +1,4 @@
-"""The specification's vocabulary: the states, events and guards of both lifecycles.
+"""The specification's vocabulary: the states, events and guards of the three lifecycles.
 
 The python-statemachine classes that arrange them into transitions are in
 ``kvlifetime.spec.lifecycles``; this module is what they are made of and what the ledger's fast
@@ -228,8 +228,88 @@ class BlockGuards:
 
 BLOCK_GUARDS: Mapping[str, Callable[[BlockFacts], bool]] = _guards_of(BlockGuards)
 
+
+# =========================================================================== engine side
+
+
+class EngineState(enum.Enum):
+    """Where a request is as a guard in the engine sees it: what the engine may do with its
+    blocks and its id. ``handed_back`` is final (the guard forgets the request)."""
+
+    RUNNING = "running"  # the engine runs it; the guard holds no exposure of it
+    LOADING = "loading"  # running; an asynchronous load may still write its blocks
+    LOAD_RECEIVED = "load_received"  # running; the engine was handed its load's receive
+    LOAD_FAILED = "load_failed"  # running; its load failed: nothing proves what still lands
+    RECEIVE_HELD = "receive_held"  # load_failed, and its receive came: withheld until a fence
+    FENCED = "fenced"  # a fence ended its failed load: the held receive is due, once
+    READING = "reading"  # running; a peer may read its blocks (the id left the process)
+    ENDED = "ended"  # the engine ended it with nothing exposed: frees it on its own id
+    WITHHELD = "withheld"  # ended with an exposure unproven: the engine keeps its blocks
+    QUARANTINED = "quarantined"  # withheld, and no proof will come: only a fence ends it
+    RELEASABLE = "releasable"  # the ledger released it: its id is due to the engine, once
+    HANDED_BACK = "handed_back"  # the engine was handed its id: forgotten
+
+
+class EngineEvent(enum.Enum):
+    """What happens to a request on the engine's side: the engine's signals (``admitted``,
+    ``finished``, ``aborted``, ``load_landed``, ``reads_done``, ``load_failed``,
+    ``lease_expired``), the guard's own steps (``load_granted``, ``read_granted``,
+    ``grant_refused``, ``deadline``, ``fenced``, ``handed_back``) and the ledger's verdict
+    (``released``). A signal with no row for the request's state, or whose guard does not hold,
+    proves nothing: the guard refuses it (``kvlifetime.guard.Refusal``), never passes it on."""
+
+    ADMITTED = "admitted"
+    LOAD_GRANTED = "load_granted"
+    READ_GRANTED = "read_granted"
+    GRANT_REFUSED = "grant_refused"
+    LOAD_LANDED = "load_landed"
+    READS_DONE = "reads_done"
+    LOAD_FAILED = "load_failed"
+    LEASE_EXPIRED = "lease_expired"
+    DEADLINE = "deadline"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+    FENCED = "fenced"
+    RELEASED = "released"
+    HANDED_BACK = "handed_back"
+
+
+class EngineFacts(Protocol):
+    """What the engine-side guards may look at: the request's exposures as the guard holds
+    them, after the event."""
+
+    write_open: bool  # a WRITE grant of the request is open in the ledger
+    read_open: bool  # a READ grant of the request is open in the ledger
+    read_this_step: bool  # that READ grant was made in the scheduler step now running
+
+
+class EngineGuards:
+    """The engine-side guards, each written once (as ``RequestGuards``): ``ENGINE_GUARDS`` for
+    the compiled table, condition methods of the same names for ``EngineSideLifecycle``."""
+
+    @staticmethod
+    def has_open_write(f: EngineFacts) -> bool:
+        """A load's WRITE grant is open: a receive is about it."""
+        return f.write_open
+
+    @staticmethod
+    def has_open_read(f: EngineFacts) -> bool:
+        """A READ grant is open: a lease or a peer may still be reading."""
+        return f.read_open
+
+    @staticmethod
+    def read_left_earlier_step(f: EngineFacts) -> bool:
+        """A READ grant is open and its block ids left the process in an earlier step: a
+        report of reads done can be about it (in the step that grants it, no peer has the ids
+        yet, so such a report is a stale one of an earlier request with the same id)."""
+        return f.read_open and not f.read_this_step
+
+
+ENGINE_GUARDS: Mapping[str, Callable[[EngineFacts], bool]] = _guards_of(EngineGuards)
+
 GUARDS: Mapping[str, Mapping[str, Callable[[Any], bool]]] = {
     "request": REQUEST_GUARDS,
     "block": BLOCK_GUARDS,
+    "engine": ENGINE_GUARDS,
 }
 """Each machine's guards, by the machine's name (as ``lifecycles.SPECS`` names its class)."""

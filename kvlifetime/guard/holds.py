@@ -1,0 +1,162 @@
+"""Holds: every request a guard holds, each at its state of the engine-side lifecycle.
+
+The one place a guard's view of a request changes: ``Holds.fire(request, event)`` steps the
+compiled ``engine`` table of ``kvlifetime.spec`` (docs/engine.md). A row fires, or the signal is
+refused (``Refusal``: counted, logged, nothing changed). No guard keeps a phase of its own.
+
+A hold also carries the request's exposures as the ledger issued them (its READ and WRITE
+``Grant``; the library's own values, not checked again) and the scheduler step in which its READ
+grant was made: the guards of the table read those (``EngineFacts``). ``handed_back`` is final:
+the hold is deleted and its key remembered a while, so a late or repeated id is told
+(``duplicate_id``) from one never held (``unknown_id``).
+
+::
+
+    step n:   finished(r) ──► read_granted(r)        the ids leave with step n's output
+              reads_done(r)  refused: premature      no peer had them yet
+    step n+1: reads_done(r) ──► (ledger) released ──► releasable ──► handed_back
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterator
+
+import attrs
+
+from kvlifetime.grant import Grant
+from kvlifetime.guard.refusals import Refusal, RefusalKind, Refusals
+from kvlifetime.spec.table import TransitionTable, engine_table
+
+# How many handed-back keys are remembered to tell a duplicate from an unknown id.
+REMEMBERED = 65536
+
+Observer = Callable[[str, str, str, str], None]
+"""Called with (request, from state, event, to state) for every row that fires."""
+
+
+@attrs.define(slots=True, eq=False)
+class Hold:
+    """One request the guard holds. ``state`` changes only through ``Holds.fire``."""
+
+    state: str = "running"  # an EngineState value
+    read: Grant | None = None  # the READ grant the ledger tracks (a peer has the block ids)
+    write: Grant | None = None  # the WRITE grant the ledger tracks (a load may land)
+    read_step: int = -1  # the scheduler step whose output carries the READ grant's ids
+
+
+@attrs.define(slots=True)
+class _Facts:
+    """``EngineFacts`` of one hold at the current step (what the table's guards read)."""
+
+    write_open: bool
+    read_open: bool
+    read_this_step: bool
+
+
+# A signal with no row (or whose guard does not hold) in a state, refused as: the kind a reader
+# of the counters expects. Anything not listed is ``out_of_order``.
+_NO_ROW: dict[tuple[str, str], RefusalKind] = {
+    **{
+        (s, "load_landed"): RefusalKind.DUPLICATE_ID
+        for s in ("load_received", "receive_held", "fenced")
+    },
+    **{(s, "reads_done"): RefusalKind.NOT_FINISHED for s in ("running", "load_received")},
+    **{
+        (s, e): RefusalKind.WRONG_CHANNEL
+        for s in ("withheld", "quarantined", "releasable", "loading", "load_failed", "reading")
+        for e in ("load_landed", "reads_done")
+    },
+}
+
+
+class Holds:
+    """The engine-side state of every request one guard holds, stepped by the engine table."""
+
+    def __init__(self, refusals: Refusals, *, table: TransitionTable | None = None) -> None:
+        self.table = table if table is not None else engine_table()
+        self.refusals = refusals
+        self.step = 0  # the scheduler step now running (``next_step`` at its boundary)
+        self._holds: dict[str, Hold] = {}
+        self._handed: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._index = self.table.index
+        self._guards = self.table.guards
+        self.observers: list[Observer] = []  # each row that fires, for tests and tracing
+
+    # ------------------------------------------------------------------ reading
+
+    def get(self, request: str) -> Hold | None:
+        return self._holds.get(request)
+
+    def __contains__(self, request: object) -> bool:
+        return request in self._holds
+
+    def __len__(self) -> int:
+        return len(self._holds)
+
+    def __iter__(self) -> Iterator[tuple[str, Hold]]:
+        return iter(list(self._holds.items()))
+
+    def state(self, request: str) -> str | None:
+        hold = self._holds.get(request)
+        return None if hold is None else hold.state
+
+    def handed_back(self, request: str) -> bool:
+        """Whether the id was handed back to the engine (and is remembered)."""
+        return request in self._handed
+
+    def count(self, state: str) -> int:
+        return sum(h.state == state for h in self._holds.values())
+
+    # ------------------------------------------------------------------ stepping
+
+    def admit(self, request: str) -> Hold:
+        """The engine holds ``request`` (``admitted``): a new hold at ``running``, or the one it
+        has. A key handed back earlier is a new use of it: it is forgotten as handed back."""
+        hold = self._holds.get(request)
+        if hold is None:
+            hold = self._holds[request] = Hold()
+            self._handed.pop(request, None)
+        else:
+            self.fire(request, "admitted")
+        return hold
+
+    def fire(self, request: str, event: str) -> Refusal | None:
+        """Step ``request``'s hold on ``event``: None when a row fired, else the refusal (the
+        hold unchanged). ``handed_back`` deletes the hold and remembers the key."""
+        hold = self._holds.get(request)
+        if hold is None:
+            kind = RefusalKind.DUPLICATE_ID if request in self._handed else RefusalKind.UNKNOWN_ID
+            return self.refusals.refuse(kind, request, event=event)
+        source = hold.state
+        rows = self._index.get((source, event))
+        target = None
+        if rows is not None:
+            facts = _Facts(
+                hold.write is not None,
+                hold.read is not None,
+                hold.read is not None and hold.read_step == self.step,
+            )
+            for row in rows:
+                if row.guard is None or self._guards[row.guard](facts):
+                    target = row.target
+                    break
+        if target is None:
+            kind = _NO_ROW.get((source, event), RefusalKind.OUT_OF_ORDER)
+            if event == "reads_done" and hold.read is not None and hold.read_step == self.step:
+                kind = RefusalKind.PREMATURE_EVIDENCE
+            return self.refusals.refuse(kind, request, state=source, event=event)
+        hold.state = target
+        for observe in self.observers:
+            observe(request, source, event, target)
+        if target == "handed_back":
+            del self._holds[request]
+            self._handed[request] = None
+            if len(self._handed) > REMEMBERED:
+                self._handed.popitem(last=False)
+        return None
+
+    def next_step(self) -> None:
+        """The scheduler step's boundary: what was exposed in the step now running has left the
+        process with its output."""
+        self.step += 1

@@ -1,0 +1,219 @@
+"""The engine-side lifecycle (``EngineSideLifecycle``, machine ``engine``) and the guard core's
+``Holds``, which every guard steps: the compiled table agrees with the python-statemachine class
+pair by pair, and ``Holds`` fires exactly the table's rows, refusing everything else as data."""
+
+from __future__ import annotations
+
+import itertools
+
+import attrs
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from statemachine.exceptions import TransitionNotAllowed
+from structlog.testing import capture_logs
+
+from kvlifetime.errors import DoubleRelease, IllegalTransition, UnknownRequest
+from kvlifetime.grant import Access
+from kvlifetime.guard import Holds, RefusalKind, Refusals
+from kvlifetime.ledger import BlockLedger
+from kvlifetime.spec.lifecycles import EngineSideLifecycle
+from kvlifetime.spec.table import engine_table
+from kvlifetime.spec.vocabulary import EngineEvent, EngineState
+
+STATES = [s.value for s in EngineState]
+EVENTS = [e.value for e in EngineEvent]
+
+
+@attrs.define
+class Facts:
+    write_open: bool = False
+    read_open: bool = False
+    read_this_step: bool = False
+
+
+FACTS = [Facts(*bits) for bits in itertools.product((False, True), repeat=3)]
+
+
+def test_states_and_events_are_the_vocabulary() -> None:
+    t = engine_table()
+    assert list(t.states) == STATES
+    assert set(t.events) == set(EVENTS)
+    assert t.initial == "running" and t.finals == ("handed_back",)
+
+
+@pytest.mark.parametrize(("state", "event"), list(itertools.product(STATES, EVENTS)))
+def test_every_pair_the_class_and_the_table_agree(state: str, event: str) -> None:
+    """Under every combination of facts: the same target, or both refuse."""
+    t = engine_table()
+    for facts in FACTS:
+        try:
+            want: str | None = t.step(state, event, facts)
+        except IllegalTransition:
+            want = None
+        if state == "handed_back":
+            assert want is None  # final: nothing leaves it
+            continue
+        m = EngineSideLifecycle(facts, start_value=state)
+        try:
+            m.send(event)
+            got: str | None = m.current_state_value
+        except TransitionNotAllowed:
+            got = None
+        assert got == want, (state, event, facts)
+
+
+def test_what_the_engine_is_told_depends_only_on_the_ledger_verdict() -> None:
+    """An ended request's id goes back only from ``releasable``, reached only by ``released``
+    (the ledger's verdict); no engine signal reaches it directly."""
+    t = engine_table()
+    into_releasable = {r.event for r in t.rows if r.target == "releasable"}
+    assert into_releasable == {"released"}
+    back = {(r.source, r.event) for r in t.rows if r.target == "handed_back"}
+    # From ended (nothing exposed: the engine's own id frees it) or releasable only.
+    assert {s for s, _ in back} == {"ended", "releasable"}
+    # No signal ends an exposure of an ended request except through the ledger.
+    for r in t.rows:
+        if r.source in ("withheld", "quarantined"):
+            assert r.target in ("withheld", "quarantined", "releasable")
+
+
+def test_reads_done_in_the_step_of_the_grant_proves_nothing() -> None:
+    t = engine_table()
+    assert t.step("withheld", "reads_done", Facts(read_open=True, read_this_step=True)) is None
+    assert t.step("withheld", "reads_done", Facts(read_open=True)) == "withheld"
+    assert t.step("reading", "reads_done", Facts(read_open=True, read_this_step=True)) is None
+
+
+# --------------------------------------------------------------------------- Holds
+
+
+def _grant(ledger: BlockLedger, request: str, ids: list[int], access: Access) -> object:
+    outcome = ledger.acquire_and_grant_many([(request, np.array(ids), "peer", access)])
+    assert not outcome.refused
+    return outcome.grants[0]
+
+
+def test_holds_fire_rows_and_refuse_the_rest_as_data() -> None:
+    refusals = Refusals("fake")
+    holds = Holds(refusals)
+    seen: list[tuple[str, str, str, str]] = []
+    holds.observers.append(lambda *row: seen.append(row))
+    holds.admit("a")
+    assert holds.fire("a", "finished") is None
+    assert holds.state("a") == "ended"
+    r = holds.fire("a", "load_failed")  # no row from ended
+    assert r is not None and r.kind is RefusalKind.OUT_OF_ORDER
+    assert isinstance(r.error, IllegalTransition)
+    assert holds.state("a") == "ended"  # unchanged
+    assert holds.fire("a", "handed_back") is None
+    assert "a" not in holds and holds.handed_back("a")
+    again = holds.fire("a", "load_landed")
+    assert again is not None and again.kind is RefusalKind.DUPLICATE_ID
+    assert isinstance(again.error, DoubleRelease)
+    never = holds.fire("zz", "reads_done")
+    assert never is not None and never.kind is RefusalKind.UNKNOWN_ID
+    assert isinstance(never.error, UnknownRequest)
+    assert seen == [
+        ("a", "running", "finished", "ended"),
+        ("a", "ended", "handed_back", "handed_back"),
+    ]
+    assert refusals.counts == {"out_of_order": 1, "duplicate_id": 1, "unknown_id": 1}
+    with capture_logs() as logs:
+        drained = refusals.drain()
+    assert len(drained) == 3 and [e["kind"] for e in logs] == [
+        "out_of_order",
+        "duplicate_id",
+        "unknown_id",
+    ]
+    assert all(e["event"] == "guard_refused" and e["engine"] == "fake" for e in logs)
+    assert refusals.drain() == []  # logged once
+
+
+def test_a_report_in_the_step_of_the_exposure_is_premature_then_accepted() -> None:
+    ledger = BlockLedger(8, counts="engine")
+    refusals = Refusals("fake")
+    holds = Holds(refusals)
+    hold = holds.admit("r")
+    holds.fire("r", "finished")
+    hold.read = _grant(ledger, "r", [1, 2], Access.READ)  # type: ignore[assignment]
+    hold.read_step = holds.step
+    assert holds.fire("r", "read_granted") is None
+    early = holds.fire("r", "reads_done")
+    assert early is not None and early.kind is RefusalKind.PREMATURE_EVIDENCE
+    assert holds.state("r") == "withheld"
+    holds.next_step()
+    assert holds.fire("r", "reads_done") is None  # the ids left with the last step's output
+    recv = holds.fire("r", "load_landed")
+    assert recv is not None and recv.kind is RefusalKind.WRONG_CHANNEL
+
+
+def test_a_readmitted_key_is_a_new_use() -> None:
+    holds = Holds(Refusals("fake"))
+    holds.admit("k")
+    holds.fire("k", "aborted")
+    holds.fire("k", "handed_back")
+    assert holds.handed_back("k")
+    holds.admit("k")
+    assert holds.state("k") == "running" and not holds.handed_back("k")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b"]),
+            st.sampled_from([*EVENTS, "next_step", "expose_read", "expose_write", "close"]),
+        ),
+        max_size=40,
+    )
+)
+def test_holds_and_the_spec_machines_walk_together(steps: list[tuple[str, str]]) -> None:
+    """A fake engine drives ``Holds`` and one ``EngineSideLifecycle`` per request side by side:
+    every row ``Holds`` fires the machine fires too, every refusal the machine refuses too."""
+    holds = Holds(Refusals("fake"))
+    machines: dict[str, EngineSideLifecycle] = {}
+    facts: dict[str, Facts] = {}
+    for key, what in steps:
+        if key not in holds and not holds.handed_back(key):
+            holds.admit(key)
+            facts[key] = Facts()
+            machines[key] = EngineSideLifecycle(facts[key])
+        hold = holds.get(key)
+        if what == "next_step":
+            holds.next_step()
+            for f in facts.values():
+                f.read_this_step = False
+            continue
+        if hold is None:
+            r = holds.fire(key, what) if what in EVENTS else None
+            assert r is None or r.kind is RefusalKind.DUPLICATE_ID
+            continue
+        f = facts[key]
+        if what == "expose_read":
+            hold.read, hold.read_step = object(), holds.step  # type: ignore[assignment]
+            f.read_open = f.read_this_step = True
+            continue
+        if what == "expose_write":
+            hold.write = object()  # type: ignore[assignment]
+            f.write_open = True
+            continue
+        if what == "close":
+            hold.read = hold.write = None
+            f.read_open = f.write_open = f.read_this_step = False
+            continue
+        m = machines[key]
+        before = m.current_state_value
+        try:
+            m.send(what)
+            moved = True
+        except TransitionNotAllowed:
+            moved = False
+        refusal = holds.fire(key, what)
+        after = holds.state(key) or "handed_back"
+        if refusal is None:
+            assert moved and m.current_state_value == after
+        else:
+            assert holds.state(key) == before  # a refusal changes nothing
+            assert not moved or m.current_state_value == before
