@@ -29,11 +29,13 @@ EVENTS = [e.value for e in EngineEvent]
 @attrs.define
 class Facts:
     write_open: bool = False
+    write_failed: bool = False
     read_open: bool = False
     read_this_step: bool = False
+    read_reaped: bool = False
 
 
-FACTS = [Facts(*bits) for bits in itertools.product((False, True), repeat=3)]
+FACTS = [Facts(*bits) for bits in itertools.product((False, True), repeat=5)]
 
 
 def test_states_and_events_are_the_vocabulary() -> None:
@@ -164,7 +166,9 @@ def test_a_readmitted_key_is_a_new_use() -> None:
     st.lists(
         st.tuples(
             st.sampled_from(["a", "b"]),
-            st.sampled_from([*EVENTS, "next_step", "expose_read", "expose_write", "close"]),
+            st.sampled_from(
+                [*EVENTS, "next_step", "expose_read", "expose_write", "close", "fail", "reap"]
+            ),
         ),
         max_size=40,
     )
@@ -201,7 +205,15 @@ def test_holds_and_the_spec_machines_walk_together(steps: list[tuple[str, str]])
             continue
         if what == "close":
             hold.read = hold.write = None
+            hold.write_failed = hold.read_reaped = False
             f.read_open = f.write_open = f.read_this_step = False
+            f.write_failed = f.read_reaped = False
+            continue
+        if what == "fail":
+            hold.write_failed = f.write_failed = True
+            continue
+        if what == "reap":
+            hold.read_reaped = f.read_reaped = True
             continue
         m = machines[key]
         before = m.current_state_value

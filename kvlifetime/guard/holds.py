@@ -43,6 +43,8 @@ class Hold:
     read: Grant | None = None  # the READ grant the ledger tracks (a peer has the block ids)
     write: Grant | None = None  # the WRITE grant the ledger tracks (a load may land)
     read_step: int = -1  # the scheduler step whose output carries the READ grant's ids
+    write_failed: bool = False  # the load was reported failed: no receive proves it landed
+    read_reaped: bool = False  # the READ lease was reaped: no report proves the reads over
 
 
 @attrs.define(slots=True)
@@ -50,8 +52,10 @@ class _Facts:
     """``EngineFacts`` of one hold at the current step (what the table's guards read)."""
 
     write_open: bool
+    write_failed: bool
     read_open: bool
     read_this_step: bool
+    read_reaped: bool
 
 
 # A signal with no row (or whose guard does not hold) in a state, refused as: the kind a reader
@@ -134,8 +138,10 @@ class Holds:
         if rows is not None:
             facts = _Facts(
                 hold.write is not None,
+                hold.write_failed,
                 hold.read is not None,
                 hold.read is not None and hold.read_step == self.step,
+                hold.read_reaped,
             )
             for row in rows:
                 if row.guard is None or self._guards[row.guard](facts):
@@ -155,6 +161,17 @@ class Holds:
             if len(self._handed) > REMEMBERED:
                 self._handed.popitem(last=False)
         return None
+
+    def _kind(self, state: str, event: str, hold: Hold) -> RefusalKind:
+        """Why a signal found no row (or no guard held) for the hold."""
+        if event == "reads_done" and hold.read is not None:
+            if hold.read_step == self.step:
+                return RefusalKind.PREMATURE_EVIDENCE
+            if hold.read_reaped:
+                return RefusalKind.UNPROVABLE
+        if event == "load_landed" and hold.write is not None and hold.write_failed:
+            return RefusalKind.UNPROVABLE
+        return _NO_ROW.get((state, event), RefusalKind.OUT_OF_ORDER)
 
     def next_step(self) -> None:
         """The scheduler step's boundary: what was exposed in the step now running has left the

@@ -43,6 +43,9 @@ class RefusalKind(enum.Enum):
     # A report about an exposure in the very step that makes it: the ids have not left yet, so
     # the report is about an earlier request with the same id.
     PREMATURE_EVIDENCE = "premature_evidence"
+    # A report about an exposure nothing can prove over any more (a failed load, a reaped
+    # lease): it stays withheld, quarantined, until a fence.
+    UNPROVABLE = "unprovable"
     # The ledger's verdict on a block or a piece of evidence.
     EXPOSED_BLOCK_REUSED = "exposed_block_reused"  # a grant refused: the block may be touched
     EVIDENCE_REFUSED = "evidence_refused"  # the ledger refused the evidence a signal made
@@ -77,6 +80,7 @@ def error_for(
     why = {
         RefusalKind.NOT_FINISHED: "the engine still runs it; an id would free its blocks",
         RefusalKind.WRONG_CHANNEL: "the signal proves nothing about the exposure it holds",
+        RefusalKind.UNPROVABLE: "its load failed or its lease was reaped: only a fence ends it",
         RefusalKind.PREMATURE_EVIDENCE: (
             "reported in the step that exposes it: the block ids have not left the process, so "
             "the report is about an earlier request with the same id"

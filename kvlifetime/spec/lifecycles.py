@@ -255,15 +255,16 @@ class EngineSideLifecycle(StateMachine):
         | running.to(load_received)
         | load_failed.to(receive_held)
         | ended.to(handed_back)
-        | withheld.to(withheld, cond="has_open_write", internal=True)
-        | quarantined.to(quarantined, cond="has_open_write", internal=True),
+        | withheld.to(withheld, cond="load_provable", internal=True)
+        | quarantined.to(quarantined, cond="load_provable", internal=True),
         id="load_landed",
     )
     # A peer's reads are over (a proof of its READ grant), never before the ids left.
     ev_reads_done = Event(
-        reading.to(running, cond="read_left_earlier_step")
+        reading.to(running, cond="reads_provable")
         | ended.to(handed_back)
-        | withheld.to(withheld, cond="read_left_earlier_step", internal=True),
+        | withheld.to(withheld, cond="reads_provable", internal=True)
+        | quarantined.to(quarantined, cond="reads_provable", internal=True),
         id="reads_done",
     )
     # The load was reported failed: what still lands is unknown.

@@ -279,8 +279,10 @@ class EngineFacts(Protocol):
     them, after the event."""
 
     write_open: bool  # a WRITE grant of the request is open in the ledger
+    write_failed: bool  # its load was reported failed: no receive proves what still lands
     read_open: bool  # a READ grant of the request is open in the ledger
     read_this_step: bool  # that READ grant was made in the scheduler step now running
+    read_reaped: bool  # its lease was reaped: no report of reads done proves them over
 
 
 class EngineGuards:
@@ -288,21 +290,28 @@ class EngineGuards:
     the compiled table, condition methods of the same names for ``EngineSideLifecycle``."""
 
     @staticmethod
+    def load_provable(f: EngineFacts) -> bool:
+        """A load's WRITE grant is open and its load did not fail: a receive proves it landed."""
+        return f.write_open and not f.write_failed
+
+    @staticmethod
     def has_open_write(f: EngineFacts) -> bool:
-        """A load's WRITE grant is open: a receive is about it."""
+        """A load's WRITE grant is open."""
         return f.write_open
 
     @staticmethod
     def has_open_read(f: EngineFacts) -> bool:
-        """A READ grant is open: a lease or a peer may still be reading."""
+        """A READ grant is open: a peer may still be reading."""
         return f.read_open
 
     @staticmethod
-    def read_left_earlier_step(f: EngineFacts) -> bool:
-        """A READ grant is open and its block ids left the process in an earlier step: a
-        report of reads done can be about it (in the step that grants it, no peer has the ids
-        yet, so such a report is a stale one of an earlier request with the same id)."""
-        return f.read_open and not f.read_this_step
+    def reads_provable(f: EngineFacts) -> bool:
+        """A READ grant is open, its block ids left the process in an earlier step, and its
+        lease was not reaped: a report of reads done can prove them over. (In the step that
+        grants it no peer has the ids yet, so such a report is a stale one of an earlier
+        request with the same id; after a reaped lease, a report is another rank's or a
+        repeat.)"""
+        return f.read_open and not f.read_this_step and not f.read_reaped
 
 
 ENGINE_GUARDS: Mapping[str, Callable[[EngineFacts], bool]] = _guards_of(EngineGuards)
