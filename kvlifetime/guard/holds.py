@@ -125,6 +125,26 @@ class Holds:
             self.fire(request, "admitted")
         return hold
 
+    def allows(self, request: str, event: str) -> bool:
+        """Whether ``fire(request, event)`` would fire a row now (nothing counted or changed)."""
+        hold = self._holds.get(request)
+        if hold is None:
+            return False
+        facts = self._facts(hold)
+        for row in self._index.get((hold.state, event), ()):
+            if row.guard is None or self._guards[row.guard](facts):
+                return True
+        return False
+
+    def _facts(self, hold: Hold) -> _Facts:
+        return _Facts(
+            hold.write is not None,
+            hold.write_failed,
+            hold.read is not None,
+            hold.read is not None and hold.read_step == self.step,
+            hold.read_reaped,
+        )
+
     def fire(self, request: str, event: str) -> Refusal | None:
         """Step ``request``'s hold on ``event``: None when a row fired, else the refusal (the
         hold unchanged). ``handed_back`` deletes the hold and remembers the key."""
@@ -136,13 +156,7 @@ class Holds:
         rows = self._index.get((source, event))
         target = None
         if rows is not None:
-            facts = _Facts(
-                hold.write is not None,
-                hold.write_failed,
-                hold.read is not None,
-                hold.read is not None and hold.read_step == self.step,
-                hold.read_reaped,
-            )
+            facts = self._facts(hold)
             for row in rows:
                 if row.guard is None or self._guards[row.guard](facts):
                     target = row.target

@@ -1,0 +1,411 @@
+"""GuardCore: the one guard under every engine — exposures, the step's journal, proofs, fences.
+
+Sans-IO and role-agnostic: an integration translates its engine's hooks into these calls and
+this core's answers back into what the engine sees. Each request is a ``Hold`` stepped only by
+the engine-side table (``Holds.fire``); the ledger (``BlockLedger(counts="engine")``: the engine's
+own reference counts stay in charge of its pool) says what is proven. A scheduler step::
+
+    boundary()             fences queued from any thread take effect; the step number moves on
+    grant_loads(...)       WRITE grants of the step's loads, one batch; a refused one never
+                           reaches the worker
+    end(r, ids, ...)       the engine ended r; a READ exposure goes into the journal (no ledger
+                           work per request)
+    flush()                the journal into the ledger: READ grants, then the ends, in batches;
+                           the refused reads' ids must not leave the process
+    ── the step's output leaves the process (the READ grants' block ids with it) ──
+    prove_*(...), failed_*(...), take_*()   at the next output: evidence in, ids out
+
+A signal that proves nothing comes back as a ``Refusal`` (counted, logged once on the one path,
+never raised); an exception only for a caller's misuse, and only a typed kvlifetime error.
+
+Threading: every call but ``fence`` belongs to the engine's scheduler thread. ``fence`` may come
+from any thread: it is queued and takes effect at the next ``boundary``, so a fence never
+releases blocks whose ids leave in the output of the step it arrived in.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from kvlifetime.errors import KVLifetimeError
+from kvlifetime.evidence import AccessRevoked, LeaseExpired, TransferCompleted
+from kvlifetime.grant import Access, Grant
+from kvlifetime.guard.holds import Hold, Holds
+from kvlifetime.guard.refusals import Refusal, RefusalKind, Refusals
+from kvlifetime.ledger import BlockLedger, LedgerStats
+
+# Holds whose exposure a fence can end while the engine runs the request.
+_FENCEABLE = frozenset({"loading", "load_failed", "receive_held", "reading"})
+_WITHHELD = frozenset({"withheld", "quarantined"})
+
+
+@attrs.frozen(slots=True)
+class CoreCounts:
+    """What the core did, beside the ledger's own ``LedgerStats``; each only grows."""
+
+    handed_back: int  # ids handed to the engine after the ledger released them
+    lease_reaped: int  # reaped leases turned into LeaseExpired on a READ grant
+    load_failed: int  # failed loads turned into LeaseExpired on a WRITE grant
+    fences: int  # fences applied
+
+
+class GuardCore:
+    """One engine's guard: the holds, the ledger, the step's journal and the fences."""
+
+    def __init__(self, ledger: BlockLedger, *, peer: str, engine: str) -> None:
+        self.ledger = ledger
+        self.peer = peer
+        self.refusals = Refusals(engine)
+        self.holds = Holds(self.refusals)
+        # The step's journal: READ exposures of ended requests (request, block ids, aborted),
+        # turned into ledger work by ``flush``; and the requests whose grant it refused.
+        self._reads_due: list[tuple[str, list[int], bool]] = []
+        self._reads_refused: list[str] = []
+        self._due: dict[str, None] = {}  # releasable: the engine is handed each once
+        self._fenced_due: dict[str, None] = {}  # fenced: their held receive is due, once
+        self._writes = 0  # holds with a WRITE grant (a step with none skips a check)
+        self._fence_lock = threading.Lock()
+        self._fences: list[str] = []  # queued by ``fence`` (any thread) for the next boundary
+        self._proofs: list[TransferCompleted] = []  # the output's proofs, for ``settle``
+        self._landed: list[str] = []  # running holds whose load landed, for ``settle``
+        self._handed_back = self._reaped = self._failed = self._fences_applied = 0
+
+    # ------------------------------------------------------------------ the step
+
+    def boundary(self) -> None:
+        """A scheduler step begins: the last step's output has left the process. Fences queued
+        since take effect now (their releases are handed back by ``take_released`` /
+        ``take_fenced``)."""
+        self.holds.next_step()
+        with self._fence_lock:
+            fences, self._fences = self._fences, []
+        for name in fences:
+            self.apply_fence(name)
+
+    def fence(self, name: str) -> None:
+        """From any thread: the deployment fenced every peer (e.g. NIXL agents recreated).
+        Takes effect at the next ``boundary``."""
+        with self._fence_lock:
+            self._fences.append(name)
+
+    @property
+    def fences_pending(self) -> int:
+        with self._fence_lock:
+            return len(self._fences)
+
+    def hold(self, request: str) -> Hold:
+        """The request's hold; one at ``running`` for a request the engine holds that the guard
+        was not told of (the engine's table is the truth)."""
+        hold = self.holds.get(request)
+        return hold if hold is not None else self.holds.admit(request)
+
+    # ------------------------------------------------------------------ exposures
+
+    def grant_loads(self, loads: Sequence[tuple[str, Sequence[int]]]) -> set[str]:
+        """A step's asynchronous loads: a WRITE grant each, in one ledger call, each granted or
+        refused on its own. Returns the refused requests (their load must not reach the
+        worker; the ledger changed nothing for them)."""
+        self.flush()
+        due: list[tuple[str, Sequence[int]]] = []
+        refused: set[str] = set()
+        for request, ids in loads:
+            self.hold(request)
+            if not len(ids):
+                continue
+            if not self.holds.allows(request, "load_granted"):
+                refused.add(request)
+                self.holds.fire(request, "load_granted")  # the refusal, counted
+                continue
+            due.append((request, ids))
+        for (request, _), grant in zip(due, self._grant_many(due, Access.WRITE), strict=True):
+            if isinstance(grant, KVLifetimeError):
+                self.refusals.refuse(RefusalKind.EXPOSED_BLOCK_REUSED, request, grant)
+                self.holds.fire(request, "grant_refused")
+                refused.add(request)
+                continue
+            hold = self.hold(request)
+            self._writes += hold.write is None
+            hold.write, hold.write_failed = grant, False
+            self.holds.fire(request, "load_granted")
+        return refused
+
+    def end(self, request: str, block_ids: Sequence[int], *, aborted: bool) -> str:
+        """The engine ended ``request``; ``block_ids`` go to a remote reader with this step's
+        output (empty: none). Returns the hold's state after: ``withheld`` / ``quarantined``
+        (the engine keeps the blocks until the id comes back), ``ended`` (nothing exposed: the
+        engine's own business), or ``handed_back`` (the engine frees them now)."""
+        hold = self.hold(request)
+        if hold.write is not None:
+            return self._end_loading(request, hold, block_ids, aborted)
+        refusal = self.holds.fire(request, "aborted" if aborted else "finished")
+        if refusal is not None:
+            return self.holds.state(request) or "handed_back"
+        if len(block_ids):
+            self._reads_due.append((request, list(block_ids), aborted))
+            return "withheld"
+        return "ended"
+
+    def journaled(self, request: str) -> bool:
+        """Whether ``request``'s READ exposure is still in the step's journal."""
+        return any(r == request for r, _, _ in self._reads_due)
+
+    def flush(self) -> None:
+        """The step's journal into the ledger: the READ grants in one batch call, then the
+        ends (``finish_many`` / ``reject_many``). A refused grant is a refusal
+        (``exposed_block_reused``), its hold stays ``ended`` with nothing exposed, and its id
+        is kept for ``take_refused_reads`` (its block ids must not leave the process)."""
+        due = self._reads_due
+        if not due:
+            return
+        self._reads_due = []
+        grants = self._grant_many([(r, ids) for r, ids, _ in due], Access.READ)
+        ends: tuple[list[str], list[str]] = ([], [])  # finished, aborted
+        step = self.holds.step
+        for (request, _, aborted), grant in zip(due, grants, strict=True):
+            if isinstance(grant, KVLifetimeError):
+                self.refusals.refuse(RefusalKind.EXPOSED_BLOCK_REUSED, request, grant)
+                self.holds.fire(request, "grant_refused")
+                self._reads_refused.append(request)
+                continue
+            hold = self.hold(request)
+            hold.read, hold.read_step, hold.read_reaped = grant, step, False
+            self.holds.fire(request, "read_granted")
+            ends[aborted].append(request)
+        finished, aborted_ = ends
+        outcomes = []
+        if finished:
+            outcomes.append(self.ledger.finish_many(finished))
+        if aborted_:
+            outcomes.append(self.ledger.reject_many(aborted_, reason="aborted"))
+        for outcome in outcomes:
+            for refusal in outcome.refused:
+                self.refusals.refuse(RefusalKind.FINISH_REFUSED, str(refusal.item), refusal.error)
+
+    def take_refused_reads(self) -> list[str]:
+        """The requests whose READ grant ``flush`` refused since the last call (each once)."""
+        out, self._reads_refused = self._reads_refused, []
+        return out
+
+    # ------------------------------------------------------------------ evidence
+
+    def load_landed(self, request: str) -> Refusal | None:
+        """A receive for a hold: a proof of its load's WRITE grant, a failed load's receive
+        (held), or with nothing exposed the engine's own. None when the row fired."""
+        hold = self.hold(request)
+        before = hold.state
+        refusal = self.holds.fire(request, "load_landed")
+        if refusal is None and hold.write is not None and before in ("loading", *_WITHHELD):
+            self._prove(hold.write, ended=before != "loading")
+        return refusal
+
+    def reads_done(self, request: str) -> Refusal | None:
+        """A report that a peer's reads are over: a proof of the READ grant (never in the
+        step that made it, never after a reaped lease). None when the row fired."""
+        hold = self.hold(request)
+        refusal = self.holds.fire(request, "reads_done")
+        if refusal is None and hold.read is not None:
+            self._prove(hold.read, ended=hold.state != "running")
+        return refusal
+
+    def load_failed(self, request: str) -> Refusal | None:
+        """The load was reported failed: ``LeaseExpired`` on its WRITE grant (nothing proves
+        what still lands)."""
+        hold = self.hold(request)
+        if hold.write is None or hold.write_failed:
+            return None
+        refusal = self.holds.fire(request, "load_failed")
+        if refusal is None:
+            hold.write_failed = True
+            self._failed += 1
+            self._expire(hold.write)
+        return refusal
+
+    def lease_expired(self, request: str) -> Refusal | None:
+        """Only time passed for the READ grant (a reaped lease): ``LeaseExpired`` on it."""
+        hold = self.holds.get(request)
+        if hold is None or hold.read is None or hold.read_reaped:
+            return None
+        refusal = self.holds.fire(request, "lease_expired")
+        if refusal is None:
+            hold.read_reaped = True
+            self._reaped += 1
+            self._expire(hold.read)
+        return refusal
+
+    def settle(self) -> None:
+        """After a batch of proofs: the proofs applied (``_prove`` queues them) and the running
+        holds whose load landed ended in the ledger, then what the ledger released."""
+        proofs, self._proofs = self._proofs, []
+        landed, self._landed = self._landed, []
+        if proofs:
+            for refusal in self.ledger.apply_many(proofs).refused:
+                ev = proofs[refusal.position]
+                self.refusals.refuse(RefusalKind.EVIDENCE_REFUSED, str(ev.request), refusal.error)
+        if landed:
+            for refusal in self.ledger.finish_many(landed).refused:
+                self.refusals.refuse(RefusalKind.FINISH_REFUSED, str(refusal.item), refusal.error)
+        if proofs:
+            self.collect()
+
+    def _prove(self, grant: Grant, *, ended: bool) -> None:
+        self._proofs.append(TransferCompleted.of(grant, 0))
+        if not ended:
+            self._landed.append(str(grant.request))
+
+    # ------------------------------------------------------------------ releases
+
+    def collect(self) -> set[str]:
+        """What the ledger released: the exposures end; an ended hold becomes ``releasable``
+        (its id is due to the engine, ``take_released``)."""
+        out: set[str] = set()
+        for key in self.ledger.collect_releasable():
+            request = str(key)
+            hold = self.holds.get(request)
+            if hold is None:
+                continue
+            self._writes -= hold.write is not None
+            hold.read = hold.write = None
+            hold.read_reaped = hold.write_failed = False
+            if hold.state in _WITHHELD and self.holds.fire(request, "released") is None:
+                self._due[request] = None
+                out.add(request)
+        return out
+
+    def take_released(self) -> set[str]:
+        """The ended requests the ledger released and the engine has not been handed yet (each
+        once): the engine frees them now."""
+        if not self._due:
+            return set()
+        released = set(self._due)
+        self._due.clear()
+        for request in released:
+            self.holds.fire(request, "handed_back")
+        self._handed_back += len(released)
+        return released
+
+    def take_fenced(self) -> set[str]:
+        """The live requests whose failed load a fence ended: their held receive, for the
+        engine to go on as its failure policy says (each once)."""
+        if not self._fenced_due:
+            return set()
+        fenced = set(self._fenced_due)
+        self._fenced_due.clear()
+        for request in fenced:
+            self.holds.fire(request, "handed_back")
+        return fenced
+
+    def fenced_due(self, request: str) -> bool:
+        return request in self._fenced_due
+
+    def apply_fence(self, name: str) -> set[str]:
+        """A fence, now (the engine's thread): close every open grant of the peer; ended holds
+        become releasable, a running hold's exposure ends. Returns the ended requests released
+        and the live ones whose held receive became due."""
+        self.flush()
+        self.ledger.apply(AccessRevoked(self.peer, fence=name))
+        self._fences_applied += 1
+        released = self.collect()
+        live: list[str] = []
+        for request, hold in self.holds:
+            if hold.state in _FENCEABLE and not self.ledger.open_grants(request):
+                self._writes -= hold.write is not None
+                hold.read = hold.write = None
+                hold.read_reaped = hold.write_failed = False
+                if self.holds.fire(request, "fenced") is None:
+                    live.append(request)
+                    if self.holds.state(request) == "fenced":
+                        self._fenced_due[request] = None
+        if live:
+            for refusal in self.ledger.finish_many(live).refused:
+                self.refusals.refuse(RefusalKind.FINISH_REFUSED, str(refusal.item), refusal.error)
+            self.collect()
+        return released | set(self._fenced_due)
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def loads_tracked(self) -> int:
+        """How many holds have a WRITE grant (0: no handed-out block can be under a load)."""
+        return self._writes
+
+    def counts(self) -> CoreCounts:
+        return CoreCounts(self._handed_back, self._reaped, self._failed, self._fences_applied)
+
+    def stats(self) -> LedgerStats:
+        return self.ledger.stats()
+
+    def open_writes(self, invalid: Iterable[int]) -> list[str]:
+        """The holds whose open, unfailed WRITE grant covers a block of ``invalid``."""
+        bad = np.fromiter(invalid, dtype=np.int64)
+        if not len(bad):
+            return []
+        return [
+            r
+            for r, h in self.holds
+            if h.write is not None and not h.write_failed and np.isin(h.write.blocks, bad).any()
+        ]
+
+    # ------------------------------------------------------------------ internals
+
+    def _end_loading(
+        self, request: str, hold: Hold, block_ids: Sequence[int], aborted: bool
+    ) -> str:
+        """``end`` of a hold with a WRITE grant (ended while its load is in flight, or failed):
+        done at once, after the journal (rare: an abort during a load)."""
+        self.flush()
+        if len(block_ids):
+            ids = np.fromiter(block_ids, dtype=np.int64)
+            self._expose_read(request, hold, ids)
+        if self.holds.fire(request, "aborted" if aborted else "finished") is not None:
+            return self.holds.state(request) or "handed_back"
+        try:
+            if aborted:
+                self.ledger.reject(request, reason="aborted")
+            else:
+                self.ledger.finish(request)
+        except KVLifetimeError as e:
+            self.refusals.refuse(RefusalKind.FINISH_REFUSED, request, e)
+        self.collect()
+        state = self.holds.state(request) or "handed_back"
+        if state == "releasable" and not len(block_ids):
+            # Released at once (its grant was closed already): the engine frees it now.
+            self._due.pop(request, None)
+            self.holds.fire(request, "handed_back")
+            return "handed_back"
+        return state
+
+    def _expose_read(self, request: str, hold: Hold, ids: npt.NDArray[np.int64]) -> None:
+        """A READ grant over ``ids`` for a request that holds blocks for its load already."""
+        try:
+            held = self.ledger.blocks_of(request)
+            new = np.setdiff1d(ids, held, assume_unique=True)
+            if len(new):
+                self.ledger.acquire(request, new)
+            hold.read = self.ledger.grant(request, self.peer, ids, Access.READ)
+            hold.read_step, hold.read_reaped = self.holds.step, False
+        except KVLifetimeError as e:
+            self.refusals.refuse(RefusalKind.EXPOSED_BLOCK_REUSED, request, e)
+
+    def _grant_many(
+        self, items: Sequence[tuple[str, Sequence[int]]], access: Access
+    ) -> list[Grant | KVLifetimeError]:
+        """A step's grants in one ledger call: for each item its grant, or the typed refusal
+        (each request's holds and grant are all or nothing)."""
+        if not items:
+            return []
+        peer = self.peer
+        outcome = self.ledger.acquire_and_grant_many([(r, ids, peer, access) for r, ids in items])
+        refused = {r.position: r.error for r in outcome.refused}
+        grants = iter(outcome.grants)
+        return [refused[i] if i in refused else next(grants) for i in range(len(items))]
+
+    def _expire(self, grant: Grant) -> None:
+        try:
+            self.ledger.apply(LeaseExpired.of(grant))
+        except KVLifetimeError as e:
+            self.refusals.refuse(RefusalKind.EVIDENCE_REFUSED, str(grant.request), e)
