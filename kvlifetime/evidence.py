@@ -18,7 +18,7 @@ from typing import Any, ClassVar, TypeVar
 import attrs
 
 from kvlifetime import inputs
-from kvlifetime.errors import InvalidField, MalformedEvidence
+from kvlifetime.errors import InvalidField, MalformedEvidence, show
 from kvlifetime.grant import Grant, GrantId, PeerId, RequestKey, check_peer, check_request_key
 from kvlifetime.source import LOCAL, Source
 
@@ -84,12 +84,12 @@ def _issued(cls: type[_E], g: Grant, seq_field: str | None = None, seq: int = 0)
 
 def _check_grant_id(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, GrantId):
-        raise InvalidField(f"{attr.name} must be a GrantId, got {value!r}")
+        raise InvalidField(f"{attr.name} must be a GrantId, got {show(value)}")
 
 
 def _check_source(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, Source):
-        raise InvalidField(f"{attr.name} must be a Source, got {value!r}")
+        raise InvalidField(f"{attr.name} must be a Source, got {show(value)}")
 
 
 @attrs.frozen(slots=True)
@@ -257,7 +257,7 @@ class AccessRevoked(Evidence):
     @fence.validator
     def _check_fence(self, _a: attrs.Attribute[str], v: object) -> None:
         if not isinstance(v, str) or not v or len(v) > 128:
-            raise InvalidField(f"fence must be a non-empty str of at most 128 chars, got {v!r}")
+            raise InvalidField(f"fence must be a non-empty str of at most 128 chars, got {show(v)}")
 
     @grant_id.validator
     def _check_gid(self, a: attrs.Attribute[GrantId | None], v: object) -> None:
@@ -343,7 +343,7 @@ def about(grant: Grant, kind: str, seq: int = 0) -> Evidence:
         return single.of(grant)
     if kind == "PeerLost":
         return PeerLost(grant.peer)
-    raise InvalidField(f"unknown evidence kind {kind!r} (known: {', '.join(BY_NAME)})")
+    raise InvalidField(f"unknown evidence kind {show(kind)} (known: {', '.join(BY_NAME)})")
 
 
 def not_proven(cls: type[Evidence]) -> str:
@@ -417,7 +417,7 @@ def from_dict(data: object, *, source: Source) -> Evidence:
     Data that names its own ``source`` is refused: a message cannot say who sent it.
     """
     if not isinstance(source, Source):
-        raise InvalidField(f"source must be a Source, got {source!r}")
+        raise InvalidField(f"source must be a Source, got {show(source)}")
     return _build(data, source, recorded=False)
 
 
@@ -429,36 +429,73 @@ def from_record(data: object) -> Evidence:
 
 
 def _build(data: object, source: Source | None, *, recorded: bool) -> Evidence:
-    if not isinstance(data, Mapping):
-        raise MalformedEvidence(f"evidence must be a mapping, got {type(data).__name__}")
-    kind = data.get("type")
-    cls = BY_NAME.get(kind) if isinstance(kind, str) else None
+    fields = _fields(data)
+    kind = fields.get("type")
+    cls = BY_NAME.get(kind) if type(kind) is str else None
     if cls is None:
-        raise MalformedEvidence(f"unknown evidence type {kind!r}")
+        raise MalformedEvidence(f"unknown evidence type {show(kind)}")
     names = {f.name for f in attrs.fields(cls)} - {"source"}
     allowed = names | {"type", "source"} if recorded else names | {"type"}
-    extra = [k for k in data if k not in allowed]
+    extra = [k for k in fields if k not in allowed]
     if extra:
-        # repr, not the keys themselves: keys of mixed types do not sort.
-        raise MalformedEvidence(f"{cls.__name__}: unexpected fields {sorted(map(repr, extra))}")
+        raise MalformedEvidence(f"{cls.__name__}: unexpected fields {show(sorted(extra), 200)}")
     kwargs: dict[str, Any] = {}
-    for name in names:
-        if name not in data:
-            continue
-        v = data[name]
-        if name == "grant_id" and v is not None:
-            if not (isinstance(v, list | tuple) and len(v) == 2):
-                raise MalformedEvidence(f"grant_id must be [incarnation, serial], got {v!r}")
-            try:
-                v = GrantId(v[0], v[1])
-            except InvalidField as e:
-                raise MalformedEvidence(str(e)) from e
-        kwargs[name] = v
     try:
+        for name in names:
+            if name not in fields:
+                continue
+            v = fields[name]
+            if name == "grant_id" and v is not None:
+                v = _grant_id(v)
+            elif name == "fence":
+                v = inputs.text(v, "fence")  # its validator formats it: a plain str only
+            kwargs[name] = v
         if recorded:
-            kwargs["source"] = Source.parse(data.get("source", "local"))
+            kwargs["source"] = Source.parse(inputs.text(fields.get("source", "local"), "source"))
         else:
             kwargs["source"] = source
         return cls(**kwargs)
     except (InvalidField, TypeError) as e:
         raise MalformedEvidence(f"{cls.__name__}: {e}") from e
+
+
+def _fields(data: object) -> dict[str, Any]:
+    """``data`` read once into a plain dict with plain ``str`` keys, checked ``shallow``: from
+    here on nothing formats, compares or hashes a value nested without end, nor runs the code
+    of the caller's mapping again. ``MalformedEvidence`` otherwise."""
+    if not isinstance(data, Mapping):
+        raise MalformedEvidence(f"evidence must be a mapping, got {type(data).__name__}")
+    try:
+        items = list(_dict_items(data)) if issubclass(type(data), dict) else list(data.items())
+    except Exception as e:  # the caller's mapping: whatever its walk raises is its fault
+        raise MalformedEvidence(
+            f"evidence could not be read: walking {type(data).__name__} raised {type(e).__name__}"
+        ) from e
+    fields: dict[str, Any] = {}
+    for k, v in items:
+        plain = k if type(k) is str else _plain_str(k) if issubclass(type(k), str) else None
+        if plain is None:
+            raise MalformedEvidence(f"evidence field names are str, got {show(k)}")
+        fields[plain] = v
+    inputs.shallow(fields, "evidence", error=MalformedEvidence)
+    return fields
+
+
+def _grant_id(v: object) -> GrantId:
+    """``[incarnation, serial]`` as a ``GrantId``, its parts checked (and shown) here: the
+    ``GrantId`` validators print what they refuse with ``repr``."""
+    t = type(v)
+    parts: list[Any] = _list_copy(v) if issubclass(t, list) else []
+    if issubclass(t, tuple):
+        parts = list(_tuple_slice(v, slice(None)))
+    if len(parts) != 2:
+        raise MalformedEvidence(f"grant_id must be [incarnation, serial], got {show(v)}")
+    inc, serial = parts
+    return GrantId(inputs.peer_id(inc, "incarnation"), inputs.count(serial, "serial", 1))
+
+
+# The built-in types' own slots: a subclass's overrides never run on outside data.
+_dict_items: Any = dict.items
+_list_copy: Any = list.copy
+_tuple_slice: Any = tuple.__getitem__
+_plain_str = str.__str__

@@ -19,6 +19,11 @@ nothing, for anyone. Nothing is coerced: a value of the wrong type is refused, n
 - **Counts and sequence numbers** (``count``, ``seq``): ``int`` (not ``bool``) within bounds;
   sequence numbers stay within int64 (``MAX_SEQ``), as on the wire.
 
+- **Outside data** (``shallow``, ``json_value``): what a decoder of bytes or plain data takes
+  (evidence from a mapping, a wire frame, a log line, a results file) is refused when lists,
+  tuples, dicts or sets nest in it deeper than ``MAX_NESTING``: Python's ``repr``, ``==`` and
+  ``json`` recurse, and 1,200 levels would come out of them as an untyped ``RecursionError``.
+
 Every argument is read once and what is returned is exactly what was checked: a sequence or
 iterable is materialised before it is looked at (``materialised``), and a ``str`` / ``int`` /
 ``float`` subclass comes back as the plain value (through the base class's own slot, never the
@@ -45,6 +50,10 @@ from kvlifetime.errors import (
 
 MAX_SEQ = (1 << 63) - 1
 """The largest sequence number: int64, as numpy and the wire schema carry it."""
+
+MAX_NESTING = 32
+"""The deepest outside data a decoder takes (the value itself is level 1). Evidence is two
+levels deep, a log line or a results file a handful; Python's recursion limit is 1,000."""
 
 T = TypeVar("T")
 
@@ -334,3 +343,82 @@ def seq(value: object, name: str) -> int:
         if 0 <= v <= MAX_SEQ:
             return v
     raise InvalidField(f"{name} must be an int in [0, 2**63 - 1], got {_show(value)}")
+
+
+# --------------------------------------------------------------------------- outside data
+
+# The built-in containers, walked through their own C slots (never a subclass's ``__iter__``,
+# ``__len__`` or ``__getitem__``): a subclass is walked as the container it is.
+_dict_items: Any = dict.items
+_list_copy: Any = list.copy
+_tuple_slice: Any = tuple.__getitem__
+_set_iter: Any = set.__iter__
+_frozenset_iter: Any = frozenset.__iter__
+_ALL = slice(None)
+
+
+def _children(value: object) -> list[Any] | None:
+    """The items of a built-in container (a dict's keys and values), or ``None`` for a leaf."""
+    t = type(value)
+    if issubclass(t, dict):
+        return [x for kv in _dict_items(value) for x in kv]
+    if issubclass(t, list):
+        return _list_copy(value)  # type: ignore[no-any-return]
+    if issubclass(t, tuple):
+        return list(_tuple_slice(value, _ALL))
+    if issubclass(t, frozenset):
+        return list(_frozenset_iter(value))
+    if issubclass(t, set):
+        return list(_set_iter(value))
+    return None
+
+
+def shallow(
+    value: object,
+    name: str,
+    *,
+    limit: int = MAX_NESTING,
+    error: type[Exception] = InvalidField,
+) -> None:
+    """Refuse ``value`` with ``error`` when dicts, lists, tuples or sets nest in it deeper than
+    ``limit`` levels (``value`` itself is level 1; a dict's keys count as its items).
+
+    For a decoder of outside data, before it looks at anything: past the check, formatting a
+    value, comparing or hashing it cannot recurse without end. The walk is iterative (it never
+    recurses itself), reads each container through the built-in type's own slots, and treats
+    anything else as a leaf it never looks into (its fields' checks refuse it, and
+    ``errors.show`` prints it whatever its ``repr`` does). A container that holds itself is
+    refused like any too deep one."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        items = _children(v)
+        if items is None:
+            continue
+        if depth > limit:
+            raise error(f"{name} is nested deeper than {limit} levels")
+        stack.extend((x, depth + 1) for x in items if issubclass(type(x), _CONTAINERS))
+
+
+_CONTAINERS = (dict, list, tuple, set, frozenset)
+
+
+def json_value(
+    text: str | bytes,
+    name: str,
+    *,
+    limit: int = MAX_NESTING,
+    error: type[Exception] = InvalidField,
+) -> Any:
+    """``text`` parsed as JSON and checked ``shallow``; anything else is ``error`` naming
+    ``name`` (not JSON, nested too deep for the parser itself, an integer too long to read)."""
+    import json  # only a decoder needs it: this module stays cheap to import
+
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise error(f"{name}: JSON is nested deeper than {limit} levels") from None
+    except ValueError as e:  # JSONDecodeError, or an integer past int's digit limit
+        raise error(f"{name}: not JSON: {str(e)[:200]}") from None
+    shallow(value, f"{name}: JSON", limit=limit, error=error)
+    return value

@@ -8,10 +8,16 @@ talking, and the same seed gives the same run.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from typing import Any
+
 import attrs
 import numpy as np
 
+from kvlifetime.errors import UsageError, show
 from kvlifetime.extras import needs
+from kvlifetime.inputs import shallow
 
 with needs("harness", "kvlifetime.harness"):
     import msgpack
@@ -19,6 +25,25 @@ with needs("harness", "kvlifetime.harness"):
 from kvlifetime.harness.wire import SCHEMA_VERSION
 
 BLOCKS_PER_CHUNK = 2  # blocks written by one batch (one transfer, one sequence number)
+
+
+def _knob(name: str, default: object, v: object) -> object:
+    """``v`` for the knob ``name`` whose default is ``default``, if it is of the same kind."""
+    if isinstance(default, bool):
+        ok = type(v) is bool
+    elif isinstance(default, int):
+        ok = type(v) is int
+    elif isinstance(default, float):
+        ok = type(v) is int or (isinstance(v, float) and type(v) is float and math.isfinite(v))
+    elif isinstance(default, tuple):
+        ok = type(v) in (list, tuple) and len(v) == len(default)  # type: ignore[arg-type]
+        ok = ok and all(type(x) is int for x in v)  # type: ignore[attr-defined]
+        v = tuple(v) if ok else v  # type: ignore[arg-type]
+    else:
+        ok = False
+    if not ok:
+        raise UsageError(f"fault knob {name!r} must be like {default!r}, got {show(v)}")
+    return v
 
 
 @attrs.frozen(slots=True)
@@ -70,9 +95,21 @@ class FaultConfig:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, d: dict[str, object]) -> FaultConfig:
-        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-        return cls(**kw)  # type: ignore[arg-type]
+    def from_dict(cls, d: Mapping[str, object]) -> FaultConfig:
+        """The knobs back from ``to_dict()``. ``UsageError`` for anything else: not a mapping,
+        an unknown knob, a value not of its default's kind (a pair for a range), data nested
+        deeper than ``inputs.MAX_NESTING``."""
+        if not isinstance(d, Mapping):
+            raise UsageError(f"fault knobs must be a mapping, not {type(d).__name__}")
+        shallow(d, "fault knobs", error=UsageError)
+        fields = {f.name: f for f in attrs.fields(cls)}
+        kw: dict[str, Any] = {}
+        for k, v in d.items():
+            f = fields.get(k) if isinstance(k, str) else None
+            if f is None:
+                raise UsageError(f"unknown fault knob {show(k)}")
+            kw[k] = _knob(k, f.default, v)
+        return cls(**kw)
 
 
 @attrs.frozen(slots=True)

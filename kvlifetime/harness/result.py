@@ -33,25 +33,36 @@ MAX_SERIES_SAMPLES = 10_000  # StateSeries keeps a few hundred; refuse what no r
 def _check_series(series: Mapping[str, Any]) -> None:
     """A time series read back must be what ``StateSeries.columns`` writes: the same columns,
     each a list of counts, all of one length (bounded), ticks in order."""
-    from kvlifetime.errors import UsageError
+    from kvlifetime.errors import UsageError, show
     from kvlifetime.harness.series import COLUMNS
 
     if not series:
         return
     if set(series) != set(COLUMNS):  # in any order: report.json sorts its keys
         raise UsageError(
-            f"a harness result's 'series' has columns {sorted(series)}, not {sorted(COLUMNS)}"
+            f"a harness result's 'series' has columns {show(sorted(map(str, series)), 200)}, "
+            f"not {sorted(COLUMNS)}"
         )
     lengths = set()
     for name, values in series.items():
         if not isinstance(values, list) or len(values) > MAX_SERIES_SAMPLES:
-            raise UsageError(f"a harness result's 'series' column {name!r} is not a short list")
+            raise UsageError(f"a harness result's 'series' column {show(name)} is not a short list")
         if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in values):
-            raise UsageError(f"a harness result's 'series' column {name!r} holds a non-count")
+            raise UsageError(f"a harness result's 'series' column {show(name)} holds a non-count")
         lengths.add(len(values))
     ticks = series["tick"]
     if len(lengths) != 1 or any(b < a for a, b in itertools.pairwise(ticks)):
         raise UsageError("a harness result's 'series' columns differ in length or go back in time")
+
+
+def _check_counts(name: str, values: Mapping[Any, Any]) -> None:
+    """A mapping field read back: names to counts (the oracle's ``method`` is a name)."""
+    from kvlifetime.errors import UsageError, show
+
+    for k, v in values.items():
+        count = isinstance(v, int) and not isinstance(v, bool)
+        if not isinstance(k, str) or not (count or (name == "oracle" and isinstance(v, str))):
+            raise UsageError(f"a harness result's {name!r} has {show(k)}: {show(v)}")
 
 
 # The JSON kind of each required field (the defaulted ones follow their default).
@@ -168,11 +179,15 @@ class RunResult:
     def from_dict(cls, d: Mapping[str, Any]) -> RunResult:
         """A report back from ``to_dict()`` (what ``report.json`` holds); the derived keys
         (``late_writes``, ``reclaimed_total``, ...) are recomputed, not read. Raises
-        ``UsageError`` naming the first missing field or a value of the wrong kind."""
-        from kvlifetime.errors import UsageError
+        ``UsageError`` naming the first missing field or a value of the wrong kind (a mapping
+        field's values included: counts, and the oracle's method name), and for data nested
+        deeper than ``inputs.MAX_NESTING``."""
+        from kvlifetime.errors import UsageError, show
+        from kvlifetime.inputs import shallow
 
         if not isinstance(d, Mapping):
             raise UsageError(f"a harness result must be a JSON object, not {type(d).__name__}")
+        shallow(d, "a harness result", error=UsageError)
         kwargs: dict[str, Any] = {}
         for f in attrs.fields(cls):
             if f.name not in d:
@@ -183,7 +198,9 @@ class RunResult:
             want = _KINDS.get(f.name) or _kind_of(f.default)
             wrong = not isinstance(v, want) or (isinstance(v, bool) and want is not bool)
             if wrong:  # a bool is an int to Python, never a count here
-                raise UsageError(f"a harness result's {f.name!r} is {v!r}")
+                raise UsageError(f"a harness result's {f.name!r} is {show(v)}")
+            if want is dict and f.name != "series":
+                _check_counts(f.name, v)
             kwargs[f.name] = v
         _check_series(kwargs.get("series", {}))
         return cls(**kwargs)

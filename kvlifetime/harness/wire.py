@@ -25,7 +25,8 @@ from kvlifetime.extras import needs
 with needs("harness", "kvlifetime.harness"):  # the wire format is msgpack: the harness extra
     import msgpack
 
-from kvlifetime.errors import MalformedEvidence, UnauthorizedEvidence
+from kvlifetime import inputs
+from kvlifetime.errors import MalformedEvidence, UnauthorizedEvidence, show
 from kvlifetime.evidence import BY_NAME, Evidence, from_dict, to_wire
 from kvlifetime.grant import GrantId
 from kvlifetime.source import Source
@@ -77,9 +78,9 @@ def _req(v: object) -> int | str:
     # key is a request number: the harness seeds the request's plan with it, and numpy takes
     # no negative seed.
     if isinstance(v, bool) or not isinstance(v, int | str) or v == "":
-        raise MalformedMessage(f"request key must be a non-empty str or an int, got {v!r}")
+        raise MalformedMessage(f"request key must be a non-empty str or an int, got {show(v)}")
     if isinstance(v, int) and not 0 <= v <= INT64_MAX:
-        raise MalformedMessage(f"request number must be in [0, {INT64_MAX}], got {v!r}")
+        raise MalformedMessage(f"request number must be in [0, {INT64_MAX}], got {show(v)}")
     if isinstance(v, str) and len(v) > MAX_NAME:
         raise MalformedMessage(f"request key of {len(v)} chars is over {MAX_NAME}")
     return v
@@ -87,26 +88,28 @@ def _req(v: object) -> int | str:
 
 def _int(v: object, lo: int = 0, hi: int = INT64_MAX) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise MalformedMessage(f"expected an int in [{lo}, {hi}], got {v!r}")
+        raise MalformedMessage(f"expected an int in [{lo}, {hi}], got {show(v)}")
     return v
 
 
 def _str(v: object, max_len: int = MAX_NAME) -> str:
     if not isinstance(v, str) or not v or len(v) > max_len:
-        raise MalformedMessage(f"expected a non-empty str of at most {max_len} chars, got {v!r}")
+        raise MalformedMessage(
+            f"expected a non-empty str of at most {max_len} chars, got {show(v)}"
+        )
     return v
 
 
 def _grant(v: object) -> GrantId:
     if not (isinstance(v, list | tuple) and len(v) == 2):
-        raise MalformedMessage(f"grant must be [incarnation, serial], got {v!r}")
+        raise MalformedMessage(f"grant must be [incarnation, serial], got {show(v)}")
     inc, serial = v
     return GrantId(_str(inc), _int(serial, 1))
 
 
 def _ints(v: object, lo: int = 0, hi: int = INT64_MAX) -> tuple[int, ...]:
     if not isinstance(v, list | tuple):
-        raise MalformedMessage(f"expected a list of ints, got {v!r}")
+        raise MalformedMessage(f"expected a list of ints, got {show(v)}")
     return tuple(_int(x, lo, hi) for x in v)
 
 
@@ -387,23 +390,29 @@ def decode(frame: bytes, *, sender: str | None = None) -> Message:
     if len(frame) > MAX_FRAME:
         raise MalformedMessage(f"frame of {len(frame)} bytes is over {MAX_FRAME}")
     try:
+        # msgpack bounds what a frame can claim: a length past the frame's own size, nesting
+        # past 1,024 levels (StackError) are refused while unpacking.
         body = msgpack.unpackb(frame, raw=False, strict_map_key=True, use_list=True)
     except Exception as e:  # msgpack raises many unrelated types for bad input
-        raise MalformedMessage(f"not a msgpack frame: {type(e).__name__}: {e}") from e
+        raise MalformedMessage(f"not a msgpack frame: {type(e).__name__}: {str(e)[:200]}") from e
+    # Up to 1,024 levels pass msgpack: nothing below formats or compares them until bounded.
+    inputs.shallow(body, "frame", error=MalformedMessage)
     if not isinstance(body, dict):
         raise MalformedMessage(f"a frame is a map, got {type(body).__name__}")
     version = body.get("v")
     # The version is the int itself: True and 1.0 compare equal to 1 and are not it.
     if type(version) is not int or version != SCHEMA_VERSION:
-        raise MalformedMessage(f"schema version {version!r}, this worker speaks {SCHEMA_VERSION}")
+        raise MalformedMessage(
+            f"schema version {show(version)}, this worker speaks {SCHEMA_VERSION}"
+        )
     kind = body.get("t")
     entry = _SCHEMA.get(kind) if isinstance(kind, str) else None
     if entry is None:
-        raise MalformedMessage(f"unknown message type {kind!r}")
+        raise MalformedMessage(f"unknown message type {show(kind)}")
     cls, fields = entry
     extra = set(body) - set(fields) - {"v", "t"}
     if extra:
-        raise MalformedMessage(f"{kind}: unexpected fields {sorted(map(str, extra))}")
+        raise MalformedMessage(f"{kind}: unexpected fields {show(sorted(map(str, extra)), 200)}")
     kwargs: dict[str, object] = {}
     try:
         for name, check in fields.items():
@@ -417,7 +426,7 @@ def decode(frame: bytes, *, sender: str | None = None) -> Message:
     except MalformedEvidence as e:
         raise MalformedMessage(f"{kind}: {e}") from e
     except Exception as e:  # e.g. InvalidField from GrantId: the peer's fault, not ours
-        raise MalformedMessage(f"{kind}: {type(e).__name__}: {e}") from e
+        raise MalformedMessage(f"{kind}: {type(e).__name__}: {str(e)[:200]}") from e
     if cls is Assign or cls is ReadAssign:
         n = len(kwargs["blocks"])  # type: ignore[arg-type]
         if n == 0 or len(kwargs["generations"]) != n or len(kwargs["addresses"]) != n:  # type: ignore[arg-type]

@@ -24,7 +24,8 @@ Every field of a full log's events is checked (``CHECKED_FIELDS``; only the host
 such as ``timestamp`` and ``level``, and the prose ``message`` that renders the checked
 ``error`` and ``evidence``, are not). A log with no kvlifetime event at all is refused
 (``NothingToCheck``), never reported as "0 steps, every one legal". What one line can make the
-replay allocate is bounded: a line is at most ``MAX_LINE_CHARS`` characters, and recorded block
+replay allocate is bounded: a line is at most ``MAX_LINE_CHARS`` characters nested at most
+``MAX_LOG_NESTING`` levels, and recorded block
 ids are mapped to a dense range, so a block id of 2,000,000,000 costs one slot, not 2e9.
 """
 
@@ -36,8 +37,9 @@ from typing import IO, Any
 
 import attrs
 
-from kvlifetime.errors import UsageError
+from kvlifetime.errors import InvalidField, UsageError
 from kvlifetime.grant import GrantId
+from kvlifetime.inputs import json_value
 from kvlifetime.spec.table import request_table
 from kvlifetime.spec.vocabulary import RequestState
 from kvlifetime.verify.full_log import (
@@ -129,28 +131,32 @@ class NothingToCheck(UsageError):
         )
 
 
+MAX_LOG_NESTING = 64
+"""The deepest a log line's JSON may nest (kvlifetime's own events are a few levels deep)."""
+
+
 def _parse(n: int, raw: str) -> dict[str, Any] | None:
+    """One line as a JSON object; anything else is ``InvalidField`` (a ``ValueError`` too)
+    naming the line: over ``MAX_LINE_CHARS``, not JSON, nested deeper than
+    ``MAX_LOG_NESTING`` (the replay formats and compares what it reads: Python recurses on
+    both), not an object, an event that is not a string."""
     if len(raw) > MAX_LINE_CHARS:
-        raise ValueError(f"line {n}: longer than {MAX_LINE_CHARS} characters")
+        raise InvalidField(f"line {n}: longer than {MAX_LINE_CHARS} characters")
     raw = raw.strip()
     if not raw:
         return None
-    try:
-        rec = json.loads(raw)
-    except RecursionError:
-        raise ValueError(f"line {n}: JSON nested too deep") from None
-    except ValueError as e:  # JSONDecodeError, or an integer too long to convert
-        raise ValueError(f"line {n}: not JSON: {e}") from e
+    rec = json_value(raw, f"line {n}", limit=MAX_LOG_NESTING)
     if not isinstance(rec, dict):
-        raise ValueError(f"line {n}: not a JSON object")
+        raise InvalidField(f"line {n}: not a JSON object")
     if not isinstance(rec.get("event", ""), str):
-        raise ValueError(f"line {n}: its event is not a string")
+        raise InvalidField(f"line {n}: its event is not a string")
     return rec
 
 
 def read_log(lines: Iterable[str]) -> list[tuple[int, dict[str, Any]]]:
-    """Parse JSON lines; blank lines are skipped; anything else that is not an object, or a
-    line longer than ``MAX_LINE_CHARS``, is an error (``ValueError`` naming the line)."""
+    """Parse JSON lines; blank lines are skipped; anything else that is not an object, a line
+    longer than ``MAX_LINE_CHARS`` or nested deeper than ``MAX_LOG_NESTING``, is an error
+    (``InvalidField``, a ``ValueError``, naming the line)."""
     out: list[tuple[int, dict[str, Any]]] = []
     for n, raw in enumerate(lines, 1):
         rec = _parse(n, raw)
