@@ -15,10 +15,29 @@ import pytest
 
 from kvlifetime import diagrams
 from kvlifetime.cli import main
-from kvlifetime.diagrams import GraphvizFailed, GraphvizNotFound, dot_label, edge_label, render
+from kvlifetime.diagrams import (
+    DiagramError,
+    GraphvizFailed,
+    GraphvizNotFound,
+    dot,
+    dot_label,
+    edge_label,
+    pictures,
+    render,
+)
 from kvlifetime.errors import KVLifetimeError
 from kvlifetime.evidence import EVIDENCE_CLASSES
 from kvlifetime.pages import docs_files, evidence_markdown
+from kvlifetime.report.shipped import (
+    REGENERATE,
+    SHIPPED_DIR,
+    drift,
+    every_picture,
+    expected_files,
+    graphviz_version,
+    load,
+    outline,
+)
 from kvlifetime.spec.table import Row, table_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -312,3 +331,72 @@ def test_docs_are_up_to_date(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         assert (DOCS / f"{m}.svg").is_file()
     # One page per engine with an evidence profile (kvlifetime.profiles), drift-checked above.
     assert {"engine-inproc.md", "engine-mooncake-tcp.md"} <= set(generated)
+
+
+# --------------------------------------------------------------------------- shipped pictures
+
+
+def test_shipped_pictures_were_drawn_from_the_spec_as_it_is() -> None:
+    """The SVGs the package ships (for `kvlifetime report` without Graphviz) come from the
+    DOT source the specification generates now; no picture missing, none left over.
+    Fix: `kvlifetime docs --out docs --figures kvlifetime/report/lifecycle-svg` and commit."""
+    assert drift() == [], f"run `{REGENERATE}` and commit"
+    pics = [(t.machine, p.name) for t, p in every_picture()]
+    assert [m for m, _ in pics] == [m for m in diagrams.MACHINES for _ in pictures(table_for(m))]
+    assert sorted(p.name for p in SHIPPED_DIR.iterdir()) == sorted(expected_files())
+    for table, pic in every_picture():
+        shipped = load(table, pic)
+        assert shipped.dot == dot(table, pic)
+        assert shipped.graphviz  # drawn by Graphviz, which says its version in the SVG
+
+
+@needs_dot
+def test_shipped_pictures_are_what_dot_draws_now() -> None:
+    """Re-rendered by the `dot` here: byte for byte when it is the Graphviz version that drew
+    the shipped SVG; else (another version lays out differently) the same nodes, edges and
+    texts."""
+    for table, pic in every_picture():
+        shipped = load(table, pic).svg
+        fresh = diagrams.svg(table, pic)
+        if graphviz_version(fresh) == graphviz_version(shipped):
+            assert fresh == shipped, f"{pic.name}.svg: run `{REGENERATE}` and commit"
+        else:
+            assert outline(fresh) == outline(shipped), f"{pic.name}.svg is stale: {REGENERATE}"
+
+
+def test_drift_sees_each_kind_of_stale_picture(tmp_path: Path) -> None:
+    folder = tmp_path / "shipped"
+    shutil.copytree(SHIPPED_DIR, folder)
+    assert drift(folder) == []
+    request, block = (
+        next(p for t, p in every_picture() if p.name == n) for n in ("request", "block")
+    )
+    # a source the spec no longer generates (a state renamed, say): refused on use too
+    source = folder / "request.dot"
+    source.write_text(source.read_text().replace("admitted", "accepted"), encoding="utf-8")
+    # an SVG of another picture under this one's name, one missing, one left over
+    (folder / "block.svg").write_text((folder / "request.svg").read_text(), encoding="utf-8")
+    (folder / "block-sharing.dot").unlink()
+    (folder / "grant.svg").write_text("<svg/>", encoding="utf-8")
+    assert drift(folder) == [
+        "block-sharing.dot: missing",
+        "grant.svg: not a shipped picture's file",
+        "request.dot: differs from the DOT source the spec generates",
+        "block.svg: its nodes are not the picture's states",
+    ]
+    with pytest.raises(DiagramError, match="drawn from another source") as exc:
+        load(table_for("request"), request, folder)
+    assert REGENERATE in str(exc.value) and "apt-get install graphviz" in str(exc.value)
+    (folder / "block.svg").unlink()
+    with pytest.raises(DiagramError, match="ships no picture 'block'"):
+        load(table_for("block"), block, folder)
+    assert drift(tmp_path / "nothing") == [f"{n}: missing" for n in expected_files()]
+
+
+def test_outline_reads_what_graphviz_drew() -> None:
+    table = table_for("request")
+    (pic,) = pictures(table)
+    o = outline(load(table, pic).svg)
+    assert sorted(o.nodes) == sorted([*table.states, "__start__"])
+    assert "__start__->admitted" in o.edges
+    assert "admitted" in o.texts and any("force_released" in t for t in o.texts)

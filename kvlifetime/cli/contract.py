@@ -111,15 +111,30 @@ def add_docs(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="the folder to write into (only the generated files are replaced)",
     )
+    p.add_argument(
+        "--figures",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also write the lifecycle pictures kvlifetime ships for machines without Graphviz "
+        "(each picture's .dot and .svg) into DIR, replacing every .dot and .svg there: in a "
+        "checkout, kvlifetime/report/lifecycle-svg (needs Graphviz's dot)",
+    )
 
 
-def write_docs(out: Path, log: Logger) -> list[Path]:
+def write_docs(out: Path, log: Logger, figures: Path | None = None) -> list[Path]:
     """Write every generated document into ``out``; SVGs only where Graphviz is installed.
 
     Only the generated files are written: anything else in ``out`` (hand-written pages such as
-    ``ledger-api.md``) is left alone.
+    ``ledger-api.md``) is left alone. ``figures``: also write the shipped lifecycle pictures
+    there (``kvlifetime.report.shipped``; ``GraphvizNotFound`` without ``dot``, before anything
+    is written), and remove any other ``.dot`` or ``.svg`` in it.
     """
+    from kvlifetime.diagrams import GraphvizNotFound
+
     with_svg = graphviz_available()
+    if figures is not None and not with_svg:
+        raise GraphvizNotFound()
     if not with_svg:
         print(
             "kvlifetime docs: note: Graphviz `dot` not found, skipping .svg "
@@ -127,14 +142,27 @@ def write_docs(out: Path, log: Logger) -> list[Path]:
             file=sys.stderr,
         )
     written = []
-    for name, text in docs_files(include_svg=with_svg).items():
+    files = docs_files(include_svg=with_svg)
+    for name, text in files.items():
         path = out / name
         write_text(path, text, log)
         written.append(path)
+    if figures is not None:
+        from kvlifetime.report.shipped import expected_files
+
+        shipped = expected_files()
+        for name in shipped:
+            path = figures / name
+            write_text(path, files[name], log)
+            written.append(path)
+        for stale in sorted(figures.iterdir()):
+            if stale.suffix in (".dot", ".svg") and stale.name not in shipped:
+                stale.unlink()
+                log.info("file_removed", path=str(stale))
     return written
 
 
 def run_docs(args: argparse.Namespace) -> int:
-    for path in write_docs(args.out, args.log):
+    for path in write_docs(args.out, args.log, args.figures):
         print(path)
     return 0
