@@ -177,6 +177,41 @@ def test_docs_without_dot_skips_svg(
     assert (tmp_path / "d" / "evidence.md").is_file()
 
 
+@pytest.mark.skipif(SKIP_NO_DOT, reason="Graphviz `dot` not installed")
+def test_docs_figures_writes_the_shipped_pictures(capsys: Capsys, tmp_path: Path) -> None:
+    """`kvlifetime docs --figures DIR` also writes each picture's .dot and .svg into DIR, as
+    the package ships them, and removes any other .dot or .svg there."""
+    from kvlifetime.report.shipped import SHIPPED_DIR, drift, expected_files
+
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    (figures / "renamed-picture.svg").write_text("<svg/>", encoding="utf-8")
+    (figures / "notes.txt").write_text("kept\n", encoding="utf-8")
+    status, out, _ = run(capsys, "docs", "--out", str(tmp_path / "d"), "--figures", str(figures))
+    assert status == 0
+    assert [line for line in out.splitlines() if line.startswith(str(figures))] == [
+        str(figures / n) for n in expected_files()
+    ]
+    assert sorted(p.name for p in figures.iterdir()) == sorted([*expected_files(), "notes.txt"])
+    assert drift(figures) == ["notes.txt: not a shipped picture's file"]
+    for name in expected_files():
+        assert (figures / name).read_bytes() == (tmp_path / "d" / name).read_bytes()
+        if name.endswith(".dot"):  # the SVGs: tests/test_diagrams.py, per Graphviz version
+            assert (figures / name).read_bytes() == (SHIPPED_DIR / name).read_bytes()
+
+
+def test_docs_figures_without_dot_writes_nothing(
+    capsys: Capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    status, out, err = run(
+        capsys, "docs", "--out", str(tmp_path / "d"), "--figures", str(tmp_path / "f")
+    )
+    assert (status, out) == (2, "")
+    assert "apt-get install graphviz" in err and err.count("\n") == 1
+    assert not (tmp_path / "d").exists() and not (tmp_path / "f").exists()
+
+
 def test_docs_needs_out(capsys: Capsys) -> None:
     status, _, err = run(capsys, "docs")
     assert status == 2
@@ -243,17 +278,23 @@ def test_demo_rejects_unknown_backend(capsys: Capsys, tmp_path: Path) -> None:
         run_demo(tmp_path, "rdma", io.StringIO())
 
 
-def test_demo_without_graphviz_refuses_before_any_run(
+def test_demo_without_graphviz_writes_the_page_with_the_shipped_pictures(
     capsys: Capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The page needs `dot`: without it the demo says so in one line, before minutes of runs,
-    and writes nothing (it used to run everything, then skip the page with exit 0)."""
+    """Without `dot` (a pip-only machine) the demo runs and writes the page, its lifecycles the
+    pictures shipped in the package, and says so in one line (it used to refuse, exit 2)."""
+    from kvlifetime.report.shipped import every_picture
+
     monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
-    status, out, err = run(capsys, "demo", "--out", str(tmp_path / "out"), "--requests", "5")
-    assert (status, out) == (2, "")
-    assert err.count("\n") == 1 and "apt-get install graphviz" in err
-    assert err.startswith("kvlifetime demo: error: ")
-    assert not (tmp_path / "out").exists()
+    out_dir = tmp_path / "out"
+    status, out, err = run(capsys, "demo", "--out", str(out_dir), "--requests", "5")
+    assert (status, err) == (0, "")
+    (note,) = [line for line in out.splitlines() if line.startswith("note: ")]
+    assert "`dot` is not installed here" in note and "pictures shipped with kvlifetime" in note
+    page = (out_dir / "index.html").read_text(encoding="utf-8")
+    assert 'data-drawing="shipped"' in page
+    for _, pic in every_picture():
+        assert f'<figure id="fig-{pic.name}" data-kind="graphviz"' in page
 
 
 # --------------------------------------------------------------------------- plumbing

@@ -6,14 +6,19 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
+import zipfile
 from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
-from report_helpers import SKIP_NO_DOT, chromium_or_skip, needs_dot, write_results
+from report_helpers import HAS_DOT, chromium_or_skip, write_results
 from structlog.testing import capture_logs
 
 from kvlifetime.cli import main
@@ -26,9 +31,11 @@ from kvlifetime.report.counterexamples import (
     lanes,
     same_shape,
 )
+from kvlifetime.report.shipped import every_picture
 from kvlifetime.report.tables import inline
 from kvlifetime.spec.table import table_for
 
+ROOT = Path(__file__).resolve().parent.parent
 REFUTED_POLICIES = (
     "naive",
     "timeout",
@@ -59,9 +66,8 @@ class Built:
 
 @pytest.fixture(scope="module")
 def built(report_results: Path) -> Built:
-    """The page, made once by the command line as a user runs it: ``kvlifetime -v report``."""
-    if SKIP_NO_DOT:
-        pytest.skip("Graphviz `dot` not installed")
+    """The page, made once by the command line as a user runs it: ``kvlifetime -v report``
+    (its lifecycles drawn by Graphviz where it is installed, else the shipped ones)."""
     out = io.StringIO()
     with capture_logs() as logs, contextlib.redirect_stdout(out):
         status = main(["-v", "report", "--out", str(report_results.parent)])
@@ -176,7 +182,6 @@ def test_inline_keeps_code_and_escapes() -> None:
 # --------------------------------------------------------------------------- the page
 
 
-@needs_dot
 def test_page_is_self_contained_and_complete(report_page: Path) -> None:
     text = report_page.read_text(encoding="utf-8")
     # nothing fetched: no external script, stylesheet, image, font or frame
@@ -209,7 +214,6 @@ def test_page_is_self_contained_and_complete(report_page: Path) -> None:
     assert len(graph_ids) == len(set(graph_ids))  # two inline graphs never share an id
 
 
-@needs_dot
 def test_lifecycle_pictures_fit_a_slide(report_page: Path) -> None:
     text = report_page.read_text(encoding="utf-8")
     for m in ("request", "block"):
@@ -283,7 +287,6 @@ def test_missing_extra_names_the_install(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert not (tmp_path / INDEX).exists()
 
 
-@needs_dot
 def test_page_without_results_says_how_to_make_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -457,3 +460,119 @@ def test_no_note_sits_inside_a_plot_where_a_curve_can_cross_it(
             assert not ax.texts, [t.get_text() for t in ax.texts]
     titles = [ax.get_title() for fig in figures[:2] for ax in fig.axes if ax.get_title()]
     assert titles and all("free: at least 2,000 of 2,048" in t for t in titles)
+
+
+# --------------------------------------------------------------------------- without Graphviz
+
+
+def _hide_dot(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "no-dot-here"))  # a pip-only machine
+    assert shutil.which("dot") is None
+
+
+_LIFECYCLE_FIGURE = re.compile(r'<figure id="fig-([^"]+)" data-kind="graphviz".*?</figure>', re.S)
+_DRAWN = re.compile(r'<p id="lifecycles-drawn" data-drawing="([^"]+)">[^\n]*</p>\n')
+
+
+def _lifecycle_figures(text: str) -> dict[str, str]:
+    """The page's lifecycle figures (``<figure>`` elements), by picture name, in page order."""
+    return {m.group(1): m.group(0) for m in _LIFECYCLE_FIGURE.finditer(text)}
+
+
+def test_report_without_graphviz_draws_every_lifecycle_from_the_shipped_svgs(
+    built: Built,
+    report_results: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`pip install 'kvlifetime[report]'` and `kvlifetime report` on a machine with no `dot`:
+    the page is written, every lifecycle picture in it, and the output says they are the
+    shipped ones. It is the page Graphviz would have drawn: byte for byte where the same
+    Graphviz version drew the shipped pictures, but for the sentence saying where they came
+    from."""
+    _hide_dot(monkeypatch, tmp_path)
+    out = tmp_path / "out"
+    with capture_logs() as logs:
+        status = main(["-v", "report", "--out", str(out), "--results", str(report_results)])
+    stdout, err = capsys.readouterr()
+    assert (status, stdout) == (0, f"{out / INDEX}\n")
+    assert err.count("\n") == 1, err
+    assert "kvlifetime report: note: Graphviz's `dot` is not installed here" in err
+    assert "pictures shipped with kvlifetime" in err
+    (written,) = [e for e in logs if e["event"] == "report_written"]
+    assert written["lifecycles"] == "shipped" and written["graphviz"]
+    text = (out / INDEX).read_text(encoding="utf-8")
+    assert [m.group(1) for m in _DRAWN.finditer(text)] == ["shipped"]
+    figures = _lifecycle_figures(text)
+    assert list(figures) == [pic.name for _, pic in every_picture()]
+    for table, pic in every_picture():
+        for s in pic.states(table):
+            assert f"<title>{s}</title>" in figures[pic.name], (pic.name, s)
+        assert f'id="{pic.name}-graph0"' in figures[pic.name]  # ids prefixed, as drawn now
+    # the page drawn with Graphviz here (or, without it, the shipped pictures again)
+    (fresh_written,) = [e for e in built.logs if e["event"] == "report_written"]
+    fresh = built.page.read_text(encoding="utf-8")
+    assert fresh_written["lifecycles"] == ("graphviz" if HAS_DOT else "shipped")
+    if fresh_written["graphviz"] != written["graphviz"]:  # another Graphviz: another layout
+        assert list(_lifecycle_figures(fresh)) == list(figures)
+        fresh, text = (_LIFECYCLE_FIGURE.sub("", t) for t in (fresh, text))
+    assert _DRAWN.sub("", fresh) == _DRAWN.sub("", text)
+
+
+def test_demo_and_report_refuse_a_stale_shipped_picture_without_graphviz(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A shipped picture that no longer matches the specification is never shown: exit 2, one
+    line naming both fixes, nothing written."""
+    from kvlifetime.report import shipped
+
+    folder = tmp_path / "shipped"
+    shutil.copytree(shipped.SHIPPED_DIR, folder)
+    (folder / "block.dot").write_text("digraph stale {}\n", encoding="utf-8")
+    monkeypatch.setattr(shipped, "SHIPPED_DIR", folder)
+    _hide_dot(monkeypatch, tmp_path)
+    for argv in (["report"], ["demo", "--requests", "5"]):
+        status = main([*argv, "--out", str(tmp_path / "out")])
+        out, err = capsys.readouterr()
+        assert (status, out) == (2, ""), argv
+        assert err.count("\n") == 1 and "shipped picture 'block'" in err, err
+        assert "apt-get install graphviz" in err and shipped.REGENERATE in err
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_wheel_on_a_machine_without_graphviz_writes_every_lifecycle(tmp_path: Path) -> None:
+    """The wheel carries the shipped pictures: kvlifetime imported from the built wheel alone
+    (not this checkout), with no `dot` on PATH, writes the page with every lifecycle."""
+    wheels, site, out = tmp_path / "wheels", tmp_path / "site", tmp_path / "out"
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"),
+            *("-w", str(wheels), str(ROOT)),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = wheels.glob("kvlifetime-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(site)
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import kvlifetime; "
+        "assert kvlifetime.__file__.startswith(sys.argv[1]), kvlifetime.__file__; "
+        "from kvlifetime.cli import main; sys.exit(main(['report', '--out', sys.argv[2]]))"
+    )
+    env = {**os.environ, "PATH": str(tmp_path / "no-dot-here"), "KVLIFETIME_PURE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(site), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "pictures shipped with kvlifetime" in done.stderr
+    text = (out / INDEX).read_text(encoding="utf-8")
+    assert list(_lifecycle_figures(text)) == [pic.name for _, pic in every_picture()]
+    assert 'data-drawing="shipped"' in text

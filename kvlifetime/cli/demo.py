@@ -6,9 +6,10 @@ open. Everything else goes to files in ``--out``: every run in full (``report.tx
 results the page is built from (``report.json``), the comparison table (``harness-table.md``),
 the lifecycles as Mermaid and Markdown, and the page itself (``index.html``).
 
-Everything the page needs (the harness and report extras, Graphviz's ``dot``, the backend's
-engine) is checked before the first run: a missing one is one line naming the install, exit 2,
-nothing written.
+Everything the page needs (the harness and report extras, the backend's engine) is checked
+before the first run: a missing one is one line naming the install, exit 2, nothing written.
+Graphviz's ``dot`` is optional: without it the page's lifecycles are the pictures shipped in
+the package (``kvlifetime.report.shipped``), and the line about the page says so.
 """
 
 from __future__ import annotations
@@ -71,16 +72,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def require_demo(backend: str, what: str = "kvlifetime demo") -> None:
-    """Refuse before anything runs: the harness, the backend's engine, the report extra and
-    Graphviz's ``dot`` (the page's lifecycles), each named with its install."""
-    from kvlifetime.diagrams import GraphvizNotFound, graphviz_available
+    """Refuse before anything runs: the harness, the backend's engine, the report extra, and
+    (without Graphviz's ``dot``) the shipped lifecycle pictures, each named with its fix."""
     from kvlifetime.harness.simulate import require_backend
     from kvlifetime.report import require_report_extra
+    from kvlifetime.report.lifecycles import SHIPPED, choose_drawing
+    from kvlifetime.report.shipped import every_picture, load
 
     require_backend(backend, what)
     require_report_extra(what)
-    if not graphviz_available():
-        raise GraphvizNotFound()
+    if choose_drawing().source == SHIPPED:
+        for table, pic in every_picture():
+            load(table, pic)  # a missing or stale one is refused now, not after the runs
 
 
 class _Lines:
@@ -134,8 +137,8 @@ def run_demo(
     log = library_logger() if log is None else log
     if backend not in DEMO_BACKENDS:
         raise ValueError(f"unknown backend {backend!r} ({', '.join(DEMO_BACKENDS)})")
-    # Before anything is printed: a missing extra or Graphviz is one line naming the install,
-    # not a note after minutes of harness runs.
+    # Before anything is printed: a missing extra is one line naming the install, not a note
+    # after minutes of harness runs.
     require_demo(backend)
     from kvlifetime.cli.demo_harness import DEMO_REQUESTS, DEMO_SEED, demo_harness
     from kvlifetime.harness.simulate import Narration
@@ -180,6 +183,8 @@ def run_demo(
     page_began = time.monotonic()
     page = write_report(out, log=log)
     stream.write(f" {time.monotonic() - page_began:.1f} s\n")
+    if page.drawing.source != "graphviz":
+        stream.write(f"note: {page.drawing.describe()}\n")
     written.append(page.path)
     log.info("demo_written", files=[str(p) for p in written])
     stream.write(

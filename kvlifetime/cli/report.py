@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
         args.out, args.results, log=log, on_step=lambda step: log.info("report_step", step=step)
     )
     print(done.path)
+    if done.drawing.source != "graphviz":
+        print(f"kvlifetime report: note: {done.drawing.describe()}", file=sys.stderr)
     if done.runs == 0:
         results = args.results or args.out / "report.json"
         print(

@@ -6,13 +6,15 @@ and provenance tables, each engine's evidence profile, the harness runs with plo
 state over time, naive vs proof, quarantine and reclaim), and each refuted release policy's
 counterexample as a sequence diagram. Every picture is inline SVG; nothing is fetched.
 
-Modules, named after what they draw: ``lifecycles`` (Graphviz), ``harness_plots``
-(matplotlib), ``counterexamples`` (sequence diagrams from the verifier's result), ``tables``
-and ``page`` (the HTML). ``browser`` opens a page in headless Chromium and reads back the
-page's own verdict on its figures.
+Modules, named after what they draw: ``lifecycles`` (Graphviz, or the SVGs ``shipped`` in the
+package), ``harness_plots`` (matplotlib), ``counterexamples`` (sequence diagrams from the
+verifier's result, drawn here without Graphviz), ``tables`` and ``page`` (the HTML). ``browser``
+opens a page in headless Chromium and reads back the page's own verdict on its figures.
 
-Needs the ``report`` extra (matplotlib) and Graphviz's ``dot``; without either, nothing is
-written and the error names what to install.
+Needs the ``report`` extra (matplotlib); without it, nothing is written and the error names
+what to install. Graphviz's ``dot`` is optional: where it is installed the lifecycles are drawn
+now, where it is not the page uses the pictures shipped in the package (drawn from the same DOT
+source, checked before use), and says which.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from kvlifetime.errors import KVLifetimeError, UsageError
 
 if TYPE_CHECKING:
     from kvlifetime.harness.result import RunResult
+    from kvlifetime.report.lifecycles import Drawing
     from kvlifetime.report.page import HarnessSection
 
 __all__ = [
@@ -157,14 +160,27 @@ def build_page(
     *,
     source: str = RESULTS,
     on_step: Callable[[str], None] | None = None,
+    drawing: str | None = None,
 ) -> str:
     """The page for ``runs`` (``None``: no harness results, the page says how to make them).
-    ``on_step``: told each of ``STEPS`` as it starts (a progress bar, a log line)."""
+    ``on_step``: told each of ``STEPS`` as it starts (a progress bar, a log line);
+    ``drawing``: where the lifecycle pictures come from (``lifecycles.choose_drawing``: by
+    default drawn now where ``dot`` is installed, else the shipped ones)."""
+    return _build(runs, source=source, on_step=on_step, drawing=drawing)[0]
+
+
+def _build(
+    runs: Sequence[RunResult] | None,
+    *,
+    source: str,
+    on_step: Callable[[str], None] | None,
+    drawing: str | None,
+) -> tuple[str, Drawing]:
     require_report_extra()
     from kvlifetime import __version__
     from kvlifetime.diagrams import MACHINES
     from kvlifetime.report.counterexamples import explore_policies
-    from kvlifetime.report.lifecycles import lifecycle
+    from kvlifetime.report.lifecycles import choose_drawing, lifecycle
     from kvlifetime.report.page import render_page
     from kvlifetime.report.summary import summary_html
     from kvlifetime.report.tables import engine_profiles, evidence_table, provenance_table
@@ -174,14 +190,15 @@ def build_page(
             on_step(name)
 
     step("lifecycles")
-    lifecycles = [pic for m in MACHINES for pic in lifecycle(m)]
+    chosen = choose_drawing(drawing).source  # once: every picture from the same place
+    lifecycles = [pic for m in MACHINES for pic in lifecycle(m, chosen)]
     step("tables")
     evidence, provenance, engines = evidence_table(), provenance_table(), engine_profiles()
     step("harness plots")
     harness = None if runs is None else _harness_section(runs, source)
     step("counterexamples")
     verdicts = explore_policies()
-    return render_page(
+    page = render_page(
         version=__version__,
         summary=summary_html(runs, verdicts),
         lifecycles=lifecycles,
@@ -191,6 +208,7 @@ def build_page(
         harness=harness,
         verdicts=verdicts,
     )
+    return page, lifecycles[0].drawing
 
 
 @attrs.frozen(slots=True)
@@ -198,6 +216,7 @@ class ReportWritten:
     path: Path
     runs: int  # harness runs shown (0: no results file)
     bytes: int
+    drawing: Drawing  # where the lifecycle pictures came from (drawn now, or shipped)
 
 
 def write_report(
@@ -205,16 +224,17 @@ def write_report(
     results: Path | None = None,
     log: Any = None,
     on_step: Callable[[str], None] | None = None,
+    drawing: str | None = None,
 ) -> ReportWritten:
     """Write ``out/index.html`` from ``results`` (default ``out/report.json``; if that file
     does not exist the page is written without the harness section, and says so). Nothing is
     written when anything is refused. ``log``: a structlog logger (default ``kvlifetime``);
-    ``on_step``: see ``build_page``."""
+    ``on_step``, ``drawing``: see ``build_page``."""
     log = _log if log is None else log
     results = out / RESULTS if results is None else results
     try:
         runs = load_results(results) if results.exists() else None
-        text = build_page(runs, source=str(results), on_step=on_step)
+        text, drawn = _build(runs, source=str(results), on_step=on_step, drawing=drawing)
     except KVLifetimeError as e:
         log.warning("report_refused", error=e.kind, message=str(e), results=str(results))
         raise
@@ -224,5 +244,12 @@ def write_report(
     tmp.write_text(text, encoding="utf-8", newline="\n")
     tmp.replace(path)  # a reader never sees half a page
     n = len(text.encode("utf-8"))
-    log.info("report_written", path=str(path), runs=0 if runs is None else len(runs), bytes=n)
-    return ReportWritten(path, 0 if runs is None else len(runs), n)
+    log.info(
+        "report_written",
+        path=str(path),
+        runs=0 if runs is None else len(runs),
+        bytes=n,
+        lifecycles=drawn.source,
+        graphviz=drawn.graphviz,
+    )
+    return ReportWritten(path, 0 if runs is None else len(runs), n, drawn)

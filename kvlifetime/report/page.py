@@ -15,6 +15,7 @@ import attrs
 
 from kvlifetime.report.counterexamples import WHY, Verdict, same_shape, sequence_svg
 from kvlifetime.report.lifecycles import Lifecycle
+from kvlifetime.report.tables import inline
 
 
 @attrs.frozen(slots=True)
@@ -341,6 +342,12 @@ def render_page(
         "<code>force_released</code>, explicit, unsafe, logged and counted, never the normal "
         "path.</p>"
     )
+    if lifecycles:
+        drawn = lifecycles[0].drawing
+        out.append(
+            f'<p id="lifecycles-drawn" data-drawing="{e(drawn.source)}">'
+            f"{inline(drawn.describe())}</p>"
+        )
     out += [_figure(lifecycle_figure(lc)) for lc in lifecycles]
     out.append("</section>")
     # 2. evidence
