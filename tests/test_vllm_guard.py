@@ -5,8 +5,13 @@ scheduler.)"""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
+import pytest
 import structlog
 
+from kvlifetime.errors import InvalidField
 from kvlifetime.grant import Access
 from kvlifetime.integrations.vllm import PROFILE, ConnectorGuard, Load, Phase
 from kvlifetime.profiles import profile
@@ -15,13 +20,21 @@ from kvlifetime.spec.vocabulary import RequestState
 
 def _exposed(g: ConnectorGuard, request: str = "p1", ids: tuple[int, ...] = (1, 2, 3)) -> None:
     g.admitted(request)
-    # The inner connector delayed the free: decode will read the blocks.
+    # The inner connector delayed the free: decode will read the blocks ...
     assert g.finished(request, ids, delay=True, aborted=False) is True
+    g.end_step()  # ... whose ids leave with the step's output
 
 
 def _loading(g: ConnectorGuard, request: str = "d1", ids: tuple[int, ...] = (4, 5)) -> None:
     g.admitted(request)
     g.allocated(request, ids, num_external_tokens=32, load_async=True)
+    g.end_step()
+
+
+def _fence(g: ConnectorGuard, fence: str = "nixl_agent_recreated") -> set[str]:
+    """``revoke`` records the fence; the next step boundary applies it."""
+    g.revoke(fence)
+    return g.begin_step()
 
 
 def test_completed_read_is_handed_back_once() -> None:
@@ -45,7 +58,7 @@ def test_reaped_lease_is_quarantined_not_handed_back() -> None:
     assert st.ledger.blocks_by_state["quarantined"] == 3
     assert g.output(None, None).finished_sending == set()
     # A way out: the deployment fenced the peer.
-    assert g.revoke("nixl_agent_recreated") == {"p1"}
+    assert _fence(g) == {"p1"}
     assert g.output(None, None).finished_sending == {"p1"}
     assert g.ledger.stats().reclaimed_blocks == {"nixl_agent_recreated": 3}
 
@@ -123,7 +136,7 @@ def test_failed_load_by_invalid_blocks_delays_the_end() -> None:
     assert g.finished("d1", (4, 5), delay=False, aborted=True) is True
     assert g.ledger.state("d1") is RequestState.QUARANTINED
     assert g.stats().failed_loads_held == 0 and g.stats().withheld == 1
-    assert g.revoke("nixl_agent_recreated") == {"d1"}
+    assert _fence(g) == {"d1"}
     back = g.output(None, None)
     assert back.finished_sending == {"d1"} and back.finished_recving == set()
 
@@ -145,7 +158,7 @@ def test_a_live_failed_load_is_held_until_a_fence_then_received_once() -> None:
     assert g.output(None, {"d1"}).finished_recving == set()
     assert g.stats().dropped == {"duplicate_id": 1}
     # The fence: the receive goes to vLLM once (at the next scheduler step or output).
-    assert g.revoke("nixl_agent_recreated") == {"d1"}
+    assert _fence(g) == {"d1"}
     assert g.stats().failed_loads_held == 0 and g.stats().exposed == 0
     assert g.output(None, None).finished_recving == {"d1"}
     assert g.take_fenced_loads() == set()
@@ -238,7 +251,7 @@ def test_a_receive_never_frees_a_quarantined_read_exposure() -> None:
     assert g.ledger.state("p1") is RequestState.QUARANTINED
     assert g.stats().dropped == {"wrong_channel": 1}
     # The fence frees it, once.
-    assert g.revoke("fence") == {"p1"}
+    assert _fence(g, "fence") == {"p1"}
     assert g.output(None, None).finished_sending == {"p1"}
     assert g.output(None, {"p1"}).finished_recving == set()
 
@@ -298,7 +311,7 @@ def test_a_fenced_id_is_handed_back_once_then_a_duplicate() -> None:
     g = ConnectorGuard(16, holds=table.__contains__)
     _exposed(g)
     g.output(None, None, lease_reaped=frozenset({"p1"}))
-    g.revoke("fence")
+    _fence(g, "fence")
     assert g.output(None, None).finished_sending == {"p1"}
     table.discard("p1")  # vLLM freed it
     assert g.output({"p1"}, None).finished_sending == set()
@@ -331,14 +344,14 @@ def test_one_record_per_request_walks_running_ended_ready_then_is_forgotten() ->
     view = g.request("p1")  # the READ exposure is in the step's journal
     assert view is not None and view.phase is Phase.ENDED and view.read is None
     assert g.stats().exposed == 1 and g.ledger.stats().open_grants == 0
-    g.flush()  # the step's end
+    g.end_step()  # the step's end: the journal into the ledger
     view = g.request("p1")
     assert view is not None and view.phase is Phase.ENDED and view.read is not None
     assert view.read.access is Access.READ and sorted(view.read.blocks.tolist()) == [1, 2]
     g.output(None, None, lease_reaped=frozenset({"p1"}))
     view = g.request("p1")
     assert view is not None and view.lease_reaped and view.phase is Phase.ENDED
-    g.revoke("fence")
+    _fence(g, "fence")
     view = g.request("p1")
     assert view is not None and (view.phase, view.read) == (Phase.READY, None)
     assert g.take_released() == {"p1"}
@@ -359,7 +372,7 @@ def test_a_load_record_walks_in_flight_failed_held_fenced_received() -> None:
     assert load() is Load.FAILED
     g.output(None, {"d1"})
     assert load() is Load.RECEIVE_HELD
-    g.revoke("fence")
+    _fence(g, "fence")
     assert load() is Load.FENCED
     assert g.take_fenced_loads() == {"d1"}
     assert load() is Load.RECEIVED
@@ -373,7 +386,204 @@ def test_a_receive_for_a_released_id_not_yet_handed_back_is_not_passed_twice() -
     g = ConnectorGuard(16)
     _exposed(g)
     g.output(None, None, lease_reaped=frozenset({"p1"}))
-    g.revoke("fence")
+    _fence(g, "fence")
     back = g.output(None, {"p1"})
     assert back.finished_sending == {"p1"} and back.finished_recving == set()
     assert g.stats().dropped == {"wrong_channel": 1}
+
+
+# ---------------------------------------------------------------- the step: evidence and exposure
+
+
+def test_a_send_in_the_step_of_its_exposure_proves_nothing() -> None:
+    # The READ grant's block ids leave with this step's output: a finished_sending for the id in
+    # the same step is a stale notice about an earlier request with the same id (vLLM #49796).
+    g = ConnectorGuard(16)
+    g.admitted("p1")
+    assert g.finished("p1", (1, 2, 3), delay=True, aborted=False) is True
+    with structlog.testing.capture_logs() as logs:
+        back = g.output({"p1"}, None)
+    assert back.finished_sending == set() and back.finished_recving == set()
+    st = g.stats()
+    assert st.dropped == {"before_exposure": 1} and st.withheld == 1 and st.handed_back == 0
+    (event,) = [e for e in logs if e["event"] == "vllm_id_dropped"]
+    assert event["kind"] == "before_exposure" and "earlier request" in event["error"]
+    assert g.ledger.stats().open_grants == 1
+    g.end_step()  # the output leaves: a later step's send is the reader's
+    assert g.output({"p1"}, None).finished_sending == {"p1"}
+    assert g.stats().handed_back == 1
+
+
+def test_a_loading_request_exposed_at_its_end_is_stamped_with_its_step_too() -> None:
+    # A request ending while its load is in flight gets its READ grant at once (not through
+    # the journal): the same rule holds for it.
+    g = ConnectorGuard(16)
+    _loading(g, "d1", (4, 5))
+    assert g.finished("d1", (4, 5, 6), delay=True, aborted=False) is True
+    back = g.output({"d1"}, {"d1"})  # the load landed; the send is stale
+    assert back.finished_sending == set() and back.finished_recving == set()
+    assert g.stats().dropped == {"before_exposure": 1}
+    g.end_step()
+    assert g.output({"d1"}, None).finished_sending == {"d1"}
+
+
+def test_a_reaped_lease_in_the_step_of_its_exposure_is_stale_too() -> None:
+    g = ConnectorGuard(16)
+    g.admitted("p1")
+    g.finished("p1", (1, 2), delay=True, aborted=False)
+    back = g.output({"p1"}, None, lease_reaped=frozenset({"p1"}))
+    assert back.finished_sending == set()
+    st = g.stats()
+    assert st.lease_reaped == 0 and st.ledger.quarantined == ()
+    assert st.dropped == {"before_exposure": 2}
+    g.end_step()
+    assert g.output({"p1"}, None).finished_sending == {"p1"}
+
+
+# ---------------------------------------------------------------- one channel per id
+
+
+def test_an_id_passed_through_on_both_channels_goes_back_once() -> None:
+    table = {"s"}  # vLLM's request table, as the connector binds it: s until vLLM frees it
+    g = ConnectorGuard(16, holds=table.__contains__)
+    g.admitted("s")
+    assert g.finished("s", (), delay=True, aborted=False) is True  # nothing the guard saw
+    with structlog.testing.capture_logs() as logs:
+        back = g.output({"s"}, {"s"})
+    assert back.finished_recving == {"s"} and back.finished_sending == set()
+    assert g.stats().dropped == {"both_channels": 1}
+    assert [e["kind"] for e in logs if e["event"] == "vllm_id_dropped"] == ["both_channels"]
+    table.discard("s")  # vLLM freed it on the receive
+    back = g.output({"s"}, {"s"})  # a later output: an id vLLM no longer holds
+    assert back.finished_recving == set() and back.finished_sending == set()
+
+
+def test_a_refused_read_on_both_channels_goes_back_once() -> None:
+    table = {"ghost", "p1"}
+    g = ConnectorGuard(16, holds=table.__contains__)
+    _loading(g, "ghost", (1, 2, 3))  # a load in flight into the blocks
+    g.admitted("p1")
+    assert g.finished("p1", (1, 2, 3), delay=True, aborted=False) is True
+    g.end_step()  # the journal refuses p1's READ grant: nothing exposed, vLLM keeps the blocks
+    assert g.take_refused_reads() == ["p1"]
+    back = g.output({"p1"}, {"p1"})
+    assert back.finished_recving == {"p1"} and back.finished_sending == set()
+    assert g.stats().dropped == {"exposed_block_reused": 1, "both_channels": 1}
+
+
+def test_a_fenced_receive_superseded_by_a_read_exposure_goes_back_once_on_the_send() -> None:
+    # A held failed load is fenced (its receive due to vLLM), then the request ends with a READ
+    # exposure before the receive was taken: handing the receive to vLLM would free blocks a
+    # reader is about to get, and the READ's proof would hand the id back a second time.
+    g = ConnectorGuard(16)
+    _loading(g, "d1", (4, 5))
+    g.output(None, {"d1"}, failed_recving={"d1"})
+    assert _fence(g) == {"d1"}
+    assert g.finished("d1", (4, 5, 6), delay=True, aborted=True) is True
+    back = g.output(None, None)
+    assert back.finished_recving == set() and back.finished_sending == set()
+    assert g.take_fenced_loads() == set()
+    g.end_step()
+    back = g.output({"d1"}, None)
+    assert back.finished_sending == {"d1"} and back.finished_recving == set()
+    assert g.output(None, {"d1"}).finished_recving == set()  # vLLM freed it
+
+
+# ---------------------------------------------------------------- fences and threads
+
+
+def test_revoke_only_records_and_the_next_step_boundary_applies_it() -> None:
+    g = ConnectorGuard(16)
+    _exposed(g)
+    g.output(None, None, lease_reaped=frozenset({"p1"}))
+    g.revoke("fence")
+    assert g.ledger.state("p1") is RequestState.QUARANTINED  # nothing changed yet
+    assert g.output(None, None).finished_sending == set()
+    assert g.begin_step() == {"p1"}
+    assert g.begin_step() == set()  # applied once
+    assert g.output(None, None).finished_sending == {"p1"}
+
+
+def test_revoke_refuses_a_bad_fence_name() -> None:
+    g = ConnectorGuard(16)
+    for bad in ("", None, 3, "x" * 129):
+        with pytest.raises(InvalidField):
+            g.revoke(bad)  # type: ignore[arg-type]
+    assert g.begin_step() == set()
+
+
+def _step_with_a_fence_mid_step(g: ConnectorGuard, revoke: Callable[[], None]) -> None:
+    """p0 was exposed in an ended step; in the step in progress p1 ends (its ids leave with
+    this step's output) and the fence is recorded before the output leaves."""
+    _exposed(g, "p0", (1, 2))
+    g.output(None, None, lease_reaped=frozenset({"p0"}))  # only a fence frees p0
+    g.end_step()
+    assert g.begin_step() == set()
+    g.admitted("p1")
+    assert g.finished("p1", (3, 4), delay=True, aborted=False) is True
+    revoke()
+    assert g.output(None, None).finished_sending == set()
+    g.end_step()
+
+
+def _assert_the_fence_spared_p1(g: ConnectorGuard) -> None:
+    assert g.begin_step() == {"p0"}
+    assert g.output(None, None).finished_sending == {"p0"}
+    view = g.request("p1")
+    assert view is not None and view.read is not None and view.phase is Phase.ENDED
+    assert g.output({"p1"}, None).finished_sending == {"p1"}
+
+
+def test_a_fence_recorded_mid_step_spares_the_steps_own_exposure() -> None:
+    g = ConnectorGuard(16)
+    _step_with_a_fence_mid_step(g, lambda: g.revoke("fence"))
+    _assert_the_fence_spared_p1(g)
+
+
+def test_a_fence_from_another_thread_mid_step_spares_the_steps_own_exposure() -> None:
+    g = ConnectorGuard(16)
+
+    def from_a_thread() -> None:
+        t = threading.Thread(target=g.revoke, args=("fence",))
+        t.start()
+        t.join()
+
+    _step_with_a_fence_mid_step(g, from_a_thread)
+    _assert_the_fence_spared_p1(g)
+
+
+def test_fences_racing_steps_never_release_an_exposure_of_their_own_step() -> None:
+    # A thread fences without pause while the scheduler thread runs steps in which one request
+    # ends (its ids leave with the step's output) and the previous one's reader reports. The
+    # property, whenever a fence lands: nothing a step exposes is handed back in that step,
+    # and a boundary releases only requests exposed in a step that had ended.
+    g = ConnectorGuard(64)
+    stop = threading.Event()
+    started = threading.Event()
+
+    def fencing() -> None:
+        while not stop.is_set():
+            g.revoke("fence")
+            started.set()
+
+    t = threading.Thread(target=fencing)
+    t.start()
+    exposed_in: dict[str, int] = {}
+    try:
+        started.wait()
+        for i in range(300):
+            released = g.begin_step()
+            assert all(exposed_in[r] < g.step for r in released), released
+            request = f"r{i}"
+            g.admitted(request)
+            g.finished(request, (1 + i % 60,), delay=True, aborted=False)
+            exposed_in[request] = g.step
+            back = g.output({f"r{i - 1}"} if i else set(), None)
+            assert request not in back.finished_sending
+            g.end_step()
+    finally:
+        stop.set()
+        t.join()
+    g.begin_step()
+    g.output({"r299"}, None)
+    assert g.stats().exposed == 0 and g.ledger.stats().open_grants == 0

