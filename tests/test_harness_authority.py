@@ -5,7 +5,7 @@ directly, as their sockets would, with the connection's identity beside them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -217,3 +217,127 @@ def test_the_pull_owner_hears_control_messages_only_from_the_grants_reader(
     o.receive(frames, READER)
     assert o.reqs[key].outcome is Ending.TRANSFER_FAILED and o.reader_pending == 5
     assert o.count.contaminated_blocks == 1  # the stale read: KV decode would compute from
+
+
+# --------------------------------------------------------------------------- fenced connections
+#
+# A fenced connection's evidence goes to the ledger like any other, which refuses it (stale: the
+# grant's request was released when the fence closed it; unauthorized: about another
+# incarnation's grant), counts it in ``stats().refused_evidence`` and logs it; the worker's
+# bookkeeping follows that verdict. Where the ledger has nothing to refuse (a grant the fence
+# already closed, of a request still live: a no-op), the worker refuses it at the connection.
+
+
+def _fenced_snapshot(w: DecodeWorker | SourceOwner) -> dict[str, Any]:
+    """What fenced evidence must leave as it was (the refusal counters aside)."""
+    count = attrs.asdict(w.count)
+    count.pop("unauthorized_refused")
+    stats = attrs.asdict(w.ledger.stats())
+    stats.pop("refused_evidence")
+    reqs = {k: attrs.asdict(r, recurse=False) for k, r in w.reqs.items()}
+    for r in reqs.values():
+        r.pop("plan", None)
+    return {
+        "count": count,
+        "stats": stats,
+        "fingerprint": w.ledger.fingerprint(),
+        "reqs": {k: {n: repr(v) for n, v in r.items()} for k, r in reqs.items()},
+    }
+
+
+def _refusals(logs: Sequence[Mapping[str, Any]]) -> list[tuple[str, Any]]:
+    return [
+        (e["event"], e.get("error") if e["event"] == "evidence_refused" else e.get("kind"))
+        for e in logs
+        if e["event"] in ("evidence_refused", "message_refused")
+    ]
+
+
+def test_a_fenced_prefills_evidence_is_the_ledgers_to_refuse(decode: DecodeWorker) -> None:
+    w = decode
+    _admit(w, RANKS)
+    done, gone = sorted(w.reqs)[:2]
+    for g in w.reqs[done].grants:  # consumed: it decodes on, its grants closed
+        w.receive([_ev(TransferCompleted.of(g, 1))], g.peer)
+    assert w.reqs[done].consumed
+    old = w.reqs[gone].grants[0]
+    kept = w.reqs[done].grants[0]
+    for rank in RANKS:
+        w.fenced(rank, "test_fence")
+    assert gone not in w.reqs and done in w.reqs  # released by the fence; still decoding
+    _admit(w, NEXT, n=2)
+    new_key = max(w.reqs)
+    new = w.reqs[new_key].grants[0]
+    assert new.peer == NEXT[0]
+    before = _fenced_snapshot(w)
+    frames = [
+        _ev(TransferCompleted.of(old, 1)),  # its own grant, released: stale
+        _ev(TransferCompleted.of(new, 1)),  # the next incarnation's, in its name: unauthorized
+        _ev(TransferCompleted(new.id, new_key, RANKS[0], 1)),  # ... in its own: unauthorized
+        _ev(TransferCompleted.of(kept, 1)),  # closed, request live: a no-op to the ledger
+    ]
+    with capture_logs() as logs:
+        w.receive(frames, RANKS[0])
+    assert w.ledger.stats().refused_evidence == {
+        "stale_evidence": 1,
+        "unauthorized_evidence": 2,
+    }
+    assert _refusals(logs) == [
+        ("evidence_refused", "stale_evidence"),
+        ("evidence_refused", "unauthorized_evidence"),
+        ("evidence_refused", "unauthorized_evidence"),
+        ("message_refused", wire.UnauthorizedMessage.kind),
+    ]
+    assert w.count.unauthorized_refused == 3  # the ledger's two, and the no-op at the connection
+    assert _fenced_snapshot(w) == before  # nothing else moved: not a request, not a counter
+    assert w.ledger.state(new_key) is RequestState.ADMITTED and not w.reqs[new_key].consumed
+
+
+def test_a_fenced_readers_evidence_is_the_ledgers_to_refuse() -> None:
+    cfg = PullSettings(
+        requests=8, arrivals_per_tick=4, block_bytes=BB, num_blocks=NBLOCKS, faults=PULL_QUIET
+    )
+    source = InprocTarget(NBLOCKS * BB)
+    try:
+        o = SourceOwner(cfg, source, BlockLedger(NBLOCKS))
+        o.tick(0, READER, True)
+        first = sorted(o.reqs)
+        live = o.reqs[first[1]].grant
+        o.fenced(READER, "test_fence")  # before prefill ended them: their grants closed, live
+        assert o.ledger.state(first[1]) is RequestState.ADMITTED and not o.ledger.open_grants(
+            first[1]
+        )
+        before = _fenced_snapshot(o)
+        with capture_logs() as logs:
+            o.receive([_ev(TransferCompleted.of(live, 1))], READER)  # a no-op to the ledger
+        assert o.ledger.stats().refused_evidence == {}
+        assert _refusals(logs) == [("message_refused", wire.UnauthorizedMessage.kind)]
+        assert o.count.unauthorized_refused == 1 and _fenced_snapshot(o) == before
+
+        o.tick(1, "decode-1", True)  # prefill ends the first ones: released; the next admitted
+        assert not o.ledger.stats().quarantined
+        new_key = max(o.reqs)
+        new = o.reqs[new_key].grant
+        assert new.peer == "decode-1"
+        before = _fenced_snapshot(o)
+        frames = [
+            _ev(TransferCompleted.of(live, 1)),  # its own grant, released: stale
+            _ev(TransferCompleted.of(new, 1)),  # the next reader's, in its name: unauthorized
+            _ev(TransferCompleted(new.id, new_key, READER, 1)),  # ... in its own: unauthorized
+        ]
+        with capture_logs() as logs:
+            o.receive(frames, READER)
+        assert o.ledger.stats().refused_evidence == {
+            "stale_evidence": 1,
+            "unauthorized_evidence": 2,
+        }
+        assert _refusals(logs) == [
+            ("evidence_refused", "stale_evidence"),
+            ("evidence_refused", "unauthorized_evidence"),
+            ("evidence_refused", "unauthorized_evidence"),
+        ]
+        assert o.count.unauthorized_refused == 1 + 2  # the stale one is the ledger's alone
+        assert _fenced_snapshot(o) == before
+        assert o.reqs[new_key].outcome is None and o.ledger.open_grants(new_key)
+    finally:
+        source.close()

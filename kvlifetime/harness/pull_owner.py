@@ -162,6 +162,8 @@ class SourceOwner(Owner):
             self.count.unauthorized_refused += 1
             return
         except StaleEvidence:
+            if sender in self._fenced:
+                return  # refused, logged and counted by the ledger: a fenced reader is not heard
             # The ledger forgot the grant because this owner released the request itself
             # (naive, timeout, or a late proof after release): it has no verdict left to give.
             # What the grant's own peer says then only tells when its reads ended - never a

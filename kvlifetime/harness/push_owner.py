@@ -157,12 +157,10 @@ class DecodeWorker(Owner):
         """Act on one message that came in on the connection of peer ``sender`` (the
         transport's identity). A control message about a grant is acted on only when it comes
         from that grant's peer on its own connection, and never from a fenced one: anything
-        else is refused (``UnauthorizedMessage``), logged, counted and changes nothing."""
+        else is refused (``UnauthorizedMessage``), logged, counted and changes nothing.
+        Evidence goes to the ledger first, a fenced connection's too (``_evidence``)."""
         if isinstance(msg, EvidenceMsg):
-            if sender in self._fenced:  # its evidence is the ledger's to judge; it is counted
-                self._refuse_unauthorized(msg.TYPE, sender, "its connection was fenced")
-                return
-            self._evidence(msg)
+            self._evidence(msg, sender)
         elif isinstance(msg, Rejected | TransferFailed):
             r = self._live(msg.request, msg.grant)
             if r is None:
@@ -195,7 +193,12 @@ class DecodeWorker(Owner):
             return None
         return r
 
-    def _evidence(self, msg: EvidenceMsg) -> None:
+    def _evidence(self, msg: EvidenceMsg, sender: str) -> None:
+        """Evidence is the ledger's to judge, a fenced connection's too: about a grant the
+        fence closed and forgot it is stale, about another incarnation's grant unauthorized
+        (refused, logged, counted in ``stats().refused_evidence``). What the ledger takes
+        from a fenced connection can only be a no-op (the fence closed every grant to it);
+        the worker refuses it at the connection and acts on none of it."""
         ev = msg.evidence
         try:
             self.ledger.apply(ev)
@@ -205,6 +208,9 @@ class DecodeWorker(Owner):
         except KVLifetimeError:
             # Refused, logged and counted by the ledger; the worker goes on, and its own
             # bookkeeping follows the ledger's verdict: a refused message changes nothing here.
+            return
+        if sender in self._fenced:
+            self._refuse_unauthorized(msg.TYPE, sender, "its connection was fenced")
             return
         gid = getattr(ev, "grant_id", None)
         req = getattr(ev, "request", None)
