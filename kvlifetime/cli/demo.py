@@ -177,13 +177,14 @@ def run_demo(
     if summary:
         stream.write("\n" + summary + "\n")
     from kvlifetime.report import write_report
+    from kvlifetime.report.lifecycles import SHIPPED
 
     stream.write("\nbuilding the design-review page ...")
     stream.flush()
     page_began = time.monotonic()
     page = write_report(out, log=log)
     stream.write(f" {time.monotonic() - page_began:.1f} s\n")
-    if page.drawing.source != "graphviz":
+    if page.drawing.source == SHIPPED:
         stream.write(f"note: {page.drawing.describe()}\n")
     written.append(page.path)
     log.info("demo_written", files=[str(p) for p in written])

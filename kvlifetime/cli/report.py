@@ -35,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvlifetime.cli.output import input_file
     from kvlifetime.report import require_report_extra, write_report
+    from kvlifetime.report.lifecycles import SHIPPED
 
     require_report_extra()  # before anything runs: the missing extra, named
     if args.results is not None:
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         args.out, args.results, log=log, on_step=lambda step: log.info("report_step", step=step)
     )
     print(done.path)
-    if done.drawing.source != "graphviz":
+    if done.drawing.source == SHIPPED:
         print(f"kvlifetime report: note: {done.drawing.describe()}", file=sys.stderr)
     if done.runs == 0:
         results = args.results or args.out / "report.json"
