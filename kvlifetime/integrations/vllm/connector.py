@@ -19,19 +19,21 @@ block-freeing path:
 - scheduler role: ``on_new_request`` (which ids vLLM holds), ``update_state_after_alloc`` /
   ``build_connector_meta`` (WRITE grants for asynchronous loads, the step's in one batch; the
   inner connector is told of a load only once it is granted, so a refused one never reaches
-  the worker; at every step, what a fence released: ended requests freed, held failed loads
+  the worker; at every step the step boundary: the fences ``revoke`` recorded, from any thread,
+  take effect, and what they released goes back: ended requests freed, held failed loads
   handed on as the receive vLLM waits for), ``request_finished`` (a READ exposure into the
   step's journal when the inner delays the free; a delay for anything unproven),
   ``update_connector_output`` (evidence in, ids out: ``guard.py``), ``get_kv_connector_stats``
-  (the step's end: the journal into the ledger; a refused READ grant's block ids are emptied
-  from the request's transfer parameters before its output leaves the scheduler);
+  (the step's end: the journal into the ledger, the step's exposures counted as gone; a
+  refused READ grant's block ids are emptied from the request's transfer parameters before its
+  output leaves the scheduler);
 - worker role: the connector's lease reaper is watched (NIXL's ``_reap_expired_send_leases``) and
   the ids it reaped travel to the scheduler in the worker metadata (``GuardWorkerMeta``), so a
   reaped lease is told apart from a completed read where that is known.
 
 The scheduler-side guard is ``connector.guard`` (``ConnectorGuard``): ``guard.stats()``,
 ``LedgerCollector(connector.guard.ledger)`` for Prometheus, ``guard.revoke(fence)`` once peers
-are fenced.
+are fenced (from any thread: the threading contract is ``ConnectorGuard``'s).
 """
 
 from __future__ import annotations
