@@ -229,3 +229,79 @@ def test_holds_and_the_spec_machines_walk_together(steps: list[tuple[str, str]])
         else:
             assert holds.state(key) == before  # a refusal changes nothing
             assert not moved or m.current_state_value == before
+
+
+# --------------------------------------------------------------------------- the owner's view
+
+
+def test_the_owner_view_is_projected_from_the_engine_table() -> None:
+    from kvlifetime.spec.owner import owner_table, project
+
+    assert dict(owner_table()) == {
+        ("live", "finished"): "finished",
+        ("live", "aborted"): "rejected",
+        ("finished", "handed_back"): "released",
+        ("rejected", "handed_back"): "released",
+    }
+    # Computed, not written beside it: a table where one live state cannot be aborted has no
+    # projected abort, so a model stepping it can no longer reject.
+    t = engine_table()
+    rows = [r for r in t.rows if not (r.source == "reading" and r.event == "aborted")]
+    broken = attrs.evolve(t, rows=tuple(rows))
+    assert ("live", "aborted") not in project(broken)
+    assert ("live", "finished") in project(broken)
+
+
+def test_the_verifier_steps_its_owner_phases_only_through_the_engine_table() -> None:
+    """Every owner-phase change the verifier's model makes, in a search over a small
+    configuration with every fault and policy, is a row of ``owner_table()``; and every row
+    fires. (Pure modules, in a process of its own: a compiled module's calls cannot be
+    watched.)"""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import json
+from kvlifetime.spec.owner import owner_step
+from kvlifetime.verify import semantics, policies, scratch
+from kvlifetime.verify import ALL_FAULTS, Config, Policy, explore
+fired = set()
+def watched(phase, event):
+    target = owner_step(phase, event)
+    fired.add((phase, event, target))
+    return target
+for m in (semantics, policies, scratch):
+    m.owner_step = watched
+for policy in Policy:
+    explore(Config(1, 1, 1, faults=ALL_FAULTS), policy)
+print(json.dumps(sorted(fired)))
+"""
+    env = {**os.environ, "KVLIFETIME_PURE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    from kvlifetime.spec.owner import owner_table
+
+    fired = {tuple(x) for x in json.loads(proc.stdout)}
+    assert fired == {(p, e, t) for (p, e), t in owner_table().items()}
+
+
+def test_no_owner_phase_is_set_in_the_verifier_but_through_owner_step() -> None:
+    """Read from the source: every ``phase=`` of the verifier's model is ``owner_step``'s,
+    but the restart's (a new process holds nothing of the old one's: no engine-side event)."""
+    import pathlib
+    import re
+
+    import kvlifetime.verify as verify
+
+    root = pathlib.Path(verify.__file__).parent
+    found = []
+    for path in sorted(root.glob("*.py")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            m = re.search(r"\bphase=([^,)]+)", line)
+            if m and not m.group(1).startswith("owner_step("):
+                found.append(f"{path.name}: {line.strip()}")
+    assert found == ["semantics.py: reqs=tuple(evolve(r, phase=RELEASED) for r in env.reqs),"]

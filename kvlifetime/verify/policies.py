@@ -7,6 +7,7 @@ import numpy as np
 
 from kvlifetime.errors import DuplicateRequest
 from kvlifetime.grant import Access
+from kvlifetime.spec.owner import owner_step
 from kvlifetime.spec.vocabulary import BlockState, RequestState
 from kvlifetime.verify.scratch import Scratch
 from kvlifetime.verify.state import (
@@ -132,7 +133,7 @@ def free_on_failure(s: Scratch, ri: int) -> bool:
         return False
     if r.phase == LIVE:
         s.call(f"reject({r.key!r})", s.ledger.reject, r.key, "transfer failed")
-        s.set_req(ri, phase=REJECTED, ended=end_order(s))
+        s.set_req(ri, phase=owner_step(r.phase, "aborted"), ended=end_order(s))
         s.notes.append(f"{r.key} fails: the engine ends it (the load failed)")
     ids = s.call(
         f"force_release({r.key!r})",

@@ -15,8 +15,8 @@ from kvlifetime.errors import (
     UnauthorizedEvidence,
 )
 from kvlifetime.evidence import Evidence
+from kvlifetime.spec.owner import owner_step
 from kvlifetime.verify.state import (
-    RELEASED,
     Broken,
     Config,
     Env,
@@ -157,7 +157,7 @@ class Scratch:
         return self.parent.snap if self._ledger is None else Snap(self._ledger)
 
     def release_as(self, ri: int, ids: Any, how: str) -> None:
-        self.set_req(ri, phase=RELEASED)
+        self.set_req(ri, phase=owner_step(self.env.reqs[ri].phase, "handed_back"))
         self.notes.append(
             f"{how} {self.env.reqs[ri].key}: blocks {list(map(int, ids))} to the pool"
         )

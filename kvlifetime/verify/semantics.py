@@ -17,6 +17,7 @@ from kvlifetime.evidence import (
 )
 from kvlifetime.grant import Access, Grant
 from kvlifetime.ledger import BlockLedger
+from kvlifetime.spec.owner import owner_step
 from kvlifetime.verify.events import (
     PEER_EVENTS,
     enabled,
@@ -44,14 +45,12 @@ from kvlifetime.verify.policies import (
 from kvlifetime.verify.scratch import Scratch, msg_text
 from kvlifetime.verify.state import (
     FAILED,
-    FINISHED,
     IN_FLIGHT,
     INCARNATION,
     LANDED,
     LANDED_UNSEEN,
     LIVE,
     PREVIOUS,
-    REJECTED,
     RELEASED,
     TO_LEDGER,
     TO_PEER,
@@ -159,13 +158,13 @@ def _do(s: Scratch, ev: Event) -> bool:
     if k == "finish":
         req = env.reqs[ev.a]
         s.call(f"finish({req.key!r})", s.ledger.finish, req.key)
-        s.set_req(ev.a, phase=FINISHED, ended=end_order(s))
+        s.set_req(ev.a, phase=owner_step(req.phase, "finished"), ended=end_order(s))
         s.notes.append(f"{req.key} finished on the owner's side")
         return True
     if k == "reject":
         req = env.reqs[ev.a]
         s.call(f"reject({req.key!r})", s.ledger.reject, req.key, "abort")
-        s.set_req(ev.a, phase=REJECTED, ended=end_order(s))
+        s.set_req(ev.a, phase=owner_step(req.phase, "aborted"), ended=end_order(s))
         s.notes.append(f"{req.key} rejected / aborted: error response sent")
         for gi in req.grants:
             g = env.grants[gi]
@@ -411,6 +410,7 @@ def _restart(s: Scratch) -> None:
             "BlockLedger.after_restart: every block quarantined (previous incarnation) until "
             f"each of {', '.join(names)} is fenced"
         )
+    # A restart is no engine-side event: the new process holds nothing of the old one's.
     s.env = evolve(
         env,
         reqs=tuple(evolve(r, phase=RELEASED) for r in env.reqs),

@@ -16,6 +16,7 @@ from kvlifetime.errors import KVLifetimeError
 from kvlifetime.evidence import Evidence
 from kvlifetime.grant import Access, Grant
 from kvlifetime.ledger import BlockLedger
+from kvlifetime.spec import owner as _owner
 from kvlifetime.spec.proof import GrantProof
 from kvlifetime.spec.vocabulary import RequestState
 from kvlifetime.verify.rebuild import evolve as evolve
@@ -279,8 +280,9 @@ class Config:
 
 # ------------------------------------------------------------------ environment state
 
-# Request phases on the owner's side (the ledger has its own, finer states).
-LIVE, FINISHED, REJECTED, RELEASED = "live", "finished", "rejected", "released"
+# Request phases on the owner's side (the ledger has its own, finer states): the engine-side
+# lifecycle's owner view (``kvlifetime.spec.owner``), stepped only by ``owner_step``.
+LIVE, FINISHED, REJECTED, RELEASED = _owner.LIVE, _owner.FINISHED, _owner.REJECTED, _owner.RELEASED
 
 # Transfer status codes, per numbered transfer of a grant.
 IN_FLIGHT = 0  # posted; will touch the blocks when it lands
