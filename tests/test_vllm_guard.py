@@ -427,17 +427,19 @@ def test_a_loading_request_exposed_at_its_end_is_stamped_with_its_step_too() -> 
     assert g.output({"d1"}, None).finished_sending == {"d1"}
 
 
-def test_a_reaped_lease_in_the_step_of_its_exposure_is_stale_too() -> None:
+def test_a_reaped_lease_in_the_step_of_its_exposure_withholds_until_a_fence() -> None:
+    # Stale too (an earlier request's), but a reaped lease frees nothing: it is taken, and
+    # the request waits for a fence; no later send frees it.
     g = ConnectorGuard(16)
     g.admitted("p1")
     g.finished("p1", (1, 2), delay=True, aborted=False)
     back = g.output({"p1"}, None, lease_reaped=frozenset({"p1"}))
     assert back.finished_sending == set()
     st = g.stats()
-    assert st.lease_reaped == 0 and st.ledger.quarantined == ()
-    assert st.dropped == {"before_exposure": 2}
+    assert st.lease_reaped == 1 and [q.request for q in st.ledger.quarantined] == ["p1"]
     g.end_step()
-    assert g.output({"p1"}, None).finished_sending == {"p1"}
+    assert g.output({"p1"}, None).finished_sending == set()
+    assert _fence(g) == {"p1"}
 
 
 # ---------------------------------------------------------------- one channel per id

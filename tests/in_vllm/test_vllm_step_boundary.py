@@ -124,7 +124,8 @@ def test_a_stale_send_for_a_reused_request_id_frees_nothing() -> None:
     assert again.request_id not in s.requests and free_in_pool(s, ids) == ids
 
 
-def test_a_reaped_lease_in_the_step_that_exposes_the_blocks_is_stale_too() -> None:
+def test_a_reaped_lease_in_the_step_that_exposes_the_blocks_frees_nothing() -> None:
+    # Stale too, but a reaped lease frees nothing: taken, the request waits for a fence.
     s, g = _guarded()
     r = request(remote_decode=True)
     s.add_request(r)
@@ -132,12 +133,15 @@ def test_a_reaped_lease_in_the_step_that_exposes_the_blocks_is_stale_too() -> No
     s.update_from_output(
         so, output([r], finished_sending={r.request_id}, lease_reaped={r.request_id})
     )
-    assert r.request_id in s.requests
+    ids = blocks_of(s, r)
+    assert r.request_id in s.requests and free_in_pool(s, ids) == []
     st = g.stats()
-    assert st.lease_reaped == 0 and st.ledger.quarantined == ()
-    assert st.dropped == {"before_exposure": 2}  # the reaped lease and its send
+    assert st.lease_reaped == 1 and [q.request for q in st.ledger.quarantined] == [r.request_id]
     step(s, output(finished_sending={r.request_id}))
-    assert r.request_id not in s.requests
+    assert r.request_id in s.requests and free_in_pool(s, ids) == []
+    g.revoke("nixl_agent_recreated")
+    step(s)
+    assert r.request_id not in s.requests and free_in_pool(s, ids) == ids
 
 
 # ------------------------------------------------------------------ item 2: one channel per id

@@ -230,10 +230,11 @@ class ConnectorGuard:
     grant is stamped with the step it was made in: a READ grant's block ids leave the process
     with that step's output (the request's ``kv_transfer_params``), a WRITE grant's with that
     step's connector metadata. Evidence never precedes the exposure it proves: a
-    ``finished_sending`` (or a reaped lease) for a READ grant of the step in progress is about
-    an earlier request with the same id, since no reader has the block ids yet; it is dropped
+    ``finished_sending`` for a READ grant of the step in progress is about an earlier request
+    with the same id, since no reader has the block ids yet; it is dropped
     (``before_exposure``, ``StaleEvidence`` logged) and the request stays withheld until a
-    later step's. (A ``finished_recving`` in its WRITE grant's step is taken: the metadata
+    later step's. (A reaped lease is taken whenever it comes: it frees nothing, it withholds
+    until a fence. A ``finished_recving`` in its WRITE grant's step is taken: the metadata
     reached the worker before the step's forward pass.)
 
     One channel per id. An id handed to vLLM on one channel (``finished_sending`` or
@@ -493,15 +494,11 @@ class ConnectorGuard:
             self._expire(write, "load_failed")
             loading.load = Load.FAILED
             self._failed += 1
-        step = self._step
+        # A reaped lease is taken whenever it comes, even in its grant's own step (then it is
+        # an earlier request's): it frees nothing, it only withholds until a fence.
         for request in lease_reaped:
             rec = self._requests.get(request)
             if rec is not None and rec.read is not None and not rec.lease_reaped:
-                if rec.read_step == step:
-                    # No reader has the block ids yet: a reaped lease of an earlier request
-                    # with the same id. (Its send is dropped below too.)
-                    self._drop("before_exposure", request)
-                    continue
                 self._expire(rec.read, "lease_reaped")
                 rec.lease_reaped = True
                 self._reaped += 1
@@ -558,7 +555,7 @@ class ConnectorGuard:
                 if self._passed_through(request, passed, receive=False):
                     self._forget(request)  # vLLM frees it on this id
                 continue
-            if rec.read_step == step:
+            if rec.read_step == self._step:
                 # The READ grant is this step's: its block ids leave with this step's output,
                 # so no reader can have finished with them. A stale notice (an earlier request
                 # with the same id, vLLM #49796's class): proves nothing, frees nothing.
