@@ -107,7 +107,7 @@ soak: system-deps $(STAMP)
 # The generated pages (tables, diagrams, engine profiles) into docs/, then the site into
 # out/site, strictly (a broken link or an unresolved reference fails). make test builds it too.
 docs: $(STAMP)
-	$(BIN)/kvlifetime docs --out docs
+	$(BIN)/kvlifetime docs --out docs --figures kvlifetime/report/lifecycle-svg
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: $(STAMP) vllm-venv vllm-hf system-deps sglang-venv

@@ -32,7 +32,7 @@ import attrs
 from kvlifetime.errors import EnvironmentFault
 from kvlifetime.spec.table import Row, TransitionTable, table_for
 
-MACHINES: tuple[str, ...] = ("request", "block")
+MACHINES: tuple[str, ...] = ("request", "block", "engine")
 DIAGRAM_FORMATS: tuple[str, ...] = ("mermaid", "dot", "svg", "md")
 UNSAFE_MARK = "⚠"
 
@@ -235,6 +235,20 @@ APART: Mapping[str, tuple[tuple[str, str, frozenset[str]], ...]] = {
             frozenset({"shared"}),
         ),
     ),
+    "engine": (
+        (
+            "load",
+            "engine side: an asynchronous load, landed, failed or fenced",
+            frozenset({"load_granted", "load_landed", "load_failed", "fenced"}),
+        ),
+    ),
+}
+
+
+# The title of the main picture of a lifecycle drawn in parts (``APART``).
+MAIN_PART: Mapping[str, str] = {
+    "block": "block lifecycle: holders and grants",
+    "engine": "engine side of a request: its end, its reads, what the engine is told",
 }
 
 
@@ -250,8 +264,7 @@ def pictures(table: TransitionTable) -> tuple[Picture, ...]:
     out = [
         Picture(
             table.machine,
-            f"{table.machine} lifecycle: holders and grants ({LOOP_MARK}: an event that keeps "
-            "the state)",
+            f"{MAIN_PART[table.machine]} ({LOOP_MARK}: an event that keeps the state)",
             main,
         )
     ]

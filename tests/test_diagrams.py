@@ -43,7 +43,7 @@ from kvlifetime.spec.table import Row, table_for
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
 DOCS = ROOT / "docs"
-MACHINES = ["request", "block"]
+MACHINES = ["request", "block"]  # the drawings checked case by case; the engine table below
 HAS_DOT = shutil.which("dot") is not None
 # CI sets KVLIFETIME_REQUIRE_GRAPHVIZ=1: there a missing `dot` fails these tests, never skips.
 SKIP_NO_DOT = not HAS_DOT and os.environ.get("KVLIFETIME_REQUIRE_GRAPHVIZ") != "1"
@@ -322,7 +322,8 @@ def test_docs_are_up_to_date(tmp_path: Path, capsys: pytest.CaptureFixture[str])
             # and to come from the current dot source, not compared byte for byte.
             committed = (DOCS / name).read_text(encoding="utf-8")
             assert "<svg" in committed
-            assert ("shared [" if "sharing" in name else "⚠ force_released") in committed
+            pic = {p.name: p for m in diagrams.MACHINES for p in pictures(table_for(m))}[name[:-4]]
+            assert all(r.event in committed for r in pic.rows), name
             continue
         assert (DOCS / name).read_bytes() == (tmp_path / name).read_bytes(), (
             f"docs/{name} is stale: run `kvlifetime docs --out docs` and commit"
@@ -400,3 +401,33 @@ def test_outline_reads_what_graphviz_drew() -> None:
     assert sorted(o.nodes) == sorted([*table.states, "__start__"])
     assert "__start__->admitted" in o.edges
     assert "admitted" in o.texts and any("force_released" in t for t in o.texts)
+
+
+# --------------------------------------------------------------------------- the engine side
+
+
+def test_the_engine_side_is_drawn_row_for_row_in_two_pictures() -> None:
+    """The engine-side lifecycle (no unsafe row): its mermaid has every row, its pictures
+    split the rows between them (an asynchronous load's apart), each fits a slide."""
+    table = table_for("engine")
+    lines = render("engine", "mermaid").split("\n")
+    edges = [ln.strip() for ln in lines if "-->" in ln and "[*]" not in ln]
+    assert edges == [f"{r.source} --> {r.target} : {edge_label(r)}" for r in table.rows]
+    assert "    handed_back --> [*]" in lines
+    main, load = pictures(table)
+    assert (main.name, load.name) == ("engine", "engine-load")
+    assert sorted(main.rows + load.rows, key=table.rows.index) == list(table.rows)
+    assert {r.event for r in load.rows} == {"load_granted", "load_landed", "load_failed", "fenced"}
+    page = render("engine", "md")
+    assert "](engine.svg)" in page and "](engine-load.svg)" in page
+
+
+@needs_dot
+def test_the_engine_side_pictures_fit_a_slide() -> None:
+    import re
+
+    table = table_for("engine")
+    for pic in pictures(table):
+        out = diagrams.svg(table, pic)
+        w, h = (float(x) for x in re.findall(r'(?:width|height)="([\d.]+)pt"', out)[:2])
+        assert w <= 1400 and h <= 1000, (pic.name, w, h)
