@@ -31,6 +31,7 @@ KVLifetimeError
 │   │   └── HolderLimit           One more holder or open grant than a block's counter can count
 │   ├── FenceUnavailable          No fence exists on this engine: the blocks stay quarantined
 │   ├── InvalidField              An argument or a value object's field of a wrong type or value
+│   │   └── MalformedEngineValue  A value read from SGLang breaks SGLang's own contract
 │   ├── UnsafeTransport           An engine set up so its statuses prove nothing (Mooncake TCP v1)
 │   ├── UnsafeUcxTransport        UCX set to transports no target-side fence can stop (shm, CMA)
 │   ├── MissingInput              An input file named on the command line is missing (or not a file)
@@ -69,8 +70,8 @@ Defined beside the code that raises them (kvlifetime.*, each imports this one):
   harness.peer                PeerFailed
   harness.pull_initiator      ReaderFailed
   harness.wire                UnauthorizedMessage, MalformedMessage
-  integrations.sglang.errors  UnsupportedEngineVersion, UnsupportedEngineSetting, GuardNotBound,
-                              AlreadyInstalled
+  integrations.sglang.errors  MalformedEngineValue, UnsupportedEngineVersion,
+                              UnsupportedEngineSetting, GuardNotBound, AlreadyInstalled
   profiles                    ProfileUnavailable
   report                      ReportInputError
   report.browser              BrowserError, ChromiumNotFound

@@ -856,3 +856,139 @@ def test_a_fence_revokes_only_the_lifecycles_it_fenced() -> None:
             InvalidField,
             "revoke_refused",
         )
+
+
+# =========================================================================== a fence of one prefill
+
+
+def test_a_fence_scoped_to_one_prefill_leaves_the_other_prefills_held() -> None:
+    # revoke(fence, prefill=A) ends only A's access: B's lifecycles, held and unproven, stay
+    # held (with and without the fenced snapshot).
+    for snapshot in (False, True):
+        g = decode()
+        a = publish(g, room=1, pages=[0, 1], slot=1, ranks=(0, 1), addr=P0)
+        b = publish(g, room=2, pages=[2, 3], slot=2, ranks=(0,), addr=P1)
+        for key, gen in ((a, 1), (b, 2)):
+            g.armed(key, gen)
+            g.held(key, deadline=30.0)
+        fenced = g.lifecycles() if snapshot else None
+        assert g.revoke("prefill_reaped", prefill=P0, fenced=fenced) == [a]
+        assert g.releasable(a)
+        assert g.lifecycle(b)["phase"] == "held" and not g.releasable(b)
+        assert len(g.ledger.open_grants(b)) == 1
+        assert g.ledger.state(b) is RequestState.REJECTED
+        assert g.stats().refused == {}
+
+
+# ========================================================================= values read from SGLang
+
+MALFORMED_ROOMS: list[Any] = [
+    None,
+    "7",
+    7.0,
+    True,
+    False,
+    -1,
+    2**64,
+    np.float64(7.0),
+    [7],
+]
+
+
+@pytest.mark.parametrize("bad", MALFORMED_ROOMS, ids=repr)
+def test_a_malformed_room_read_from_sglang_is_refused_typed_counted_and_logged(bad: Any) -> None:
+    from kvlifetime.integrations.sglang import MalformedEngineValue
+
+    for g in (decode(), prefill()):
+        key = publish(g) if g.role == "decode" else g.sending(None, 7, PAGES)
+        logs = refused(
+            g, partial(g.engine_room, bad, at="admission"), MalformedEngineValue, "malformed_room"
+        )
+        assert logs[-1]["at"] == "admission" and "room" in logs[-1]
+        assert g.stats().refused == {"malformed_room": 1}
+        assert g.lifecycles() == [key]  # nobody else's state changed
+
+
+def test_a_room_read_from_sglang_is_read_plain() -> None:
+    g = decode()
+    for good, plain in ((0, 0), (2**64 - 1, 2**64 - 1), (np.int64(9), 9), (np.uint64(5), 5)):
+        got = g.engine_room(good, at="admission")
+        assert got == plain and type(got) is int
+    assert g.stats().refused == {}
+
+
+# =========================================================================== who sent an ACK
+
+
+def test_each_rank_is_sent_a_token_of_its_own_renewed_with_each_generation() -> None:
+    g = decode()
+    key = publish(g, ranks=(0, 1))
+    assert g.abort_token(key, 0) is None  # nothing armed: no ABORT carries a token yet
+    g.armed(key, 1)
+    t0, t1 = g.abort_token(key, 0), g.abort_token(key, 1)
+    assert isinstance(t0, str) and isinstance(t1, str) and t0 != t1
+    assert len(t0) == 32 and int(t0, 16) >= 0
+    g.armed(key, 2)  # re-armed: a new ABORT, new tokens
+    assert g.abort_token(key, 0) not in (t0, t1)
+    assert g.abort_token(key, 5) is None  # not a rank of it: no token
+
+
+def test_an_ack_in_another_ranks_name_is_unauthorized_and_changes_nothing() -> None:
+    from kvlifetime.errors import UnauthorizedEvidence
+
+    for prefill_guarded in (False, True):
+        g = SGLangGuard(role="decode", ledger_blocks=64, prefill_guarded=prefill_guarded)
+        key = publish(g, ranks=(0, 1))
+        g.armed(key, 1)
+        t0, t1 = g.abort_token(key, 0), g.abort_token(key, 1)
+        assert g.acked(7, 0, 1, token=t0) is True
+        g.held(key, deadline=30.0)
+        # Rank 0 ACKs in rank 1's name with the token it was sent, or a guessed one.
+        for lie in (t0, "0" * 32, "zz"):
+            logs = refused(
+                g,
+                partial(g.acked, 7, 1, 1, token=lie),
+                UnauthorizedEvidence,
+                "ack_unauthorized",
+            )
+            assert lie not in str(logs[-1]), "a token never goes into a log"
+        assert g.lifecycle(key)["acked"] == [0] and not g.releasable(key)
+        assert g.acked(7, 1, 1, token=t1) is True and g.releasable(key)
+        assert g.stats().refused == {"ack_unauthorized": 3}
+
+
+def test_an_ack_without_a_token_rests_on_the_word_of_whoever_sent_it() -> None:
+    from kvlifetime.errors import UnauthorizedEvidence
+
+    # Only the decode runs the guard: an ACK carries no token, and is taken on its word.
+    g = decode()
+    key = publish(g, ranks=(0, 1))
+    g.armed(key, 1)
+    assert g.acked(7, 1, 1) is True
+    # Both sides run the guard (prefill_guarded): an ACK without the token is refused.
+    g = SGLangGuard(role="decode", ledger_blocks=64, prefill_guarded=True)
+    key = publish(g, ranks=(0, 1))
+    g.armed(key, 1)
+    refused(g, partial(g.acked, 7, 1, 1), UnauthorizedEvidence, "ack_unauthorized")
+    bad: Any
+    for bad in (b"\xff", 5, ["a"]):
+        refused(g, partial(g.acked, 7, 1, 1, token=bad), UnauthorizedEvidence, "ack_unauthorized")
+    assert g.lifecycle(key)["acked"] == []
+
+
+def test_the_prefill_echoes_the_token_its_abort_carried() -> None:
+    g = prefill()
+    target = ("127.0.0.1", 9000, 3)  # the decode's ACK endpoint and the ABORT's generation
+    assert g.echo_token(7, *target) is None
+    tok = "ab" * 16
+    assert g.abort_received(7, *target, token=tok) is True
+    assert g.echo_token(7, *target) == tok
+    assert g.echo_token(7, "127.0.0.1", 9000, 4) is None  # another generation: not this one
+    for bad in ("zz", b"\xff", 5, "ab" * 40):
+        refused(
+            g,
+            partial(g.abort_received, 7, *target, token=bad),
+            InvalidField,
+            "abort_token_refused",
+        )
+    assert g.echo_token(7, *target) == tok

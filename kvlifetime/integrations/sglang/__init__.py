@@ -16,6 +16,7 @@ from kvlifetime.errors import InvalidField
 from kvlifetime.integrations.sglang.errors import (
     AlreadyInstalled,
     GuardNotBound,
+    MalformedEngineValue,
     UnsupportedEngineSetting,
     UnsupportedEngineVersion,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "SUPPORTED_VERSION",
     "AlreadyInstalled",
     "GuardNotBound",
+    "MalformedEngineValue",
     "SGLangGuard",
     "SGLangGuardStats",
     "UnsupportedEngineSetting",
@@ -36,14 +38,17 @@ __all__ = [
     "uninstall",
 ]
 
-_OPTIONS = frozenset({"drain_timeout", "incarnation"})  # hooks.install's keyword options
+# hooks.install's keyword options
+_OPTIONS = frozenset({"drain_timeout", "incarnation", "prefill_guarded"})
 
 
 def install(
     *, role: Literal["decode", "prefill"], ledger_blocks: int | None = None, **options: Any
 ) -> SGLangGuard:
     """Guard this SGLang process (``role``): see ``hooks.install``. ``options``:
-    ``drain_timeout``, ``incarnation``; any other is ``InvalidField`` (nothing installed)."""
+    ``drain_timeout``, ``incarnation``, ``prefill_guarded`` (decode: every prefill it serves
+    runs the guard too, so an ABORT_ACK must echo its rank's token); any other is
+    ``InvalidField`` (nothing installed)."""
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
         raise InvalidField(

@@ -13,7 +13,10 @@ addresses to the verdict SGLang gets before it frees them.
   (``TransferCompleted`` of that rank's grant: no chunk of the room is inside ``send_kvcache`` on
   that rank and none will start, see ``signals.PROFILE``). An ACK of an earlier use of the room
   is refused (``StaleEvidence``), of a generation never armed or of another rank
-  (``MismatchedEvidence``); each refusal is logged, counted, and changes nothing.
+  (``MismatchedEvidence``); each refusal is logged, counted, and changes nothing. Arming makes
+  each rank a token (``abort_token``, ``tokens.py``) its ABORT carries; an ACK echoing another
+  token, or none while ``prefill_guarded``, is another rank (or anyone) speaking in that rank's
+  name: ``UnauthorizedEvidence``, counted ``ack_unauthorized``.
 - ``transferred``: ``KVPoll.Success`` (every rank reported its transfer complete): every grant
   closed, the lifecycle over.
 - ``held``: SGLang defers the release of a failed transfer (``_defer_release``): the lifecycle
@@ -35,6 +38,7 @@ from kvlifetime.errors import (
     KVLifetimeError,
     MismatchedEvidence,
     StaleEvidence,
+    UnauthorizedEvidence,
     UsageError,
 )
 from kvlifetime.evidence import PeerLost, TransferCompleted
@@ -48,6 +52,7 @@ from kvlifetime.integrations.sglang.lifecycles import (
     room_id,
     small_int,
 )
+from kvlifetime.integrations.sglang.tokens import matches, new_token, wire_token
 
 
 class DecodeCalls(GuardCore):
@@ -143,19 +148,33 @@ class DecodeCalls(GuardCore):
                     self._remember_gen(life.generation, life.room)
                     life.acked.clear()
                 life.generation = generation
+                # A new ABORT: each rank is sent a token of its own (tokens.py).
+                life.tokens = {r: new_token() for r in life.grants}
                 self._by_gen[generation] = key
                 self._max_gen = generation
         except KVLifetimeError as e:
             self._refuse("armed_refused", e, {"key": key, "generation": generation})
             raise
 
-    def acked(self, room: int, rank: int, generation: int) -> bool:
-        """An ABORT_ACK from prefill rank ``rank`` for ``room`` under ``generation``. Returns
-        True when it was new evidence, False for a repeat. Refused (typed, logged, counted,
-        nothing changed): a generation of an earlier use of the room (``StaleEvidence``), one
-        never armed, of another room or another rank (``MismatchedEvidence``)."""
+    def abort_token(self, key: str, rank: int) -> str | None:
+        """The token the ABORT of ``key``'s current generation carries to ``rank`` (the hooks
+        add it to that rank's ABORT); None before ``armed``, or for a rank it was not
+        published to."""
+        with self._lock:
+            life = self._lives.get(key) if isinstance(key, str) else None
+            return None if life is None else life.tokens.get(rank)
+
+    def acked(self, room: int, rank: int, generation: int, *, token: object = None) -> bool:
+        """An ABORT_ACK from prefill rank ``rank`` for ``room`` under ``generation``, echoing
+        ``token`` (None: the ACK carried none). Returns True when it was new evidence, False
+        for a repeat. Refused (typed, logged, counted, nothing changed): a generation of an
+        earlier use of the room (``StaleEvidence``), one never armed, of another room or
+        another rank (``MismatchedEvidence``); a token that is not the one sent to ``rank``, or
+        none while ``prefill_guarded`` (``UnauthorizedEvidence``, counted ``ack_unauthorized``:
+        another rank, or anyone, speaking in ``rank``'s name)."""
         ctx: dict[str, Any] = {"room": room, "rank": rank, "generation": generation}
         events: Events = []
+        kind = "ack_refused"
         try:
             self._decode_only("acked")
             room = room_id(room)
@@ -189,6 +208,20 @@ class DecodeCalls(GuardCore):
                         f"ABORT_ACK of room {room} from rank {rank}: not one of the prefill "
                         f"ranks its pages were published to ({sorted(life.grants)})"
                     )
+                got = None if token is None else wire_token(token)
+                if token is not None and not (got and matches(life.tokens.get(rank), got)):
+                    kind = "ack_unauthorized"
+                    raise UnauthorizedEvidence(
+                        f"ABORT_ACK of room {room} in rank {rank}'s name does not echo the "
+                        f"token rank {rank}'s ABORT carried: sent by another rank, or anyone"
+                    )
+                if got is None and self.prefill_guarded:
+                    kind = "ack_unauthorized"
+                    raise UnauthorizedEvidence(
+                        f"ABORT_ACK of room {room} in rank {rank}'s name echoes no token: every "
+                        "prefill runs the guard (prefill_guarded), so it proves nothing about "
+                        "who sent it"
+                    )
                 if rank in life.acked:
                     self._duplicates += 1
                     return False
@@ -210,7 +243,7 @@ class DecodeCalls(GuardCore):
                 self._collect(events)
                 return True
         except KVLifetimeError as e:
-            self._refuse("ack_refused", e, ctx)
+            self._refuse(kind, e, ctx)
             raise
         finally:
             emit(events)

@@ -4,7 +4,7 @@ wrapped when one of them is raised."""
 
 from __future__ import annotations
 
-from kvlifetime.errors import UsageError
+from kvlifetime.errors import InvalidField, UsageError
 
 
 class UnsupportedEngineVersion(UsageError):
@@ -38,3 +38,14 @@ class AlreadyInstalled(UsageError):
     unchanged."""
 
     kind = "already_installed"
+
+
+class MalformedEngineValue(InvalidField):
+    """A value read from SGLang breaks SGLang's own contract.
+    A ``bootstrap_room`` that is not an int in ``[0, 2**64)`` (None, a str, a float, a bool, a
+    negative or too large int): the guard cannot key a lifecycle by it, and SGLang's prefill
+    cannot parse it back off the wire. Whose fault: whoever sent the request (a client or
+    router sets the room). State left: unchanged; the request is failed as SGLang fails a bad
+    request, before anything is allocated or exposed."""
+
+    kind = "malformed_engine_value"

@@ -33,8 +33,9 @@ from kvlifetime import inputs
 from kvlifetime.errors import InvalidField, KVLifetimeError, UsageError
 from kvlifetime.evidence import AccessRevoked
 from kvlifetime.integrations.sglang.decode import DecodeCalls
+from kvlifetime.integrations.sglang.errors import MalformedEngineValue
 from kvlifetime.integrations.sglang.events import Events, emit
-from kvlifetime.integrations.sglang.lifecycles import ROLES, Role
+from kvlifetime.integrations.sglang.lifecycles import ROLES, Role, room_id
 from kvlifetime.integrations.sglang.prefill import LOCAL_ENGINE, PrefillCalls
 from kvlifetime.integrations.sglang.stats import SGLangGuardStats, summarize
 
@@ -79,6 +80,18 @@ class SGLangGuard(DecodeCalls, PrefillCalls):
         finally:
             emit(events)
 
+    def engine_room(self, value: object, *, at: str) -> int:
+        """A ``bootstrap_room`` the hooks read from SGLang (``at``: where), as the plain int
+        every other call takes. Every room a hook reads passes here first. Refused
+        (``MalformedEngineValue``, counted ``malformed_room``, logged; nothing changed): any
+        value that is not an int in ``[0, 2**64)`` (a bool, a float, a str, None, ...)."""
+        try:
+            return room_id(value)
+        except InvalidField as e:
+            err = MalformedEngineValue(f"bootstrap_room read at {at}: {e}")
+            self._refuse("malformed_room", err, {"at": at, "room": value})
+            raise err from None
+
     def tick(self, now: float) -> list[str]:
         """Once per scheduler tick (decode: ``resolve_deferred_releases``; prefill: the
         inflight poll): quarantine held lifecycles whose deadline passed unproven. Returns
@@ -118,6 +131,13 @@ class SGLangGuard(DecodeCalls, PrefillCalls):
         """Whether ``key`` is a lifecycle the guard holds (not yet freed by SGLang)."""
         with self._lock:
             return isinstance(key, str) and key in self._lives
+
+    def room_of(self, key: object) -> int | None:
+        """The room of a lifecycle the guard holds (as it was checked when it entered), or
+        None."""
+        with self._lock:
+            life = self._lives.get(key) if isinstance(key, str) else None
+            return None if life is None else life.room
 
     def freed(self, key: str) -> None:
         """SGLang freed the lifecycle's pages (after ``releasable`` said so): forgotten. A key

@@ -1,6 +1,9 @@
 """The thin hooks: SGLang 0.5.23's release points, wrapped so every decision to reuse a page goes
-through the process's ``SGLangGuard``. The only module of kvlifetime that imports SGLang, and
-only inside ``install``.
+through the process's ``SGLangGuard``. With ``prefill_hooks`` (the prefill's half) and
+``engine_calls`` (SGLang calls both make), the only modules of kvlifetime that import SGLang,
+and only inside ``install`` or a hook. Every value a hook reads from SGLang passes one check at
+the entry (a room: ``SGLangGuard.engine_room``, at admission on both sides; a malformed one
+fails the request as SGLang fails a bad request, before anything is allocated).
 
 SGLang has no connector plugin API (its transfer backends are a closed enum), so the hooks
 replace functions on SGLang's own classes and one module attribute, remember each original,
@@ -10,6 +13,10 @@ pool's size, and receivers and senders made before it are not guarded.
 
 Decode (``role="decode"``; ``sglang.srt.disaggregation``):
 
+- ``DecodePreallocQueue.add``: the request's room checked at the door;
+- ``CommonKVReceiver._connect_to_bootstrap_server``, ``AbortNotification.to_zmq``,
+  ``CommonKVManager.handle_abort_ack_message``: each rank's ABORT carries its token and each
+  ACK's echo is read (``tokens.py``);
 - ``CommonKVReceiver.send_metadata`` (called by ``DecodePreallocQueue._send_kv_metadata``): the
   WRITE grants, opened before the page ids and the metadata slot leave the process;
 - ``CommonKVReceiver._send_abort_notification`` and
@@ -28,6 +35,9 @@ Decode (``role="decode"``; ``sglang.srt.disaggregation``):
 
 Prefill (``role="prefill"``):
 
+- ``PrefillBootstrapQueue.add``: the room checked at the door;
+- ``MooncakeKVManager._handle_abort_notification``, ``CommonKVManager._send_abort_ack``,
+  ``AbortAck.to_zmq``: the token an ABORT carried, echoed in its ACK;
 - ``CommonKVSender.send``: a READ grant over the chunk's source pages before it is queued;
 - ``sglang.srt.disaggregation.prefill.release_kv_cache`` (every free in prefill.py, the inflight
   queue's Success and Failed branches among them): held until the room is drained;
@@ -48,13 +58,16 @@ from typing import Any, Literal
 
 import structlog
 
-from kvlifetime.errors import KVLifetimeError
+from kvlifetime.errors import KVLifetimeError, UnauthorizedEvidence
+from kvlifetime.integrations.sglang import prefill_hooks
+from kvlifetime.integrations.sglang.engine_calls import fail_bad_request, kv_poll, plain_room
 from kvlifetime.integrations.sglang.errors import (
     AlreadyInstalled,
     UnsupportedEngineSetting,
     UnsupportedEngineVersion,
 )
 from kvlifetime.integrations.sglang.guard import SGLangGuard
+from kvlifetime.integrations.sglang.prefill_hooks import drained
 from kvlifetime.integrations.sglang.signals import SUPPORTED_VERSION
 
 _log = structlog.get_logger("kvlifetime.sglang")
@@ -79,6 +92,7 @@ def install(
     ledger_blocks: int | None = None,
     drain_timeout: float = 30.0,
     incarnation: str | None = None,
+    prefill_guarded: bool = False,
 ) -> SGLangGuard:
     """Check SGLang's version and settings, build the guard, wrap the release points.
 
@@ -87,7 +101,11 @@ def install(
     (``AlreadyInstalled``), a bad argument (``InvalidField``)."""
     global _installed
     guard = SGLangGuard(
-        role=role, ledger_blocks=ledger_blocks, incarnation=incarnation, drain_timeout=drain_timeout
+        role=role,
+        ledger_blocks=ledger_blocks,
+        incarnation=incarnation,
+        drain_timeout=drain_timeout,
+        prefill_guarded=prefill_guarded,
     )
     with _lock:
         if _installed is not None:
@@ -151,7 +169,9 @@ class _Installation:
         # resolve_deferred_releases asks about (room -> lifecycle keys).
         self.withheld: dict[str, tuple[Any, Any]] = {}
         self.resolving = threading.local()
-        self.arming = threading.local()  # the lifecycle whose ABORT is being armed
+        self.arming = threading.local()  # the lifecycle whose ABORT is being armed and sent
+        self.acking = threading.local()  # the ABORT_ACK being read (its frames)
+        self.echoing = threading.local()  # prefill: the token the ACK being sent echoes
         # Prefill: held frees (key -> (release_kv_cache args)), and each lifecycle's manager.
         self.pending: dict[str, tuple[Any, Any, bool]] = {}
         self.managers: dict[str, Any] = {}
@@ -180,6 +200,14 @@ class _Installation:
     def set_key(self, obj: Any, key: str) -> None:
         setattr(obj, _KEY, (self, key))
 
+    def room(self, obj: Any, at: str) -> int | None:
+        """``obj.bootstrap_room`` through the guard's one entry check (``engine_room``): the
+        plain int, or None when it is malformed (refused there: typed, counted, logged)."""
+        try:
+            return self.guard.engine_room(getattr(obj, "bootstrap_room", None), at=at)
+        except KVLifetimeError:
+            return None
+
     def _quiet(self, call: Callable[[], Any]) -> Any:
         """A guard call from inside SGLang: a refusal is already typed, logged and counted by
         the guard; SGLang keeps running."""
@@ -192,6 +220,7 @@ class _Installation:
 
     def decode(self) -> None:
         from sglang.srt.disaggregation import decode as dmod
+        from sglang.srt.disaggregation.common import conn
         from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVReceiver
 
         guard = self.guard
@@ -209,6 +238,18 @@ class _Installation:
 
         self.wrap(dmod.DecodePreallocQueue, "__init__", bind_from_allocator)
 
+        def admit(orig: Any) -> Any:
+            def wrapped(self: Any, req: Any, *a: Any, **kw: Any) -> Any:
+                if inst.room(req, "decode_admission") is None:
+                    # Before anything is allocated: failed as SGLang fails a bad request.
+                    fail_bad_request(self.scheduler, req, "decode")
+                    return None
+                return orig(self, req, *a, **kw)
+
+            return wrapped
+
+        self.wrap(dmod.DecodePreallocQueue, "add", admit)
+
         def send_metadata(orig: Any) -> Any:
             def wrapped(
                 self: Any, kv_indices: Any, aux_index: Any = None, *a: Any, **kw: Any
@@ -219,9 +260,15 @@ class _Installation:
                     "",
                 )
                 if infos and device and aux_index is not None:
+                    room = inst.room(self, "publish")
+                    if room is None:
+                        # Admission refuses these; a room that changed since is not published
+                        # (no address leaves) and SGLang fails the transfer.
+                        self.conclude_state = kv_poll().Failed
+                        return None
                     key = inst._quiet(
                         lambda: guard.published(
-                            int(self.bootstrap_room),
+                            room,
                             kv_indices,
                             slot=int(aux_index),
                             ranks=_prefill_ranks(self),
@@ -242,14 +289,52 @@ class _Installation:
                 # the ACK may come back on the decode thread before this call returns, so the
                 # generation is recorded where it is made, for this receiver's lifecycle.
                 inst.arming.key = inst.key_of(self)
+                inst.arming.receiver = self
                 try:
                     return orig(self, *a, **kw)
                 finally:
-                    inst.arming.key = None
+                    inst.arming.key = inst.arming.receiver = inst.arming.info = None
 
             return wrapped
 
         self.wrap(CommonKVReceiver, "_send_abort_notification", send_abort)
+
+        def connect(orig: Any) -> Any:
+            bound = orig.__func__
+
+            def wrapped(cls: Any, bootstrap_info: Any) -> Any:
+                if getattr(inst.arming, "key", None) is not None:
+                    inst.arming.info = bootstrap_info  # the rank the next ABORT goes to
+                return bound(cls, bootstrap_info)
+
+            return classmethod(wrapped)
+
+        self.wrap(CommonKVReceiver, "_connect_to_bootstrap_server", connect)
+
+        def abort_frames(orig: Any) -> Any:
+            def wrapped(self: Any) -> Any:
+                frames = orig(self)
+                token = inst._abort_token()
+                if token is not None and len(frames) == 5:
+                    # After SGLang's five frames, which its parser reads; it ignores a sixth.
+                    frames.append(token.encode("ascii"))
+                return frames
+
+            return wrapped
+
+        self.wrap(conn.AbortNotification, "to_zmq", abort_frames)
+
+        def read_ack(orig: Any) -> Any:
+            def wrapped(self: Any, msg: Any) -> Any:
+                inst.acking.frames = msg
+                try:
+                    return orig(self, msg)
+                finally:
+                    inst.acking.frames = None
+
+            return wrapped
+
+        self.wrap(CommonKVManager, "handle_abort_ack_message", read_ack)
 
         def register(orig: Any) -> Any:
             def wrapped(self: Any, bootstrap_room: Any) -> Any:
@@ -265,9 +350,16 @@ class _Installation:
 
         def note_ack(orig: Any) -> Any:
             def wrapped(self: Any, room: Any, rank: Any, generation: Any) -> Any:
-                out = orig(self, room, rank, generation)
-                inst._quiet(lambda: guard.acked(room, rank, generation))
-                return out
+                frames = getattr(inst.acking, "frames", None)
+                # SGLang reads four frames; a guarded prefill echoes its token in a fifth.
+                token = frames[4] if isinstance(frames, list) and len(frames) >= 5 else None
+                try:
+                    guard.acked(room, rank, generation, token=token)
+                except UnauthorizedEvidence:
+                    return None  # in another rank's name: SGLang's own count never sees it
+                except KVLifetimeError:
+                    pass  # refused by the guard (typed, logged, counted); SGLang's own rules
+                return orig(self, room, rank, generation)
 
             return wrapped
 
@@ -275,7 +367,8 @@ class _Installation:
 
         def release_safe(orig: Any) -> Any:
             def wrapped(self: Any, room: Any, required_acks: Any) -> Any:
-                keys = getattr(inst.resolving, "rooms", {}).get(room)
+                rooms = getattr(inst.resolving, "rooms", {})
+                keys = rooms.get(plain_room(room)) if rooms else None
                 if not keys:
                     return orig(self, room, required_acks)
                 # The guard's verdict replaces SGLang's count of ACKs: released by the ledger
@@ -327,11 +420,12 @@ class _Installation:
             def wrapped(self: Any) -> Any:
                 guard.tick(time.monotonic())
                 inst._free_withheld(self)
-                rooms: dict[Any, list[str]] = {}
+                rooms: dict[int, list[str]] = {}
                 for entry in self._deferred_releases:
                     key = inst.key_of_request(entry[0])
-                    if key is not None and guard.tracks(key):
-                        rooms.setdefault(entry[0].req.bootstrap_room, []).append(key)
+                    room = None if key is None else guard.room_of(key)
+                    if key is not None and room is not None:
+                        rooms.setdefault(room, []).append(key)
                 inst.resolving.rooms = rooms
                 try:
                     return orig(self)
@@ -395,6 +489,21 @@ class _Installation:
         self.wrap(tq, "has_pending_deferred_releases", pending)
         self.wrap(tq, "num_pending_deferred_releases", num_pending)
 
+    def _abort_token(self) -> str | None:
+        """The token of the rank the ABORT being built goes to (``_send_abort_notification``
+        is sending it for a guarded lifecycle), or None."""
+        key = getattr(self.arming, "key", None)
+        receiver = getattr(self.arming, "receiver", None)
+        info = getattr(self.arming, "info", None)
+        if key is None or receiver is None or info is None:
+            return None
+        infos = list(getattr(receiver, "bootstrap_infos", None) or ())
+        at = next((i for i, x in enumerate(infos) if x is info), None)
+        if at is None:
+            return None
+        ranks = _prefill_ranks(receiver)
+        return self.guard.abort_token(key, ranks[at]) if at < len(ranks) else None
+
     def _free_withheld(self, queue: Any) -> None:
         for key in self.guard.take_released():
             held = self.withheld.pop(key, None)
@@ -414,91 +523,7 @@ class _Installation:
     # ================================================================== prefill
 
     def prefill(self) -> None:
-        from sglang.srt.disaggregation import prefill as pmod
-        from sglang.srt.disaggregation.common.conn import CommonKVSender
-
-        guard = self.guard
-        inst = self
-
-        def bind_from_pool(orig: Any) -> Any:
-            def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-                orig(self, *args, **kwargs)
-                if not guard.bound:
-                    guard.bind(_prefill_pages(self))
-
-            return __init__
-
-        self.wrap(pmod.PrefillBootstrapQueue, "__init__", bind_from_pool)
-
-        def send(orig: Any) -> Any:
-            def wrapped(self: Any, kv_indices: Any, *a: Any, **kw: Any) -> Any:
-                if getattr(self, "conclude_state", None) is None and guard.bound:
-                    key = inst.key_of(self)
-                    new = inst._quiet(
-                        lambda: guard.sending(key, int(self.bootstrap_room), kv_indices)
-                    )
-                    if new is not None:
-                        inst.set_key(self, new)
-                        inst.managers[new] = self.kv_mgr
-                return orig(self, kv_indices, *a, **kw)
-
-            return wrapped
-
-        self.wrap(CommonKVSender, "send", send)
-
-        def release_kv_cache(orig: Any) -> Any:
-            def wrapped(req: Any, tree_cache: Any, *, checkpoint: bool) -> Any:
-                key = inst.key_of(getattr(req, "disagg_kv_sender", None))
-                if key is None or not guard.tracks(key):
-                    return orig(req, tree_cache, checkpoint=checkpoint)
-                inst._observe(key)
-                if inst._quiet(lambda: guard.ended(key, now=time.monotonic())):
-                    out = orig(req, tree_cache, checkpoint=checkpoint)
-                    inst._freed(key)
-                    return out
-                # Source pages the transfer worker may still read: freed once drained.
-                inst.pending[key] = (req, tree_cache, checkpoint)
-                return None
-
-            return wrapped
-
-        self.wrap(pmod, "release_kv_cache", release_kv_cache)
-
-        def inflight(orig: Any) -> Any:
-            def wrapped(self: Any, *a: Any, **kw: Any) -> Any:
-                for key in list(inst.pending):
-                    inst._observe(key)
-                guard.tick(time.monotonic())
-                for key in guard.take_released():
-                    held = inst.pending.pop(key, None)
-                    if held is not None:
-                        req, tree_cache, checkpoint = held
-                        original = inst._saved_module_original(pmod, "release_kv_cache")
-                        original(req, tree_cache, checkpoint=checkpoint)
-                        inst._freed(key)
-                return orig(self, *a, **kw)
-
-            return wrapped
-
-        self.wrap(
-            pmod.SchedulerDisaggregationPrefillMixin,
-            "process_disagg_prefill_inflight_queue",
-            inflight,
-        )
-
-        from sglang.srt.managers.scheduler import Scheduler
-
-        def idle(orig: Any) -> Any:
-            def wrapped(self: Any, *a: Any, **kw: Any) -> Any:
-                # A free the guard holds keeps pages out of the allocator: SGLang's idle check
-                # would report them as leaked (and flush_cache would clear the pool under them).
-                if inst.pending:
-                    return False
-                return orig(self, *a, **kw)
-
-            return wrapped
-
-        self.wrap(Scheduler, "is_fully_idle", idle)
+        prefill_hooks.wrap(self)
 
     def _observe(self, key: str) -> None:
         """What SGLang's prefill manager shows about the room: drained, or poisoned."""
@@ -510,7 +535,7 @@ class _Installation:
             if self.guard.lifecycle(key)["suspect"] != "poisoned":
                 self._quiet(lambda: self.guard.poisoned(key))
             return
-        if _drained(mgr, room):
+        if drained(mgr, room):
             self._quiet(lambda: self.guard.drained(key))
 
     def _freed(self, key: str) -> None:
@@ -536,26 +561,6 @@ def _prefill_ranks(receiver: Any) -> list[int]:
         for tp in receiver.target_tp_ranks
         for p in reversed(receiver.target_pp_ranks)
     ]
-
-
-def _prefill_pages(queue: Any) -> int:
-    alloc = getattr(getattr(queue, "scheduler", None), "token_to_kv_pool_allocator", None)
-    if alloc is not None:
-        return int(alloc.size) // int(alloc.page_size) + 2
-    pool = queue.token_to_kv_pool
-    return int(pool.size) // int(pool.page_size) + 2
-
-
-def _drained(mgr: Any, room: int) -> bool:
-    """No chunk of ``room`` is inside ``send_kvcache`` and none will start: the worker counts a
-    chunk at dequeue (``_staging_outstanding``) and drops the chunks of a Failed (or cleared)
-    room; a Success room has sent its last chunk."""
-    from sglang.srt.disaggregation.base import KVPoll
-
-    if mgr._staging_outstanding.get(room, 0) > 0:
-        return False
-    status = mgr.request_status.get(room)
-    return status is None or status in (KVPoll.Failed, KVPoll.Success)
 
 
 def wrapped_points() -> Iterator[tuple[Any, str]]:

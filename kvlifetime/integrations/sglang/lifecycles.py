@@ -33,6 +33,7 @@ from kvlifetime.errors import InvalidField, KVLifetimeError, UnknownRequest, Usa
 from kvlifetime.grant import Grant
 from kvlifetime.integrations.sglang.errors import GuardNotBound
 from kvlifetime.integrations.sglang.events import Events, emit, listening, log_refusal
+from kvlifetime.integrations.sglang.tokens import EchoTable
 from kvlifetime.ledger import BlockLedger
 from kvlifetime.source import Source
 from kvlifetime.spec.vocabulary import RequestState
@@ -67,6 +68,9 @@ class Lifecycle:
     suspect: str = ""  # what made it suspect: peer_lost / poisoned / freed_unproven
     quarantine: str = ""  # why it is quarantined ("" when it is not)
     withheld: bool = False  # SGLang tried to free it unproven; the hooks free it on release
+    # decode: rank -> the token its ABORT of the current generation carries (tokens.py); never
+    # logged, never shown by ``lifecycle()``
+    tokens: dict[int, str] = attrs.field(factory=dict)
 
 
 def room_id(value: object) -> int:
@@ -125,8 +129,16 @@ class GuardCore:
         ledger_blocks: int | None = None,
         incarnation: str | None = None,
         drain_timeout: float = 30.0,
+        prefill_guarded: bool = False,
     ) -> None:
         self.role: Role = inputs.choice(role, "role", ROLES)  # type: ignore[assignment]
+        if type(prefill_guarded) is not bool:
+            raise InvalidField(
+                f"prefill_guarded must be a bool, got {inputs._show(prefill_guarded)}"
+            )
+        # Decode: every prefill it serves runs the guard too, so every ABORT_ACK must echo the
+        # token its rank was sent (tokens.py); otherwise an ACK without one is taken on its word.
+        self.prefill_guarded = prefill_guarded
         if ledger_blocks is not None:
             ledger_blocks = inputs.count(ledger_blocks, "ledger_blocks", 1)
         if incarnation is not None:
@@ -151,6 +163,7 @@ class GuardCore:
         self._duplicates = 0
         self._refused: collections.Counter[str] = collections.Counter()
         self._sources: dict[str, Source] = {}  # peer id -> Source.peer(peer id), made once
+        self._echo = EchoTable()  # prefill: the token each ABORT carried, to echo in its ACK
         if ledger_blocks is not None:
             self.bind(ledger_blocks)
 

@@ -8,11 +8,16 @@ first chunk queued to the free SGLang may do once the room is drained.
   ``TransferCompleted`` of every grant, a local observation. ``KVPoll.Failed`` proves nothing.
 - ``poisoned``: a send returned non-zero with its batch possibly still reading: ``LeaseExpired``
   (the send's own deadline passed), quarantined.
+- ``abort_received`` / ``echo_token``: the token the decode's guard sent this rank with an
+  ABORT (``tokens.py``), echoed in the rank's ABORT_ACK so the decode can tell it from an ACK in
+  this rank's name sent by anyone else.
 - ``ended``: SGLang frees the source pages (``release_kv_cache``): released now if drained, else
   held until ``drained`` (``SGLangGuard.take_released``), quarantined at ``drain_timeout``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,7 +27,8 @@ from kvlifetime.errors import InvalidField, KVLifetimeError, MismatchedEvidence,
 from kvlifetime.evidence import LeaseExpired, TransferCompleted
 from kvlifetime.grant import Access
 from kvlifetime.integrations.sglang.events import Events, emit, listening
-from kvlifetime.integrations.sglang.lifecycles import GuardCore, Lifecycle, room_id
+from kvlifetime.integrations.sglang.lifecycles import GuardCore, Lifecycle, room_id, small_int
+from kvlifetime.integrations.sglang.tokens import TOKEN_CHARS, wire_token
 
 LOCAL_ENGINE = "sglang-local-transfer-engine"
 """The prefill's peer: its own Mooncake transfer worker reading the source pages."""
@@ -127,6 +133,39 @@ class PrefillCalls(GuardCore):
             raise
         finally:
             emit(events)
+
+    def abort_received(
+        self, room: int, ip: str, port: int, generation: int, *, token: object
+    ) -> bool:
+        """An ABORT for ``room`` carried ``token`` (the decode's guard sent it to this rank
+        only); its ACK, to ``ip``:``port`` under ``generation``, will echo it. Returns True
+        when it was recorded. Refused (``InvalidField``, counted ``abort_token_refused``,
+        nothing recorded): a value that is not what an ABORT carries."""
+        ctx: dict[str, Any] = {"room": room, "port": port, "generation": generation}
+        try:
+            self._prefill_only("abort_received")
+            room = room_id(room)
+            ip = inputs.text(ip, "ip")
+            port = small_int(port, "port")
+            generation = small_int(generation, "generation")
+            got = wire_token(token)
+            if got is None:
+                raise InvalidField(
+                    f"an ABORT's token is {TOKEN_CHARS} lowercase hex characters, got "
+                    f"a {type(token).__name__}"
+                )
+            with self._lock:
+                self._echo.put((room, ip, port, generation), got)
+                return True
+        except KVLifetimeError as e:
+            self._refuse("abort_token_refused", e, ctx)
+            raise
+
+    def echo_token(self, room: int, ip: str, port: int, generation: int) -> str | None:
+        """The token to echo in the ABORT_ACK of ``room`` to ``ip``:``port`` under
+        ``generation`` (None: its ABORT carried none, e.g. an unguarded decode)."""
+        with self._lock:
+            return self._echo.get((room, ip, port, generation))
 
     def ended(self, key: str, *, now: float, reason: str = "released") -> bool:
         """SGLang frees the source pages (``release_kv_cache``). Returns True when the ledger

@@ -52,18 +52,50 @@ PROFILE = EngineProfile(
         ),
         StatusRow(
             "ABORT_ACK `(room, rank, generation)` of the lifecycle's current generation, from "
-            "one of the ranks it was published to (`note_abort_ack`)",
+            "one of the ranks it was published to (`note_abort_ack`), echoing the token that "
+            "rank's ABORT carried (both sides guarded: the decode's guard sends each rank an "
+            "unguessable token of its own with the ABORT, the prefill's guard echoes it)",
             "TransferCompleted",
             {Claim.SCHEDULING_STOPPED, Claim.TRANSFERS_ENDED},
-            "anything about the other ranks (each needs its own ACK); and it rests on the rank's "
-            "word: the rank is the number written in the message. Not sent for a poisoned room "
-            "or a dead transfer worker, and only best effort: then no ACK comes (next rows)",
+            "anything about the other ranks (each needs its own ACK). The token proves the ACK "
+            "came from a process that received that rank's ABORT, not that the rank tells the "
+            "truth about its own transfers. Not sent for a poisoned room or a dead transfer "
+            "worker, and only best effort: then no ACK comes (next rows)",
             "code and measured",
             f"{_GUARD}::test_an_ack_of_the_current_generation_closes_that_rank_only",
             proves="on that prefill rank, no chunk of the room is inside `send_kvcache` and "
             "none will start: the prefill marked the room Failed (its worker drops the chunks "
             "of a Failed room at dequeue), and sends the ACK only when the room's outstanding "
             "count, taken at dequeue, is 0 and no send of it failed",
+        ),
+        StatusRow(
+            "ABORT_ACK of the current generation with no token (only the decode runs the guard: "
+            "SGLang's prefill echoes none)",
+            "TransferCompleted",
+            {Claim.SCHEDULING_STOPPED, Claim.TRANSFERS_ENDED},
+            "WHICH RANK SENT IT: the rank is a number written in the message, and SGLang's decode "
+            "reads every ACK from one ZeroMQ PULL socket with no sender identity, so any prefill "
+            "rank (or anyone who can reach the socket) can end another rank's hold with an ACK "
+            "in its name, and that rank's late transfer then lands in the next owner's pages "
+            "(measured: tests/in_sglang, two ranks, one lying). Taken on the word of whoever "
+            "sent it; refused (UnauthorizedEvidence) when the decode is installed with "
+            "`prefill_guarded=True`",
+            "code and measured",
+            f"{_GUARD}::test_an_ack_without_a_token_rests_on_the_word_of_whoever_sent_it",
+            proves="only what the ACK row above proves, if the rank it names sent it",
+        ),
+        StatusRow(
+            "ABORT_ACK in a rank's name whose token is not the one that rank's ABORT carried "
+            "(another rank's, a guessed or malformed one), or with none while "
+            "`prefill_guarded`",
+            NOTHING,
+            frozenset(),
+            "anything: another rank (or anyone) speaking in that rank's name. Refused "
+            "(UnauthorizedEvidence, counted `ack_unauthorized`), logged without the token; "
+            "SGLang's own ACK count never sees it; nothing changes",
+            "code and measured",
+            f"{_GUARD}::test_an_ack_in_another_ranks_name_is_unauthorized_and_changes_nothing",
+            proves="nothing",
         ),
         StatusRow(
             "ABORT_ACK of an earlier generation of the room (the room reused by a new request, "
@@ -108,6 +140,21 @@ PROFILE = EngineProfile(
             "guard refuses a generation that is not an int (InvalidField)",
             "code",
             f"{_GUARD}::test_an_ack_without_a_generation_is_refused",
+            proves="nothing",
+        ),
+        StatusRow(
+            "a request's `bootstrap_room` that is not an int in [0, 2**64) (None, a str, a "
+            "float, a bool, a negative or too large int), read by a hook (admission on either "
+            "side, a publish, a send)",
+            NOTHING,
+            frozenset(),
+            "anything: no lifecycle can be keyed by it and SGLang's prefill cannot parse it off "
+            "the wire. Refused (MalformedEngineValue, counted `malformed_room`, logged); the "
+            "request is failed as SGLang fails a bad request at intake (`prepare_abort`, 400, "
+            "streamed) before anything is allocated; a room that turns bad after admission is "
+            "never published (the transfer fails)",
+            "code",
+            f"{_GUARD}::test_a_malformed_room_read_from_sglang_is_refused_typed_counted_and_logged",
             proves="nothing",
         ),
         StatusRow(
@@ -227,10 +274,14 @@ PROFILE = EngineProfile(
     "transfer worker: the drained evidence is the way out there. `unregister_memory` is not a "
     "fence",
     peer_word="On the decode, transfers_ended and scheduling_stopped (an ABORT_ACK, a Success) "
-    "rest on each prefill rank's word, and the rank is the number written in the message: "
-    "SGLang's decode reads them from one ZeroMQ PULL socket, which carries no connection "
-    "identity. cancel_received is never claimed. On the prefill, the drained evidence is a "
-    "local observation of its own transfer worker's counters",
+    "rest on each prefill rank's word. Who sent an ACK: SGLang's decode reads every ACK from "
+    "one ZeroMQ PULL socket, which carries no connection identity, and the rank is a number "
+    "written in the message. Where both sides run the guard (`prefill_guarded=True`), each "
+    "rank's ACK must echo the token only its ABORT carried, so no rank can ACK in another's "
+    "name. Where only the decode runs the guard, an ABORT_ACK does NOT prove which rank sent "
+    "it: one rank can end another rank's hold. A Success is SGLang's own per-rank count and "
+    "carries no token either. cancel_received is never claimed. On the prefill, the drained "
+    "evidence is a local observation of its own transfer worker's counters",
     notes=(
         "Rooms are reused: the guard keys each use of a room by a lifecycle of its own "
         "(`sglang:<room>#<n>`) and each ABORT generation by the lifecycle it was armed for, so "
