@@ -27,8 +27,18 @@ def pytest_report_header() -> str:
 
 @pytest.fixture
 def rigs() -> Iterator[list[Rig]]:
-    """Every rig a test starts, closed (both processes ended) when it ends."""
+    """Every rig a test starts, closed (both processes ended) when it ends. A guarded rig's
+    refusal counters must then be exactly what its scenario expects
+    (``rig.expected_refusals``, none unless it says so): a refusal nobody expected is the guard
+    saying that something it was given (or did) was wrong, even when the bytes came out right."""
     started: list[Rig] = []
     yield started
-    for rig in started:
-        rig.close()
+    try:
+        for rig in started:
+            if rig.guarded:
+                seen = rig.refusals()
+                expected = {side: rig.expected_refusals.get(side, {}) for side in seen}
+                assert seen == expected, "the guards' refusals are not the scenario's"
+    finally:
+        for rig in started:
+            rig.close()

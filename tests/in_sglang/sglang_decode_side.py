@@ -204,6 +204,11 @@ class DecodeSide(Side):
             return "none"
         return _poll_name(mgr.check_status(room))
 
+    def ack_endpoint(self) -> dict[str, Any]:
+        """Where the decode's manager takes ABORT_ACKs (what its ABORTs tell the prefill)."""
+        mgr = self.prealloc_queue.kv_manager
+        return {"ip": str(mgr.local_ip), "port": int(mgr.rank_port)}
+
     def acks(self, room: int) -> dict[str, Any] | None:
         """The ABORT_ACKs recorded for ``room``'s current abort generation (a read)."""
         state = self.prealloc_queue.kv_manager._deferred_abort_ack_tracker.get(room)

@@ -113,12 +113,18 @@ class Rig:
         env: dict[str, str] | None = None,
         prefill_pool_tokens: int | None = None,
         prefill_ranks: int = 1,
+        guard_options: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.guarded = guarded
+        # What each guarded side's refusal counters must be when the scenario ends (the
+        # ``rigs`` fixture checks): none, unless a scenario says which it provokes.
+        self.expected_refusals: dict[str, dict[str, int]] = {}
         self.port = free_port()
         common = {"bootstrap_port": self.port, "guarded": guarded, "env": dict(env or {})}
+        options = guard_options or {}
         prefill = {
             **common,
+            "guard_options": dict(options.get("prefill", {})),
             "pool_tokens": prefill_pool_tokens or pool_tokens,
             "tp_size": prefill_ranks,
             "store_port": free_port(),
@@ -133,7 +139,14 @@ class Rig:
             self.prefills = starting
             for p in starting:
                 p.wait_started()
-            self._decode = Proc("decode", {**common, "pool_tokens": pool_tokens})
+            self._decode = Proc(
+                "decode",
+                {
+                    **common,
+                    "pool_tokens": pool_tokens,
+                    "guard_options": dict(options.get("decode", {})),
+                },
+            )
         except BaseException:
             self.close()
             raise
@@ -146,6 +159,23 @@ class Rig:
             self._decode.close()
         for p in self.prefills:
             p.close()
+
+    def refusals(self) -> dict[str, dict[str, int]]:
+        """Each guarded side's refusal counters ("decode", "prefill0", ...), read from every
+        process still running (a killed one has none to give)."""
+        out: dict[str, dict[str, int]] = {}
+        sides = [("decode", self._decode)] + [
+            (f"prefill{i}", p) for i, p in enumerate(self.prefills)
+        ]
+        for name, proc in sides:
+            if proc is None or not proc.process.is_alive():
+                continue
+            if proc.frozen:
+                proc.thaw()
+            stats = proc.call("guard_stats")
+            if stats is not None:
+                out[name] = dict(stats["refused"])
+        return out
 
     def prefill_all(self, command: str, **kwargs: Any) -> list[Any]:
         """The same command to every prefill rank at once (their queues all-reduce over the

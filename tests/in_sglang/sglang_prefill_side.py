@@ -175,6 +175,22 @@ class PrefillSide(Side):
             self.mgr._send_abort_ack(room, AckTarget(target.ip, target.port, generation))
         return bool(targets)
 
+    def send_ack_as(self, room: int, rank: int, generation: int, ip: str, port: int) -> bool:
+        """A lying prefill rank: an ABORT_ACK of ``room``'s ``generation`` in ``rank``'s name
+        (not this rank's), sent as SGLang's ``_send_abort_ack`` sends one, over this rank's
+        own socket; guarded, it echoes the token this rank's own ABORT carried (the best a liar
+        has). Returns whether it echoed a token."""
+        from sglang.srt.disaggregation.common.conn import AbortAck
+        from sglang.srt.utils.network import NetworkAddress
+
+        frames = AbortAck(room, rank, generation).to_zmq()
+        own = None if self.guard is None else self.guard.echo_token(room, ip, port, generation)
+        if own is not None and len(frames) == 4:
+            frames.append(own.encode("ascii"))
+        na = NetworkAddress(ip, port)
+        self.mgr._send_multipart_locked(na.to_tcp(), frames, is_ipv6=na.is_ipv6)
+        return own is not None
+
     def room_status(self, room: int) -> str:
         if room not in self.mgr.request_status:
             return "none"

@@ -302,6 +302,17 @@ class Side:
             return None
         return _plain(self.guard.stats())
 
+    def finished(self, rid: str) -> dict[str, Any] | None:
+        """How SGLang finished request ``rid`` (its ``finished_reason``), if it did."""
+        reason = self.reqs[rid].finished_reason
+        if reason is None:
+            return None
+        return {
+            "type": type(reason).__name__,
+            "status_code": int(getattr(reason, "status_code", 0) or 0),
+            "message": str(getattr(reason, "message", "")),
+        }
+
     def ping(self) -> str:
         return "pong"
 

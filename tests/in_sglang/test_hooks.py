@@ -21,8 +21,16 @@ Point = tuple[str, str | None, str]  # module, class (None: the module itself), 
 POINTS: dict[str, list[Point]] = {
     "decode": [
         ("sglang.srt.disaggregation.decode", "DecodePreallocQueue", "__init__"),
+        ("sglang.srt.disaggregation.decode", "DecodePreallocQueue", "add"),
         ("sglang.srt.disaggregation.common.conn", "CommonKVReceiver", "send_metadata"),
         ("sglang.srt.disaggregation.common.conn", "CommonKVReceiver", "_send_abort_notification"),
+        (
+            "sglang.srt.disaggregation.common.conn",
+            "CommonKVReceiver",
+            "_connect_to_bootstrap_server",
+        ),
+        ("sglang.srt.disaggregation.common.conn", "AbortNotification", "to_zmq"),
+        ("sglang.srt.disaggregation.common.conn", "CommonKVManager", "handle_abort_ack_message"),
         (
             "sglang.srt.disaggregation.common.conn",
             "CommonKVManager",
@@ -49,7 +57,15 @@ POINTS: dict[str, list[Point]] = {
     ],
     "prefill": [
         ("sglang.srt.disaggregation.prefill", "PrefillBootstrapQueue", "__init__"),
+        ("sglang.srt.disaggregation.prefill", "PrefillBootstrapQueue", "add"),
         ("sglang.srt.disaggregation.common.conn", "CommonKVSender", "send"),
+        (
+            "sglang.srt.disaggregation.mooncake.conn",
+            "MooncakeKVManager",
+            "_handle_abort_notification",
+        ),
+        ("sglang.srt.disaggregation.common.conn", "CommonKVManager", "_send_abort_ack"),
+        ("sglang.srt.disaggregation.common.conn", "AbortAck", "to_zmq"),
         ("sglang.srt.disaggregation.prefill", None, "release_kv_cache"),
         (
             "sglang.srt.disaggregation.prefill",
@@ -239,3 +255,93 @@ def test_the_readmes_install_call_runs_as_written(clean: None) -> None:
     assert sorted(name for _, name in hooks.wrapped_points()) == sorted(
         name for _, _, name in POINTS["decode"]
     )
+
+
+# ========================================================= the values the hooks read from SGLang
+
+BAD_ROOMS: list[Any] = [None, "7", 7.0, True, -1, 2**64]
+
+
+def _bad_rooms() -> list[Any]:
+    import numpy as np
+
+    return [*BAD_ROOMS, np.float64(7.0)]
+
+
+@pytest.mark.parametrize("bad", range(len(BAD_ROOMS) + 1))
+def test_a_malformed_room_is_never_published_and_the_transfer_fails(clean: None, bad: int) -> None:
+    from sglang.srt.disaggregation.base import KVPoll
+    from sglang.srt.disaggregation.common.conn import CommonKVReceiver
+
+    guard = kv_sglang.install(role="decode")
+    guard.bind(64)
+    receiver = _receiver(_bad_rooms()[bad])
+    # SGLang's own send is not reached (it would raise AttributeError on this stand-in):
+    # nothing leaves the process, and the receiver reports Failed for SGLang's queue to fail.
+    assert CommonKVReceiver.send_metadata(receiver, [1, 2], 1) is None
+    assert receiver.conclude_state == KVPoll.Failed
+    assert guard.stats().refused == {"malformed_room": 1}
+    assert guard.lifecycles() == []
+
+
+def test_the_deferred_release_entry_carries_the_guards_deadline(clean: None) -> None:
+    """SGLang's rule is ``ready = drained or now >= deadline``: a held, guarded entry must
+    carry no deadline of SGLang's (the guard quarantines at it), or SGLang releases it there."""
+    import math
+    from types import SimpleNamespace
+
+    from sglang.srt.disaggregation.decode import DecodeTransferQueue
+
+    guard = kv_sglang.install(role="decode")
+    guard.bind(64)
+    receiver = _receiver(7)
+    _publish_through_the_hooks(receiver, [1, 2], slot=1)
+    (key,) = guard.lifecycles()
+    receiver.abort_notified = True
+    queue = SimpleNamespace(
+        deferred_kv_release_timeout=30.0,
+        _deferred_releases=[],
+        _is_host_destination=lambda decode_req: False,
+    )
+    DecodeTransferQueue._defer_release(
+        queue, SimpleNamespace(kv_receiver=receiver, metadata_buffer_index=1)
+    )
+    ((_, start, deadline, idx, required),) = queue._deferred_releases
+    assert deadline == math.inf and (idx, required) == (1, 1)
+    assert guard.lifecycle(key)["phase"] == "held"
+    # The guard keeps SGLang's deadline: quarantined there, not released.
+    assert guard.tick(start + 29.0) == []
+    assert guard.tick(start + 30.5) == [key] and not guard.releasable(key)
+    assert guard.stats().refused == {}
+
+
+def test_malformed_rooms_are_failed_at_admission_as_sglang_fails_a_bad_request(
+    rigs: list[Rig],
+) -> None:
+    """Requests whose ``bootstrap_room`` is not an int in [0, 2**64), admitted on both sides of
+    a guarded rig through SGLang's own queues: each refused at the door (typed, counted,
+    logged), failed as SGLang fails a bad request (``FINISH_ABORT``, 400, streamed), never
+    queued; the decode's ticks (``process_decode_queue``) raise nothing and no page is lost;
+    a good request afterwards is served."""
+    rig = Rig(guarded=True, pool_tokens=1024)
+    rigs.append(rig)
+    bad = _bad_rooms()
+    for i, room in enumerate(bad):
+        rid = f"bad{i}"
+        rig.prefill.call("admit", rid=rid, room=room, tokens=16, seed=1)
+        rig.decode.call("admit", rid=rid, room=room, tokens=16, seed=1)
+    for _ in range(3):
+        state = rig.tick()
+        assert state["free_pages"] == 1024
+        assert set(state["places"].values()) == {"gone"}
+    for i in range(len(bad)):
+        for side in (rig.decode, rig.prefill):
+            finished = side.call("finished", rid=f"bad{i}")
+            assert finished is not None and finished["type"] == "FINISH_ABORT"
+            assert finished["status_code"] == 400 and "bootstrap_room" in finished["message"]
+    rig.expected_refusals = {
+        "decode": {"malformed_room": len(bad)},
+        "prefill0": {"malformed_room": len(bad)},
+    }
+    assert rig.prefill.call("inflight") == [] and rig.prefill.call("bootstrap") == []
+    assert _abort_with_a_prompt_ack(rig, "good", room=4343) == {"pages": 256, "freed": 256}

@@ -367,6 +367,9 @@ def test_abort_ack_of_an_old_generation_after_the_room_is_reused(
     armed = rig.decode.call("acks", room=room)
     assert armed is not None and armed["ranks"] == []
     assert rig.prefill.call("send_stale_ack", room=room, generation=armed["generation"] - 1)
+    if guarded:
+        # The stale ACK, refused (StaleEvidence) and counted: the one refusal expected.
+        rig.expected_refusals = {"decode": {"ack_refused": 1}}
     place = _tick_for(rig, "g2", TIMEOUT_S / 2)
     assert place == "held", "an ACK of the old generation released nothing"
     assert rig.decode.call("acks", room=room)["ranks"] == []
@@ -375,6 +378,29 @@ def test_abort_ack_of_an_old_generation_after_the_room_is_reused(
     rig.decode.call("free_owner", name="meanwhile")
     _drain(rig, room)
     assert _tick_for(rig, "g2", 2.0, until={"gone"}) == "gone"
+
+
+def _two_ranks_rank1_stalled(rig: Rig, rid: str, room: int) -> list[int]:
+    """Two prefill TP ranks (two processes; each sends its half of the KV heads): rank 0's
+    transfer completes, rank 1's is held before its first batch. Returns the decode's pages."""
+    pages = _published(rig, rid, room)
+    rig.prefills[1].call("hold_transfers", after_batches=0)
+    rig.prefill_all("forward", rid=rid, value=MARK)
+    assert rig.prefills[1].call("wait_held")
+    # Rank 0's transfer observed complete: its worker concluded the room Success (after every
+    # batch of its KV returned, then the metadata slot's write), not merely "nothing
+    # outstanding" (also true before its worker took the chunk).
+    rig.until(lambda: rig.prefills[0].call("room_status", room=room) == "Success", what="rank 0")
+    assert rig.decode.call("count", pages=pages, value=MARK) == TOKENS * PER_PAGE // 2
+    return pages
+
+
+def _rank1_drained(rig: Rig, room: int) -> None:
+    """Rank 1's held transfer let go, and observed ended: its chunk, outstanding while held,
+    is uncounted only once every batch of it has returned."""
+    assert rig.prefills[1].call("outstanding", room=room) == 1, "rank 1's chunk is in flight"
+    rig.prefills[1].call("release_transfers")
+    rig.until(lambda: rig.prefills[1].call("outstanding", room=room) == 0, what="rank 1 sent")
 
 
 @MODES
@@ -387,25 +413,74 @@ def test_two_prefill_ranks_where_one_acks(rigs: list[Rig], guarded: bool) -> Non
     rig = Rig(guarded=guarded, pool_tokens=1024, env=ENV, prefill_ranks=2)
     rigs.append(rig)
     room = 101
-    pages = _published(rig, "tr", room)
-    rig.prefills[1].call("hold_transfers", after_batches=0)
-    rig.prefill_all("forward", rid="tr", value=MARK)
-    assert rig.prefills[1].call("wait_held")
-    rig.until(lambda: rig.prefills[0].call("outstanding", room=room) == 0, what="rank 0 sent")
-    half = TOKENS * PER_PAGE // 2
-    assert rig.decode.call("count", pages=pages, value=MARK) == half
+    pages = _two_ranks_rank1_stalled(rig, "tr", room)
     rig.decode.call("abort", rid="tr")
     rig.until(lambda: (rig.decode.call("acks", room=room) or {}).get("ranks") == [0], what="rank 0")
     place = _tick_for(rig, "tr", 4 * TIMEOUT_S, until={"gone"})
     assert rig.decode.call("acks", room=room) in (None, {"generation": 1, "ranks": [0]})
     rig.decode.call("new_owner", name="later", value=OWNER)
-    rig.prefills[1].call("release_transfers")
-    rig.until(lambda: rig.prefills[1].call("outstanding", room=room) == 0, what="rank 1 sent")
-    time.sleep(0.2)
+    _rank1_drained(rig, room)
     seen = _late(rig, pages, "later")
+    half = TOKENS * PER_PAGE // 2
     if not guarded:
         assert place == "gone"
         assert seen == {"taken": TOKENS, "late_elements": half}
     else:
         assert place == "held"
         assert seen == {"taken": 0, "late_elements": 0}
+
+
+@MODES
+def test_a_prefill_rank_acks_in_another_ranks_name(rigs: list[Rig], guarded: bool) -> None:
+    """Two prefill TP ranks; rank 1 stalls mid-transfer, the decode aborts, rank 0 ACKs its own
+    part, then ACKs again in rank 1's name with the current generation (SGLang's ACK names its
+    rank as a number in the message; the decode reads every ACK from one socket). Alone, SGLang
+    counts both ranks and frees the pages; a new owner takes them and rank 1's late half lands
+    in them. Guarded on both sides (``prefill_guarded``), each rank's ABORT carried a token of
+    its own: the lie echoes rank 0's, and is refused (unauthorized, counted); the hold stays
+    until rank 1's own ACK, and no byte of rank 1's transfer lands in a new owner's pages."""
+    rig = Rig(
+        guarded=guarded,
+        pool_tokens=1024,
+        env=ENV,
+        prefill_ranks=2,
+        guard_options={"decode": {"prefill_guarded": True}},
+    )
+    rigs.append(rig)
+    room = 111
+    pages = _two_ranks_rank1_stalled(rig, "ly", room)
+    rig.decode.call("abort", rid="ly")
+    rig.until(lambda: (rig.decode.call("acks", room=room) or {}).get("ranks") == [0], what="rank 0")
+    generation = rig.decode.call("acks", room=room)["generation"]
+    endpoint = rig.decode.call("ack_endpoint")
+    echoed = rig.prefills[0].call(
+        "send_ack_as", room=room, rank=1, generation=generation, **endpoint
+    )
+    assert echoed is guarded
+    if not guarded:
+        rig.until(
+            lambda: rig.decode.call("acks", room=room)["ranks"] == [0, 1], what="the lie counted"
+        )
+        assert _tick_for(rig, "ly", 2.0, until={"gone"}) == "gone", "freed on the lie"
+    else:
+        rig.expected_refusals = {"decode": {"ack_unauthorized": 1}}
+        rig.until(
+            lambda: rig.decode.call("guard_stats")["refused"] == {"ack_unauthorized": 1},
+            what="the lie refused",
+        )
+        assert rig.decode.call("acks", room=room)["ranks"] == [0], "SGLang's count never saw it"
+        assert _tick_for(rig, "ly", 4 * TIMEOUT_S, until={"gone"}) == "held"
+    rig.decode.call("new_owner", name="meanwhile", value=OWNER)
+    _rank1_drained(rig, room)
+    meanwhile = _late(rig, pages, "meanwhile")
+    half = TOKENS * PER_PAGE // 2
+    if not guarded:
+        assert meanwhile == {"taken": TOKENS, "late_elements": half}
+        return
+    assert meanwhile == {"taken": 0, "late_elements": 0}
+    rig.decode.call("free_owner", name="meanwhile")
+    # Rank 1's own ACK (its token) is the proof: released at the next ticks, not by a fence.
+    assert _tick_for(rig, "ly", 5.0, until={"gone"}) == "gone"
+    assert rig.decode.call("guard_stats")["quarantined"] == 0
+    rig.decode.call("new_owner", name="later", value=OWNER)
+    assert _late(rig, pages, "later") == {"taken": TOKENS, "late_elements": 0}
