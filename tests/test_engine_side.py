@@ -110,24 +110,37 @@ def test_holds_fire_rows_and_refuse_the_rest_as_data() -> None:
     assert isinstance(r.error, IllegalTransition)
     assert holds.state("a") == "ended"  # unchanged
     assert holds.fire("a", "handed_back") is None
-    assert "a" not in holds and holds.handed_back("a")
+    # The engine freed it on its own id (nothing was exposed): forgotten, not remembered.
+    assert "a" not in holds and not holds.handed_back("a")
     again = holds.fire("a", "load_landed")
-    assert again is not None and again.kind is RefusalKind.DUPLICATE_ID
-    assert isinstance(again.error, DoubleRelease)
-    never = holds.fire("zz", "reads_done")
-    assert never is not None and never.kind is RefusalKind.UNKNOWN_ID
-    assert isinstance(never.error, UnknownRequest)
+    assert again is not None and again.kind is RefusalKind.UNKNOWN_ID
+    assert isinstance(again.error, UnknownRequest)
+    # One the guard handed back (from releasable) is remembered: a repeat is a duplicate.
+    b = holds.admit("b")
+    holds.fire("b", "aborted")
+    b.read = object()  # type: ignore[assignment]
+    holds.fire("b", "read_granted")
+    b.read = None
+    holds.fire("b", "released")
+    assert holds.fire("b", "handed_back") is None and holds.handed_back("b")
+    dup = holds.fire("b", "reads_done")
+    assert dup is not None and dup.kind is RefusalKind.DUPLICATE_ID
+    assert isinstance(dup.error, DoubleRelease)
     assert seen == [
         ("a", "running", "finished", "ended"),
         ("a", "ended", "handed_back", "handed_back"),
+        ("b", "running", "aborted", "ended"),
+        ("b", "ended", "read_granted", "withheld"),
+        ("b", "withheld", "released", "releasable"),
+        ("b", "releasable", "handed_back", "handed_back"),
     ]
-    assert refusals.counts == {"out_of_order": 1, "duplicate_id": 1, "unknown_id": 1}
+    assert refusals.counts == {"out_of_order": 1, "unknown_id": 1, "duplicate_id": 1}
     with capture_logs() as logs:
         drained = refusals.drain()
     assert len(drained) == 3 and [e["kind"] for e in logs] == [
         "out_of_order",
-        "duplicate_id",
         "unknown_id",
+        "duplicate_id",
     ]
     assert all(e["event"] == "guard_refused" and e["engine"] == "fake" for e in logs)
     assert refusals.drain() == []  # logged once
@@ -143,7 +156,7 @@ def test_a_report_in_the_step_of_the_exposure_is_premature_then_accepted() -> No
     hold.read_step = holds.step
     assert holds.fire("r", "read_granted") is None
     early = holds.fire("r", "reads_done")
-    assert early is not None and early.kind is RefusalKind.PREMATURE_EVIDENCE
+    assert early is not None and early.kind is RefusalKind.BEFORE_EXPOSURE
     assert holds.state("r") == "withheld"
     holds.next_step()
     assert holds.fire("r", "reads_done") is None  # the ids left with the last step's output
@@ -153,8 +166,12 @@ def test_a_report_in_the_step_of_the_exposure_is_premature_then_accepted() -> No
 
 def test_a_readmitted_key_is_a_new_use() -> None:
     holds = Holds(Refusals("fake"))
-    holds.admit("k")
+    k = holds.admit("k")
     holds.fire("k", "aborted")
+    k.read = object()  # type: ignore[assignment]
+    holds.fire("k", "read_granted")
+    k.read = None
+    holds.fire("k", "released")
     holds.fire("k", "handed_back")
     assert holds.handed_back("k")
     holds.admit("k")

@@ -13,7 +13,7 @@ import structlog
 
 from kvlifetime.errors import InvalidField
 from kvlifetime.grant import Access
-from kvlifetime.integrations.vllm import PROFILE, ConnectorGuard, Load, Phase
+from kvlifetime.integrations.vllm import PROFILE, ConnectorGuard
 from kvlifetime.profiles import profile
 from kvlifetime.spec.vocabulary import RequestState
 
@@ -150,7 +150,7 @@ def test_a_live_failed_load_is_held_until_a_fence_then_received_once() -> None:
     with structlog.testing.capture_logs() as logs:
         back = g.output(None, {"d1"}, failed_recving={"d1"})
     assert back.finished_recving == set() and back.finished_sending == set()
-    assert [e["request"] for e in logs if e["event"] == "vllm_failed_load_held"] == ["d1"]
+    assert [e["request"] for e in logs if e["event"] == "guard_receive_held"] == ["d1"]
     st = g.stats()
     assert st.load_failed == 1 and st.failed_loads_held == 1 and st.withheld == 0
     assert g.ledger.stats().blocks_by_state["free"] == 14  # blocks 4, 5 still guarded
@@ -178,7 +178,7 @@ def test_duplicate_and_unknown_ids_are_dropped_and_logged() -> None:
         back = g.output({"p1", "ghost"}, {"ghost2"})
     assert back.finished_sending == set() and back.finished_recving == set()
     assert g.stats().dropped == {"duplicate_id": 1, "unknown_id": 2}
-    kinds = sorted(e["kind"] for e in logs if e["event"] == "vllm_id_dropped")
+    kinds = sorted(e["kind"] for e in logs if e["event"] == "guard_refused")
     assert kinds == ["duplicate_id", "unknown_id", "unknown_id"]
 
 
@@ -205,7 +205,7 @@ def test_async_load_into_a_block_still_read_remotely_is_refused_and_logged() -> 
     with structlog.testing.capture_logs() as logs:
         _loading(g, "d1", (3, 4))  # vLLM handing out block 3 while decode still reads it
     assert g.stats().dropped == {"exposed_block_reused": 1}
-    assert any(e["event"] == "vllm_guard_refused" for e in logs)
+    assert [e["kind"] for e in logs if e["event"] == "guard_refused"] == ["exposed_block_reused"]
     assert g.stats().exposed == 1  # nothing recorded for d1
 
 
@@ -225,7 +225,9 @@ def test_a_block_handed_out_under_an_open_write_grant_is_reported() -> None:
     with structlog.testing.capture_logs() as logs:
         g.handed_out([9, 5])  # block 5: the load into it may still land
     assert g.stats().dropped == {"exposed_block_reused": 1}
-    assert [e["blocks"] for e in logs if e["event"] == "vllm_exposed_block_handed_out"] == [[5]]
+    assert [e["error"] for e in logs if e["event"] == "guard_refused"] == [
+        "block 5 handed out under an open WRITE grant"
+    ]
 
 
 def test_a_preempted_request_loads_again_and_is_passed_again() -> None:
@@ -301,8 +303,8 @@ def test_a_handed_back_id_repeated_on_either_channel_is_a_duplicate() -> None:
         back = g.output({"p1"}, {"p1"})
     assert back.finished_sending == set() and back.finished_recving == set()
     assert g.stats().dropped == {"duplicate_id": 2} and g.stats().handed_back == 1
-    assert [e["error"] for e in logs if e["event"] == "vllm_id_dropped"] == [
-        "request 'p1' was already handed back to vLLM"
+    assert [e["error"] for e in logs if e["event"] == "guard_refused"] == [
+        "request 'p1' was already handed back to the engine"
     ] * 2
 
 
@@ -331,53 +333,59 @@ def test_a_landed_load_reported_again_while_vllm_runs_the_request_is_a_duplicate
     assert g.stats().dropped == {"duplicate_id": 2, "unknown_id": 1}
 
 
-def test_one_record_per_request_walks_running_ended_ready_then_is_forgotten() -> None:
+def test_one_hold_per_request_walks_the_engine_table_then_is_forgotten() -> None:
     g = ConnectorGuard(16)
+    seen: list[tuple[str, str, str]] = []
+    g.core.holds.observers.append(lambda r, a, e, b: seen.append((a, e, b)))
     g.admitted("p1")
     view = g.request("p1")
-    assert view is not None and (view.phase, view.load, view.read) == (
-        Phase.RUNNING,
-        Load.NONE,
-        None,
-    )
+    assert view is not None and (view.state, view.read) == ("running", None)
     assert g.finished("p1", (1, 2), delay=True, aborted=False) is True
     view = g.request("p1")  # the READ exposure is in the step's journal
-    assert view is not None and view.phase is Phase.ENDED and view.read is None
+    assert view is not None and view.state == "ended" and view.read is None
     assert g.stats().exposed == 1 and g.ledger.stats().open_grants == 0
     g.end_step()  # the step's end: the journal into the ledger
     view = g.request("p1")
-    assert view is not None and view.phase is Phase.ENDED and view.read is not None
+    assert view is not None and view.state == "withheld" and view.read is not None
     assert view.read.access is Access.READ and sorted(view.read.blocks.tolist()) == [1, 2]
     g.output(None, None, lease_reaped=frozenset({"p1"}))
     view = g.request("p1")
-    assert view is not None and view.lease_reaped and view.phase is Phase.ENDED
+    assert view is not None and view.lease_reaped and view.state == "quarantined"
     _fence(g, "fence")
     view = g.request("p1")
-    assert view is not None and (view.phase, view.read) == (Phase.READY, None)
+    assert view is not None and (view.state, view.read) == ("releasable", None)
     assert g.take_released() == {"p1"}
     assert g.request("p1") is None and list(g.requests()) == []
+    # exactly the table's rows, in order (tests/test_engine_side.py pins the table itself)
+    assert seen == [
+        ("running", "finished", "ended"),
+        ("ended", "read_granted", "withheld"),
+        ("withheld", "lease_expired", "quarantined"),
+        ("quarantined", "released", "releasable"),
+        ("releasable", "handed_back", "handed_back"),
+    ]
 
 
-def test_a_load_record_walks_in_flight_failed_held_fenced_received() -> None:
+def test_a_load_hold_walks_loading_failed_held_fenced_received() -> None:
     g = ConnectorGuard(16)
     _loading(g, "d1", (4, 5))
 
-    def load() -> Load:
+    def state() -> str:
         view = g.request("d1")
-        assert view is not None and view.phase is Phase.RUNNING
-        return view.load
+        assert view is not None
+        return view.state
 
-    assert load() is Load.IN_FLIGHT
+    assert state() == "loading"
     g.output(None, None, failed_recving={"d1"})
-    assert load() is Load.FAILED
+    assert state() == "load_failed"
     g.output(None, {"d1"})
-    assert load() is Load.RECEIVE_HELD
+    assert state() == "receive_held"
     _fence(g, "fence")
-    assert load() is Load.FENCED
+    assert state() == "fenced"
     assert g.take_fenced_loads() == {"d1"}
-    assert load() is Load.RECEIVED
+    assert state() == "load_received"
     assert g.finished("d1", (4, 5), delay=False, aborted=False) is False
-    assert g.request("d1") is None  # vLLM frees it now: the record is gone
+    assert g.request("d1") is None  # vLLM frees it now: the hold is gone
 
 
 def test_a_receive_for_a_released_id_not_yet_handed_back_is_not_passed_twice() -> None:
@@ -406,7 +414,7 @@ def test_a_send_in_the_step_of_its_exposure_proves_nothing() -> None:
     assert back.finished_sending == set() and back.finished_recving == set()
     st = g.stats()
     assert st.dropped == {"before_exposure": 1} and st.withheld == 1 and st.handed_back == 0
-    (event,) = [e for e in logs if e["event"] == "vllm_id_dropped"]
+    (event,) = [e for e in logs if e["event"] == "guard_refused"]
     assert event["kind"] == "before_exposure" and "earlier request" in event["error"]
     assert g.ledger.stats().open_grants == 1
     g.end_step()  # the output leaves: a later step's send is the reader's
@@ -454,7 +462,7 @@ def test_an_id_passed_through_on_both_channels_goes_back_once() -> None:
         back = g.output({"s"}, {"s"})
     assert back.finished_recving == {"s"} and back.finished_sending == set()
     assert g.stats().dropped == {"both_channels": 1}
-    assert [e["kind"] for e in logs if e["event"] == "vllm_id_dropped"] == ["both_channels"]
+    assert [e["kind"] for e in logs if e["event"] == "guard_refused"] == ["both_channels"]
     table.discard("s")  # vLLM freed it on the receive
     back = g.output({"s"}, {"s"})  # a later output: an id vLLM no longer holds
     assert back.finished_recving == set() and back.finished_sending == set()
@@ -532,7 +540,7 @@ def _assert_the_fence_spared_p1(g: ConnectorGuard) -> None:
     assert g.begin_step() == {"p0"}
     assert g.output(None, None).finished_sending == {"p0"}
     view = g.request("p1")
-    assert view is not None and view.read is not None and view.phase is Phase.ENDED
+    assert view is not None and view.read is not None and view.state == "withheld"
     assert g.output({"p1"}, None).finished_sending == {"p1"}
 
 

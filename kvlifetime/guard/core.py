@@ -5,22 +5,27 @@ this core's answers back into what the engine sees. Each request is a ``Hold`` s
 the engine-side table (``Holds.fire``); the ledger (``BlockLedger(counts="engine")``: the engine's
 own reference counts stay in charge of its pool) says what is proven. A scheduler step::
 
-    boundary()             fences queued from any thread take effect; the step number moves on
+    begin_step()           fences recorded since (any thread) take effect, on earlier steps'
+                           grants only
     grant_loads(...)       WRITE grants of the step's loads, one batch; a refused one never
                            reaches the worker
     end(r, ids, ...)       the engine ended r; a READ exposure goes into the journal (no ledger
                            work per request)
-    flush()                the journal into the ledger: READ grants, then the ends, in batches;
-                           the refused reads' ids must not leave the process
-    ── the step's output leaves the process (the READ grants' block ids with it) ──
-    prove_*(...), failed_*(...), take_*()   at the next output: evidence in, ids out
+    load_landed / reads_done / load_failed / lease_expired, settle()   evidence in
+    take_released(), take_fenced()   ids out, each once
+    end_step()             the journal into the ledger (READ grants, then the ends, in
+                           batches; the refused reads' ids must not leave the process); the
+                           step's exposures leave with its output, and only from now on can a
+                           report or a fence be about them
 
 A signal that proves nothing comes back as a ``Refusal`` (counted, logged once on the one path,
 never raised); an exception only for a caller's misuse, and only a typed kvlifetime error.
 
 Threading: every call but ``fence`` belongs to the engine's scheduler thread. ``fence`` may come
-from any thread: it is queued and takes effect at the next ``boundary``, so a fence never
-releases blocks whose ids leave in the output of the step it arrived in.
+from any thread: it is recorded with the step in progress and takes effect at the next
+``begin_step``, on the grants of steps that had ended when it was recorded (``AccessRevoked``
+per grant), so a fence never releases blocks whose ids leave in the output of the step it
+arrived in (or of a later one).
 """
 
 from __future__ import annotations
@@ -31,16 +36,18 @@ from collections.abc import Iterable, Sequence
 import attrs
 import numpy as np
 import numpy.typing as npt
+import structlog
 
-from kvlifetime.errors import KVLifetimeError
+from kvlifetime import inputs
+from kvlifetime.errors import InvalidField, KVLifetimeError
 from kvlifetime.evidence import AccessRevoked, LeaseExpired, TransferCompleted
 from kvlifetime.grant import Access, Grant
 from kvlifetime.guard.holds import Hold, Holds
 from kvlifetime.guard.refusals import Refusal, RefusalKind, Refusals
 from kvlifetime.ledger import BlockLedger, LedgerStats
 
-# Holds whose exposure a fence can end while the engine runs the request.
-_FENCEABLE = frozenset({"loading", "load_failed", "receive_held", "reading"})
+_log = structlog.get_logger("kvlifetime.guard")
+
 _WITHHELD = frozenset({"withheld", "quarantined"})
 
 
@@ -70,28 +77,53 @@ class GuardCore:
         self._fenced_due: dict[str, None] = {}  # fenced: their held receive is due, once
         self._writes = 0  # holds with a WRITE grant (a step with none skips a check)
         self._fence_lock = threading.Lock()
-        self._fences: list[str] = []  # queued by ``fence`` (any thread) for the next boundary
+        # Recorded by ``fence`` (any thread) for the next ``begin_step``: name -> the step in
+        # progress when it was recorded, in the order of recording.
+        self._fences: dict[str, int] = {}
         self._proofs: list[TransferCompleted] = []  # the output's proofs, for ``settle``
         self._landed: list[str] = []  # running holds whose load landed, for ``settle``
         self._handed_back = self._reaped = self._failed = self._fences_applied = 0
 
     # ------------------------------------------------------------------ the step
 
-    def boundary(self) -> None:
-        """A scheduler step begins: the last step's output has left the process. Fences queued
-        since take effect now (their releases are handed back by ``take_released`` /
-        ``take_fenced``)."""
+    @property
+    def step(self) -> int:
+        """The scheduler step in progress: how many have ended (``end_step``)."""
+        return self.holds.step
+
+    def end_step(self) -> None:
+        """The step's end, before its outputs leave the process: the journal into the ledger;
+        the step's exposures leave with its output. From now on a report may be about them,
+        and a fence recorded from now on covers them."""
+        self.flush()
         self.holds.next_step()
+
+    def begin_step(self) -> set[str]:
+        """A scheduler step begins: fences recorded since take effect. Returns the ended
+        requests they released and the live ones whose held receive they made due (handed
+        to the engine by ``take_released`` / ``take_fenced``)."""
+        if not self._fences:
+            return set()
         with self._fence_lock:
-            fences, self._fences = self._fences, []
-        for name in fences:
-            self.apply_fence(name)
+            fences, self._fences = self._fences, {}
+        out: set[str] = set()
+        for name, step in fences.items():
+            out |= self.apply_fence(name, step)
+        return out
 
     def fence(self, name: str) -> None:
         """From any thread: the deployment fenced every peer (e.g. NIXL agents recreated).
-        Takes effect at the next ``boundary``."""
+        Recorded with the step in progress; takes effect at the next ``begin_step`` on the
+        grants of steps that had ended by now. A name recorded twice keeps its latest step.
+        A name that is not a short non-empty str is ``InvalidField`` (the caller's fault)."""
+        name = inputs.peer_id(name, "fence")
+        if len(name) > 128:
+            raise InvalidField(f"fence must be a non-empty str of at most 128 chars, got {name!r}")
         with self._fence_lock:
-            self._fences.append(name)
+            step = self.holds.step
+            self._fences.pop(name, None)
+            self._fences[name] = step
+        _log.info("guard_fence_recorded", engine=self.refusals.engine, fence=name, step=step)
 
     @property
     def fences_pending(self) -> int:
@@ -130,7 +162,7 @@ class GuardCore:
                 continue
             hold = self.hold(request)
             self._writes += hold.write is None
-            hold.write, hold.write_failed = grant, False
+            hold.write, hold.write_failed, hold.write_step = grant, False, self.holds.step
             self.holds.fire(request, "load_granted")
         return refused
 
@@ -146,13 +178,17 @@ class GuardCore:
         if refusal is not None:
             return self.holds.state(request) or "handed_back"
         if len(block_ids):
+            # A fenced receive not handed back yet: the READ exposure supersedes it (the id
+            # goes back once, when the reads are proven; one channel per id).
+            self._fenced_due.pop(request, None)
             self._reads_due.append((request, list(block_ids), aborted))
             return "withheld"
         return "ended"
 
-    def journaled(self, request: str) -> bool:
-        """Whether ``request``'s READ exposure is still in the step's journal."""
-        return any(r == request for r, _, _ in self._reads_due)
+    @property
+    def journaled_count(self) -> int:
+        """How many READ exposures are in the step's journal (not flushed yet)."""
+        return len(self._reads_due)
 
     def flush(self) -> None:
         """The step's journal into the ledger: the READ grants in one batch call, then the
@@ -201,6 +237,13 @@ class GuardCore:
         refusal = self.holds.fire(request, "load_landed")
         if refusal is None and hold.write is not None and before in ("loading", *_WITHHELD):
             self._prove(hold.write, ended=before != "loading")
+        elif refusal is None and before == "load_failed":
+            _log.warning(
+                "guard_receive_held",
+                engine=self.refusals.engine,
+                request=request,
+                why="a failed load proves nothing about what still lands; held until a fence",
+            )
         return refusal
 
     def reads_done(self, request: str) -> Refusal | None:
@@ -293,38 +336,62 @@ class GuardCore:
         engine to go on as its failure policy says (each once)."""
         if not self._fenced_due:
             return set()
-        fenced = set(self._fenced_due)
+        fenced = [r for r in self._fenced_due if self.holds.fire(r, "handed_back") is None]
         self._fenced_due.clear()
-        for request in fenced:
-            self.holds.fire(request, "handed_back")
-        return fenced
+        return set(fenced)
 
     def fenced_due(self, request: str) -> bool:
+        """Whether the request's held receive is due to the engine (a fence ended its load)."""
         return request in self._fenced_due
 
-    def apply_fence(self, name: str) -> set[str]:
-        """A fence, now (the engine's thread): close every open grant of the peer; ended holds
-        become releasable, a running hold's exposure ends. Returns the ended requests released
-        and the live ones whose held receive became due."""
+    def engine_freed(self, request: str) -> None:
+        """The engine frees a request the guard holds nothing exposed of, on its own id (or at
+        once): the hold is forgotten, not remembered as handed back by the guard."""
+        self.holds.fire(request, "handed_back")
+
+    def apply_fence(self, name: str, step: int) -> set[str]:
+        """A fence, now (the engine's thread): ``AccessRevoked`` for every open grant made in a
+        step before ``step``, in one ``apply_many``; ended holds become releasable, a held
+        receive whose grant it closed becomes due. Returns the ended requests released and the
+        live ones whose held receive became due."""
         self.flush()
-        self.ledger.apply(AccessRevoked(self.peer, fence=name))
+        revoked: list[AccessRevoked] = []
+        for _, hold in self.holds:
+            if hold.read is not None and hold.read_step < step:
+                revoked.append(AccessRevoked.of(hold.read, fence=name))
+            if hold.write is not None and hold.write_step < step:
+                revoked.append(AccessRevoked.of(hold.write, fence=name))
+        if not revoked:
+            return set()
         self._fences_applied += 1
+        for refusal in self.ledger.apply_many(revoked).refused:
+            request = str(revoked[refusal.position].request)
+            self.refusals.refuse(RefusalKind.EVIDENCE_REFUSED, request, refusal.error)
         released = self.collect()
         live: list[str] = []
         for request, hold in self.holds:
-            if hold.state in _FENCEABLE and not self.ledger.open_grants(request):
-                self._writes -= hold.write is not None
-                hold.read = hold.write = None
-                hold.read_reaped = hold.write_failed = False
-                if self.holds.fire(request, "fenced") is None:
-                    live.append(request)
-                    if self.holds.state(request) == "fenced":
-                        self._fenced_due[request] = None
+            # A held receive whose grant the fence closed: the failed load is over, its hold
+            # ends as a landed load's does; the engine's counts keep the blocks until its
+            # recovery frees them.
+            if (
+                hold.state == "receive_held"
+                and not self.ledger.open_grants(request)
+                and self.holds.fire(request, "fenced") is None
+            ):
+                live.append(request)
+                self._fenced_due[request] = None
         if live:
             for refusal in self.ledger.finish_many(live).refused:
                 self.refusals.refuse(RefusalKind.FINISH_REFUSED, str(refusal.item), refusal.error)
             self.collect()
-        return released | set(self._fenced_due)
+        _log.info(
+            "guard_fence_applied",
+            engine=self.refusals.engine,
+            fence=name,
+            step=step,
+            grants=len(revoked),
+        )
+        return released | set(live)
 
     # ------------------------------------------------------------------ reading
 
@@ -375,7 +442,7 @@ class GuardCore:
         if state == "releasable" and not len(block_ids):
             # Released at once (its grant was closed already): the engine frees it now.
             self._due.pop(request, None)
-            self.holds.fire(request, "handed_back")
+            self.holds.fire(request, "handed_back")  # (remembered: the guard released it)
             return "handed_back"
         return state
 

@@ -13,7 +13,7 @@ the hold is deleted and its key remembered a while, so a late or repeated id is 
 ::
 
     step n:   finished(r) ──► read_granted(r)        the ids leave with step n's output
-              reads_done(r)  refused: premature      no peer had them yet
+              reads_done(r)  refused: before_exposure  no peer had them yet
     step n+1: reads_done(r) ──► (ledger) released ──► releasable ──► handed_back
 """
 
@@ -43,6 +43,7 @@ class Hold:
     read: Grant | None = None  # the READ grant the ledger tracks (a peer has the block ids)
     write: Grant | None = None  # the WRITE grant the ledger tracks (a load may land)
     read_step: int = -1  # the scheduler step whose output carries the READ grant's ids
+    write_step: int = -1  # the scheduler step whose metadata carries the WRITE grant's ids
     write_failed: bool = False  # the load was reported failed: no receive proves it landed
     read_reaped: bool = False  # the READ lease was reaped: no report proves the reads over
 
@@ -74,13 +75,16 @@ _NO_ROW: dict[tuple[str, str], RefusalKind] = {
 }
 
 
+_ENDED_HOLDS = frozenset({"withheld", "quarantined"})
+
+
 class Holds:
     """The engine-side state of every request one guard holds, stepped by the engine table."""
 
     def __init__(self, refusals: Refusals, *, table: TransitionTable | None = None) -> None:
         self.table = table if table is not None else engine_table()
         self.refusals = refusals
-        self.step = 0  # the scheduler step now running (``next_step`` at its boundary)
+        self.step = 0  # the scheduler step in progress: how many have ended (``next_step``)
         self._holds: dict[str, Hold] = {}
         self._handed: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._index = self.table.index
@@ -147,7 +151,9 @@ class Holds:
 
     def fire(self, request: str, event: str) -> Refusal | None:
         """Step ``request``'s hold on ``event``: None when a row fired, else the refusal (the
-        hold unchanged). ``handed_back`` deletes the hold and remembers the key."""
+        hold unchanged). ``handed_back`` deletes the hold; a key the guard handed back (from
+        ``releasable``) is remembered, one the engine freed on its own id (from ``ended``:
+        nothing was exposed) is not."""
         hold = self._holds.get(request)
         if hold is None:
             kind = RefusalKind.DUPLICATE_ID if request in self._handed else RefusalKind.UNKNOWN_ID
@@ -162,15 +168,15 @@ class Holds:
                     target = row.target
                     break
         if target is None:
-            kind = _NO_ROW.get((source, event), RefusalKind.OUT_OF_ORDER)
-            if event == "reads_done" and hold.read is not None and hold.read_step == self.step:
-                kind = RefusalKind.PREMATURE_EVIDENCE
+            kind = self._kind(source, event, hold)
             return self.refusals.refuse(kind, request, state=source, event=event)
         hold.state = target
         for observe in self.observers:
             observe(request, source, event, target)
         if target == "handed_back":
             del self._holds[request]
+            if source != "releasable":
+                return None
             self._handed[request] = None
             if len(self._handed) > REMEMBERED:
                 self._handed.popitem(last=False)
@@ -180,14 +186,14 @@ class Holds:
         """Why a signal found no row (or no guard held) for the hold."""
         if event == "reads_done" and hold.read is not None:
             if hold.read_step == self.step:
-                return RefusalKind.PREMATURE_EVIDENCE
+                return RefusalKind.BEFORE_EXPOSURE
             if hold.read_reaped:
                 return RefusalKind.UNPROVABLE
-        if event == "load_landed" and hold.write is not None and hold.write_failed:
+        if event == "load_landed" and hold.write_failed and state in _ENDED_HOLDS:
             return RefusalKind.UNPROVABLE
         return _NO_ROW.get((state, event), RefusalKind.OUT_OF_ORDER)
 
     def next_step(self) -> None:
-        """The scheduler step's boundary: what was exposed in the step now running has left the
-        process with its output."""
+        """The scheduler step in progress ended: what it exposed has left the process with its
+        output (``step`` counts the steps ended)."""
         self.step += 1

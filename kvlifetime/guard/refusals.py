@@ -24,6 +24,7 @@ from kvlifetime.errors import (
     DoubleRelease,
     IllegalTransition,
     KVLifetimeError,
+    StaleEvidence,
     UnknownRequest,
     UsageError,
 )
@@ -42,7 +43,9 @@ class RefusalKind(enum.Enum):
     OUT_OF_ORDER = "out_of_order"  # the engine-side table has no row for it in this state
     # A report about an exposure in the very step that makes it: the ids have not left yet, so
     # the report is about an earlier request with the same id.
-    PREMATURE_EVIDENCE = "premature_evidence"
+    BEFORE_EXPOSURE = "before_exposure"
+    # An id given to the engine on one channel of an output, reported on the other too.
+    BOTH_CHANNELS = "both_channels"
     # A report about an exposure nothing can prove over any more (a failed load, a reaped
     # lease): it stays withheld, quarantined, until a fence.
     UNPROVABLE = "unprovable"
@@ -77,14 +80,16 @@ def error_for(
         return UnknownRequest(request)
     if kind is RefusalKind.OUT_OF_ORDER and state is not None and event is not None:
         return IllegalTransition("engine", request, state, event)
+    if kind is RefusalKind.BEFORE_EXPOSURE:
+        return StaleEvidence(
+            f"request {request!r}: a report of reads in the step that exposes its blocks (their "
+            "ids have not left the process): about an earlier request with the same id"
+        )
     why = {
         RefusalKind.NOT_FINISHED: "the engine still runs it; an id would free its blocks",
         RefusalKind.WRONG_CHANNEL: "the signal proves nothing about the exposure it holds",
         RefusalKind.UNPROVABLE: "its load failed or its lease was reaped: only a fence ends it",
-        RefusalKind.PREMATURE_EVIDENCE: (
-            "reported in the step that exposes it: the block ids have not left the process, so "
-            "the report is about an earlier request with the same id"
-        ),
+        RefusalKind.BOTH_CHANNELS: "given to the engine on the other channel of this output",
     }.get(kind, kind.value)
     return UsageError(f"request {request!r} ({state or 'not held'}, {event or '-'}): {why}")
 

@@ -12,8 +12,6 @@ from kvlifetime.integrations.vllm.guard import (
     ConnectorGuard,
     GuardStats,
     Handback,
-    Load,
-    Phase,
     RequestView,
 )
 from kvlifetime.integrations.vllm.signals import PROFILE
@@ -24,8 +22,6 @@ __all__ = [
     "GuardStats",
     "GuardedConnector",
     "Handback",
-    "Load",
-    "Phase",
     "RequestView",
     "guarded_class",
 ]
