@@ -359,13 +359,13 @@ class PrefillBench(_SideBench):
     def __init__(self, args: argparse.Namespace) -> None:
         rig = _rig()
         super().__init__(args)
-        from kvlifetime.integrations.sglang import hooks
+        from kvlifetime.integrations.sglang import prefill_hooks
 
         pool = self.n * args.tokens + 64
         self.side = rig.PrefillSide(
             {"bootstrap_port": _free_port(), "pool_tokens": pool, "max_reqs": self.n}, None
         )
-        self.pages = hooks._prefill_pages(self.side.bootstrap_queue)
+        self.pages = prefill_hooks.prefill_pages(self.side.bootstrap_queue)
         from sglang.srt.disaggregation.base.conn import KVPoll
         from sglang.srt.disaggregation.prefill import SchedulerDisaggregationPrefillMixin
 

@@ -941,6 +941,7 @@ def test_an_ack_in_another_ranks_name_is_unauthorized_and_changes_nothing() -> N
         key = publish(g, ranks=(0, 1))
         g.armed(key, 1)
         t0, t1 = g.abort_token(key, 0), g.abort_token(key, 1)
+        assert t0 is not None and t1 is not None
         assert g.acked(7, 0, 1, token=t0) is True
         g.held(key, deadline=30.0)
         # Rank 0 ACKs in rank 1's name with the token it was sent, or a guessed one.

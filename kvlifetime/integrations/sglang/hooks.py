@@ -68,9 +68,6 @@ from kvlifetime.integrations.sglang.errors import (
 )
 from kvlifetime.integrations.sglang.guard import SGLangGuard
 from kvlifetime.integrations.sglang.prefill_hooks import drained
-from kvlifetime.integrations.sglang.prefill_hooks import (  # noqa: F401  (bench/sglang_cost.py)
-    prefill_pages as _prefill_pages,
-)
 from kvlifetime.integrations.sglang.signals import SUPPORTED_VERSION
 
 _log = structlog.get_logger("kvlifetime.sglang")
