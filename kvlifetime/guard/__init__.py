@@ -1,6 +1,8 @@
 """The guard core: what every guard in an engine shares, with no engine import (sans-IO).
 
-- ``core``: ``GuardCore``, exposures by key, the step's journal, proofs, fences, counts;
+- ``core``: ``GuardCore``, exposures by key, proofs, releases, counts, over:
+- ``journal``: ``StepJournal``, the step's READ exposures made into ledger work once;
+- ``fences``: ``FenceLog``, fences recorded from any thread, applied at a step's start;
 - ``holds``: each request's state of the engine-side lifecycle (``kvlifetime.spec``'s
   ``engine`` table, the only place it changes), its exposures, the step it is in;
 - ``refusals``: a signal that proves nothing, as data (``Refusal``), counted by kind and logged

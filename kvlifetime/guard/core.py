@@ -30,7 +30,6 @@ arrived in (or of a later one).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Sequence
 
 import attrs
@@ -38,11 +37,12 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from kvlifetime import inputs
-from kvlifetime.errors import InvalidField, KVLifetimeError
-from kvlifetime.evidence import AccessRevoked, LeaseExpired, TransferCompleted
+from kvlifetime.errors import KVLifetimeError
+from kvlifetime.evidence import LeaseExpired, TransferCompleted
 from kvlifetime.grant import Access, Grant
+from kvlifetime.guard.fences import FenceLog, revocations
 from kvlifetime.guard.holds import Hold, Holds
+from kvlifetime.guard.journal import StepJournal
 from kvlifetime.guard.refusals import Refusal, RefusalKind, Refusals
 from kvlifetime.ledger import BlockLedger, LedgerStats
 
@@ -69,17 +69,11 @@ class GuardCore:
         self.peer = peer
         self.refusals = Refusals(engine)
         self.holds = Holds(self.refusals)
-        # The step's journal: READ exposures of ended requests (request, block ids, aborted),
-        # turned into ledger work by ``flush``; and the requests whose grant it refused.
-        self._reads_due: list[tuple[str, list[int], bool]] = []
-        self._reads_refused: list[str] = []
+        self.journal = StepJournal(ledger, peer, self.holds, self.refusals)
+        self.fences = FenceLog()  # recorded from any thread, applied at ``begin_step``
         self._due: dict[str, None] = {}  # releasable: the engine is handed each once
         self._fenced_due: dict[str, None] = {}  # fenced: their held receive is due, once
         self._writes = 0  # holds with a WRITE grant (a step with none skips a check)
-        self._fence_lock = threading.Lock()
-        # Recorded by ``fence`` (any thread) for the next ``begin_step``: name -> the step in
-        # progress when it was recorded, in the order of recording.
-        self._fences: dict[str, int] = {}
         self._proofs: list[TransferCompleted] = []  # the output's proofs, for ``settle``
         self._landed: list[str] = []  # running holds whose load landed, for ``settle``
         self._handed_back = self._reaped = self._failed = self._fences_applied = 0
@@ -102,12 +96,8 @@ class GuardCore:
         """A scheduler step begins: fences recorded since take effect. Returns the ended
         requests they released and the live ones whose held receive they made due (handed
         to the engine by ``take_released`` / ``take_fenced``)."""
-        if not self._fences:
-            return set()
-        with self._fence_lock:
-            fences, self._fences = self._fences, {}
         out: set[str] = set()
-        for name, step in fences.items():
+        for name, step in self.fences.take().items():
             out |= self.apply_fence(name, step)
         return out
 
@@ -116,19 +106,9 @@ class GuardCore:
         Recorded with the step in progress; takes effect at the next ``begin_step`` on the
         grants of steps that had ended by now. A name recorded twice keeps its latest step.
         A name that is not a short non-empty str is ``InvalidField`` (the caller's fault)."""
-        name = inputs.peer_id(name, "fence")
-        if len(name) > 128:
-            raise InvalidField(f"fence must be a non-empty str of at most 128 chars, got {name!r}")
-        with self._fence_lock:
-            step = self.holds.step
-            self._fences.pop(name, None)
-            self._fences[name] = step
+        step = self.holds.step
+        name = self.fences.record(name, step)
         _log.info("guard_fence_recorded", engine=self.refusals.engine, fence=name, step=step)
-
-    @property
-    def fences_pending(self) -> int:
-        with self._fence_lock:
-            return len(self._fences)
 
     def hold(self, request: str) -> Hold:
         """The request's hold; one at ``running`` for a request the engine holds that the guard
@@ -154,7 +134,9 @@ class GuardCore:
                 self.holds.fire(request, "load_granted")  # the refusal, counted
                 continue
             due.append((request, ids))
-        for (request, _), grant in zip(due, self._grant_many(due, Access.WRITE), strict=True):
+        for (request, _), grant in zip(
+            due, self.journal.grant_many(due, Access.WRITE), strict=True
+        ):
             if isinstance(grant, KVLifetimeError):
                 self.refusals.refuse(RefusalKind.EXPOSED_BLOCK_REUSED, request, grant)
                 self.holds.fire(request, "grant_refused")
@@ -181,51 +163,23 @@ class GuardCore:
             # A fenced receive not handed back yet: the READ exposure supersedes it (the id
             # goes back once, when the reads are proven; one channel per id).
             self._fenced_due.pop(request, None)
-            self._reads_due.append((request, list(block_ids), aborted))
+            self.journal.append(request, block_ids, aborted)
             return "withheld"
         return "ended"
 
     @property
     def journaled_count(self) -> int:
         """How many READ exposures are in the step's journal (not flushed yet)."""
-        return len(self._reads_due)
+        return len(self.journal)
 
     def flush(self) -> None:
-        """The step's journal into the ledger: the READ grants in one batch call, then the
-        ends (``finish_many`` / ``reject_many``). A refused grant is a refusal
-        (``exposed_block_reused``), its hold stays ``ended`` with nothing exposed, and its id
-        is kept for ``take_refused_reads`` (its block ids must not leave the process)."""
-        due = self._reads_due
-        if not due:
-            return
-        self._reads_due = []
-        grants = self._grant_many([(r, ids) for r, ids, _ in due], Access.READ)
-        ends: tuple[list[str], list[str]] = ([], [])  # finished, aborted
-        step = self.holds.step
-        for (request, _, aborted), grant in zip(due, grants, strict=True):
-            if isinstance(grant, KVLifetimeError):
-                self.refusals.refuse(RefusalKind.EXPOSED_BLOCK_REUSED, request, grant)
-                self.holds.fire(request, "grant_refused")
-                self._reads_refused.append(request)
-                continue
-            hold = self.hold(request)
-            hold.read, hold.read_step, hold.read_reaped = grant, step, False
-            self.holds.fire(request, "read_granted")
-            ends[aborted].append(request)
-        finished, aborted_ = ends
-        outcomes = []
-        if finished:
-            outcomes.append(self.ledger.finish_many(finished))
-        if aborted_:
-            outcomes.append(self.ledger.reject_many(aborted_, reason="aborted"))
-        for outcome in outcomes:
-            for refusal in outcome.refused:
-                self.refusals.refuse(RefusalKind.FINISH_REFUSED, str(refusal.item), refusal.error)
+        """The step's journal into the ledger (``StepJournal.flush``)."""
+        self.journal.flush()
 
     def take_refused_reads(self) -> list[str]:
-        """The requests whose READ grant ``flush`` refused since the last call (each once)."""
-        out, self._reads_refused = self._reads_refused, []
-        return out
+        """The requests whose READ grant ``flush`` refused since the last call (each once):
+        their block ids must not leave the process."""
+        return self.journal.take_refused()
 
     # ------------------------------------------------------------------ evidence
 
@@ -355,12 +309,7 @@ class GuardCore:
         receive whose grant it closed becomes due. Returns the ended requests released and the
         live ones whose held receive became due."""
         self.flush()
-        revoked: list[AccessRevoked] = []
-        for _, hold in self.holds:
-            if hold.read is not None and hold.read_step < step:
-                revoked.append(AccessRevoked.of(hold.read, fence=name))
-            if hold.write is not None and hold.write_step < step:
-                revoked.append(AccessRevoked.of(hold.write, fence=name))
+        revoked = revocations(self.holds, name, step)
         if not revoked:
             return set()
         self._fences_applied += 1
@@ -457,19 +406,6 @@ class GuardCore:
             hold.read_step, hold.read_reaped = self.holds.step, False
         except KVLifetimeError as e:
             self.refusals.refuse(RefusalKind.EXPOSED_BLOCK_REUSED, request, e)
-
-    def _grant_many(
-        self, items: Sequence[tuple[str, Sequence[int]]], access: Access
-    ) -> list[Grant | KVLifetimeError]:
-        """A step's grants in one ledger call: for each item its grant, or the typed refusal
-        (each request's holds and grant are all or nothing)."""
-        if not items:
-            return []
-        peer = self.peer
-        outcome = self.ledger.acquire_and_grant_many([(r, ids, peer, access) for r, ids in items])
-        refused = {r.position: r.error for r in outcome.refused}
-        grants = iter(outcome.grants)
-        return [refused[i] if i in refused else next(grants) for i in range(len(items))]
 
     def _expire(self, grant: Grant) -> None:
         try:

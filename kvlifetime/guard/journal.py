@@ -1,0 +1,87 @@
+"""StepJournal: the READ exposures a scheduler step made, turned into ledger work once.
+
+The hooks an engine calls per request do no ledger work in the common case: an ended request
+whose block ids go to a remote reader is appended here (request, ids, how it ended), and once
+per step ``flush`` makes the step's READ grants in one ``acquire_and_grant_many`` and ends the
+requests in one ``finish_many`` / ``reject_many``. Each item is granted or refused on its own;
+a refused one's ids must not leave the process (``take_refused``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvlifetime.errors import KVLifetimeError
+from kvlifetime.grant import Access, Grant
+from kvlifetime.guard.holds import Holds
+from kvlifetime.guard.refusals import RefusalKind, Refusals
+from kvlifetime.ledger import BlockLedger
+
+
+class StepJournal:
+    """One guard's journal of the step in progress (the engine's scheduler thread only)."""
+
+    def __init__(self, ledger: BlockLedger, peer: str, holds: Holds, refusals: Refusals) -> None:
+        self.ledger = ledger
+        self.peer = peer
+        self.holds = holds
+        self.refusals = refusals
+        self._due: list[tuple[str, list[int], bool]] = []  # (request, block ids, aborted)
+        self._refused: list[str] = []  # requests whose READ grant ``flush`` refused
+
+    def __len__(self) -> int:
+        return len(self._due)
+
+    def append(self, request: str, block_ids: Sequence[int], aborted: bool) -> None:
+        """``request`` ended; its ``block_ids`` go to a remote reader with this step's output."""
+        self._due.append((request, list(block_ids), aborted))
+
+    def flush(self) -> None:
+        """The journal into the ledger: the READ grants in one batch call, then the ends. A
+        refused grant is a refusal (``exposed_block_reused``), its hold stays ``ended`` with
+        nothing exposed, and its id is kept for ``take_refused``."""
+        due = self._due
+        if not due:
+            return
+        self._due = []
+        grants = self.grant_many([(r, ids) for r, ids, _ in due], Access.READ)
+        ends: tuple[list[str], list[str]] = ([], [])  # finished, aborted
+        holds = self.holds
+        step = holds.step
+        for (request, _, aborted), grant in zip(due, grants, strict=True):
+            if isinstance(grant, KVLifetimeError):
+                self.refusals.refuse(RefusalKind.EXPOSED_BLOCK_REUSED, request, grant)
+                holds.fire(request, "grant_refused")
+                self._refused.append(request)
+                continue
+            hold = holds.get(request) or holds.admit(request)
+            hold.read, hold.read_step, hold.read_reaped = grant, step, False
+            holds.fire(request, "read_granted")
+            ends[aborted].append(request)
+        finished, aborted_ = ends
+        outcomes = []
+        if finished:
+            outcomes.append(self.ledger.finish_many(finished))
+        if aborted_:
+            outcomes.append(self.ledger.reject_many(aborted_, reason="aborted"))
+        for outcome in outcomes:
+            for refusal in outcome.refused:
+                self.refusals.refuse(RefusalKind.FINISH_REFUSED, str(refusal.item), refusal.error)
+
+    def take_refused(self) -> list[str]:
+        """The requests whose READ grant ``flush`` refused since the last call (each once)."""
+        out, self._refused = self._refused, []
+        return out
+
+    def grant_many(
+        self, items: Sequence[tuple[str, Sequence[int]]], access: Access
+    ) -> list[Grant | KVLifetimeError]:
+        """A step's grants in one ledger call: for each item its grant, or the typed refusal
+        (each request's holds and grant are all or nothing)."""
+        if not items:
+            return []
+        peer = self.peer
+        outcome = self.ledger.acquire_and_grant_many([(r, ids, peer, access) for r, ids in items])
+        refused = {r.position: r.error for r in outcome.refused}
+        grants = iter(outcome.grants)
+        return [refused[i] if i in refused else next(grants) for i in range(len(items))]
