@@ -28,6 +28,7 @@ from kvlifetime.errors import (
 )
 from kvlifetime.integrations.sglang import PROFILE, GuardNotBound, SGLangGuard
 from kvlifetime.profiles import NOTHING, profile
+from kvlifetime.spec.table import engine_table
 from kvlifetime.spec.vocabulary import RequestState
 
 P0 = "127.0.0.1:8998"  # a prefill's bootstrap address
@@ -993,3 +994,58 @@ def test_the_prefill_echoes_the_token_its_abort_carried() -> None:
             "abort_token_refused",
         )
     assert g.echo_token(7, *target) == tok
+
+
+# --------------------------------------------------------------------------- the engine table
+
+
+def _watch(g: SGLangGuard) -> list[tuple[str, str, str]]:
+    seen: list[tuple[str, str, str]] = []
+    g._holds.observers.append(lambda r, a, e, b: seen.append((a, e, b)))
+    return seen
+
+
+def test_decode_lifecycles_step_exactly_the_engine_table() -> None:
+    g = SGLangGuard(role="decode", ledger_blocks=64)
+    seen = _watch(g)
+    done = publish(g, room=5, slot=1)
+    g.transferred(done)  # Success: every rank's transfer landed
+    key = publish(g, ranks=(0, 1))
+    g.armed(key, 1)
+    assert g.acked(7, 0, 1, token=g.abort_token(key, 0)) is True  # while live: the ledger's
+    assert g.held(key, deadline=30.0) is False
+    assert g.acked(7, 1, 1, token=g.abort_token(key, 1)) is True
+    assert g.releasable(key)
+    g.freed(key)
+    assert seen == [
+        ("running", "load_granted", "loading"),
+        ("loading", "load_landed", "load_received"),
+        ("load_received", "finished", "ended"),
+        ("ended", "handed_back", "handed_back"),
+        ("running", "load_granted", "loading"),
+        ("loading", "aborted", "withheld"),
+        ("withheld", "load_landed", "withheld"),
+        ("withheld", "released", "releasable"),
+        ("releasable", "handed_back", "handed_back"),
+    ]
+    assert g._holds.refusals.counts == {} and "table_refused" not in g.stats().refused
+
+
+def test_prefill_lifecycles_step_exactly_the_engine_table() -> None:
+    g = SGLangGuard(role="prefill", ledger_blocks=64)
+    seen = _watch(g)
+    key = g.sending(None, 9, [1, 2])
+    assert g.sending(key, 9, [3]) == key  # a second chunk
+    assert g.drained(key) is False  # live: the reads are over, the request runs on
+    assert g.ended(key, now=0.0) is True
+    g.freed(key)
+    rows = {(r.source, r.event, r.target) for r in engine_table().rows}
+    assert set(seen) <= rows
+    assert seen == [
+        ("running", "read_granted", "reading"),
+        ("reading", "read_granted", "reading"),
+        ("reading", "reads_done", "running"),
+        ("running", "finished", "ended"),
+        ("ended", "handed_back", "handed_back"),
+    ]
+    assert g._holds.refusals.counts == {}

@@ -235,6 +235,7 @@ class EngineSideLifecycle(StateMachine):
     # request's (SGLang's prefill sends while it runs), or an ended one's (vLLM delays the free).
     ev_read_granted = Event(
         running.to(reading)
+        | reading.to(reading, internal=True)
         | ended.to(withheld)
         | withheld.to(withheld, internal=True)
         | quarantined.to(quarantined, internal=True),

@@ -149,6 +149,7 @@ ENGINE: dict[str, Any] = {
         ("running", "load_granted", "loading", None, False),
         ("load_received", "load_granted", "loading", None, False),
         ("running", "read_granted", "reading", None, False),
+        ("reading", "read_granted", "reading", None, False),
         ("ended", "read_granted", "withheld", None, False),
         ("withheld", "read_granted", "withheld", None, False),
         ("quarantined", "read_granted", "quarantined", None, False),

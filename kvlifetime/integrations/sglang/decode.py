@@ -239,6 +239,8 @@ class DecodeCalls(GuardCore):
                 src = self._source(life.peers[rank])
                 self.ledger.apply(TransferCompleted(g.id, g.request, g.peer, 0, source=src))
                 life.acked.add(rank)
+                if life.phase == "held":
+                    self._fire(life, "load_landed")  # one rank's proof; the ledger has the rest
                 events.append(("sglang_abort_acked", {"key": key, "rank": rank}))
                 self._collect(events)
                 return True
@@ -270,7 +272,9 @@ class DecodeCalls(GuardCore):
                         for r, g in life.grants.items()
                     ]
                 )
+                self._fire(life, "load_landed")  # every rank's transfer landed
                 led.finish(key)
+                self._fire(life, "finished")
                 if key in self._collect(events):
                     self._forget(life)
                     self._completed += 1

@@ -31,6 +31,7 @@ import numpy.typing as npt
 from kvlifetime import inputs
 from kvlifetime.errors import InvalidField, KVLifetimeError, UnknownRequest, UsageError
 from kvlifetime.grant import Grant
+from kvlifetime.guard import Hold, Holds, Refusals
 from kvlifetime.integrations.sglang.errors import GuardNotBound
 from kvlifetime.integrations.sglang.events import Events, emit, listening, log_refusal
 from kvlifetime.integrations.sglang.tokens import EchoTable
@@ -63,7 +64,9 @@ class Lifecycle:
     slot: int | None
     generation: int | None = None  # the ABORT generation armed for it (decode)
     acked: set[int] = attrs.field(factory=set)  # ranks (chunks) whose grant is proven over
-    phase: str = "live"  # live -> held -> released -> (forgotten when SGLang frees it)
+    # Its state of the engine-side lifecycle (kvlifetime.spec, docs/engine.md), stepped only by
+    # the guard's ``Holds``; ``phase`` is SGLang's coarse view of it.
+    hold: Hold = attrs.field(factory=Hold)
     reason: str = ""  # why SGLang ended it ("" while live)
     suspect: str = ""  # what made it suspect: peer_lost / poisoned / freed_unproven
     quarantine: str = ""  # why it is quarantined ("" when it is not)
@@ -71,6 +74,26 @@ class Lifecycle:
     # decode: rank -> the token its ABORT of the current generation carries (tokens.py); never
     # logged, never shown by ``lifecycle()``
     tokens: dict[int, str] = attrs.field(factory=dict)
+
+    @property
+    def phase(self) -> str:
+        """``live`` (SGLang runs it) -> ``held`` (SGLang ended it; unreleased: waiting for
+        proof, or quarantined) -> ``released`` (SGLang may free its pages), from its hold."""
+        return _PHASE[self.hold.state]
+
+
+# SGLang's coarse view of the engine-side states its lifecycles reach.
+_PHASE = {
+    "running": "live",
+    "loading": "live",
+    "load_received": "live",
+    "reading": "live",
+    "withheld": "held",
+    "quarantined": "held",
+    "releasable": "released",
+    "ended": "released",
+    "handed_back": "released",
+}
 
 
 def room_id(value: object) -> int:
@@ -164,6 +187,8 @@ class GuardCore:
         self._refused: collections.Counter[str] = collections.Counter()
         self._sources: dict[str, Source] = {}  # peer id -> Source.peer(peer id), made once
         self._echo = EchoTable()  # prefill: the token each ABORT carried, to echo in its ACK
+        # Every lifecycle's engine-side state, stepped by the spec's table (kvlifetime.guard).
+        self._holds = Holds(Refusals(f"sglang-{self.role}"))
         if ledger_blocks is not None:
             self.bind(ledger_blocks)
 
@@ -211,8 +236,29 @@ class GuardCore:
         return f"sglang:{room}#{self._next}"
 
     def _add(self, life: Lifecycle) -> None:
+        """A new use of a room, exposed at once: decode's pages to the prefill ranks that write
+        them (``load_granted``), prefill's to the transfer engine that reads them
+        (``read_granted``)."""
         self._lives[life.key] = life
         self._rooms.setdefault(life.room, {})[life.key] = None
+        hold = life.hold = self._holds.admit(life.key)
+        first = next(iter(life.grants.values()))
+        if self.role == "decode":
+            hold.write = first
+            self._fire(life, "load_granted")
+        else:
+            # SGLang has no scheduler-step stamp to give: its drain is observed locally after
+            # the send, so the exposure counts as out already.
+            hold.read, hold.read_step = first, self._holds.step - 1
+            self._fire(life, "read_granted")
+
+    def _fire(self, life: Lifecycle, event: str) -> None:
+        """Step the lifecycle's hold; a row the table refuses is the guard's own inconsistency
+        (counted ``table_refused``, logged), never the engine's."""
+        refusal = self._holds.fire(life.key, event)
+        if refusal is not None:
+            self._refused["table_refused"] += 1
+            self._holds.refusals.drain()
 
     def _life(self, key: object) -> Lifecycle:
         if not isinstance(key, str):
@@ -251,6 +297,7 @@ class GuardCore:
         return None
 
     def _forget(self, life: Lifecycle) -> None:
+        self._fire(life, "handed_back")  # SGLang freed its pages
         uses = self._rooms.get(life.room)
         if uses is not None:
             uses.pop(life.key, None)
@@ -303,7 +350,7 @@ class GuardCore:
         else:
             led.set_deadline(life.key, deadline)
             led.reject(life.key, reason=reason)
-        life.phase = "held"
+        self._fire(life, "finished" if proven else "aborted")
         life.reason = reason
         self._held[life.key] = None
         if listening():
@@ -322,7 +369,9 @@ class GuardCore:
             life = self._lives.get(str(k))
             if life is None:
                 continue
-            life.phase = "released"
+            if life.hold.state in ("withheld", "quarantined"):
+                self._fire(life, "released")
+            life.hold.read = life.hold.write = None
             life.quarantine = ""  # no longer: a late proof or a fence ended it
             self._held.pop(life.key, None)
             out.append(life.key)
@@ -342,6 +391,7 @@ class GuardCore:
             if life.quarantine or led.state(key) is not RequestState.QUARANTINED:
                 continue
             life.quarantine = life.suspect or why
+            self._fire(life, "deadline")
             out.append(key)
             events.append(
                 (

@@ -69,6 +69,9 @@ class PrefillCalls(GuardCore):
                 if len(new_pages):
                     led.acquire(key, new_pages)
                 g = led.grant(key, LOCAL_ENGINE, arr, Access.READ)
+                if life.hold.read is None:
+                    life.hold.read, life.hold.read_step = g, self._holds.step - 1
+                self._fire(life, "read_granted")
                 life.grants[len(life.grants)] = g
                 life.peers[len(life.peers)] = LOCAL_ENGINE
                 life.pages = np.concatenate((life.pages, new_pages))
@@ -106,6 +109,9 @@ class PrefillCalls(GuardCore):
                     )
                 self.ledger.apply_many([TransferCompleted.of(g, 0) for g in open_])
                 life.acked.update(life.grants)
+                self._fire(life, "reads_done")  # observed locally: every chunk's reads ended
+                if life.phase == "live":
+                    life.hold.read = None  # (the ledger keeps the closed grants until the end)
                 return key in self._collect(events)
         except KVLifetimeError as e:
             self._refuse("drained_refused", e, {"key": key})
