@@ -113,8 +113,7 @@ class GuardCore:
     def hold(self, request: str) -> Hold:
         """The request's hold; one at ``running`` for a request the engine holds that the guard
         was not told of (the engine's table is the truth)."""
-        hold = self.holds.get(request)
-        return hold if hold is not None else self.holds.admit(request)
+        return self.holds.get(request) or self.holds.admit(request)
 
     # ------------------------------------------------------------------ exposures
 
@@ -156,7 +155,7 @@ class GuardCore:
         hold = self.hold(request)
         if hold.write is not None:
             return self._end_loading(request, hold, block_ids, aborted)
-        refusal = self.holds.fire(request, "aborted" if aborted else "finished")
+        refusal = self.holds.fire(request, "aborted" if aborted else "finished", hold)
         if refusal is not None:
             return self.holds.state(request) or "handed_back"
         if len(block_ids):
@@ -188,7 +187,7 @@ class GuardCore:
         (held), or with nothing exposed the engine's own. None when the row fired."""
         hold = self.hold(request)
         before = hold.state
-        refusal = self.holds.fire(request, "load_landed")
+        refusal = self.holds.fire(request, "load_landed", hold)
         if refusal is None and hold.write is not None and before in ("loading", *_WITHHELD):
             self._prove(hold.write, ended=before != "loading")
         elif refusal is None and before == "load_failed":
@@ -204,7 +203,7 @@ class GuardCore:
         """A report that a peer's reads are over: a proof of the READ grant (never in the
         step that made it, never after a reaped lease). None when the row fired."""
         hold = self.hold(request)
-        refusal = self.holds.fire(request, "reads_done")
+        refusal = self.holds.fire(request, "reads_done", hold)
         if refusal is None and hold.read is not None:
             self._prove(hold.read, ended=hold.state != "running")
         return refusal
@@ -268,7 +267,7 @@ class GuardCore:
             self._writes -= hold.write is not None
             hold.read = hold.write = None
             hold.read_reaped = hold.write_failed = False
-            if hold.state in _WITHHELD and self.holds.fire(request, "released") is None:
+            if hold.state in _WITHHELD and self.holds.fire(request, "released", hold) is None:
                 self._due[request] = None
                 out.add(request)
         return out

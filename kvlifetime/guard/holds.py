@@ -89,11 +89,19 @@ class Holds:
         self._handed: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._index = self.table.index
         self._guards = self.table.guards
+        # The pairs whose first row has no guard: it always fires (the common case, one dict
+        # lookup); the others are evaluated row by row on the hold's facts.
+        self._unguarded: dict[tuple[str, str], str] = {
+            pair: rows[0].target for pair, rows in self._index.items() if rows[0].guard is None
+        }
         self.observers: list[Observer] = []  # each row that fires, for tests and tracing
+        self._scratch = _Facts(False, False, False, False, False)  # ``_facts`` fills it
+        self.get = self._holds.get  # type: ignore[method-assign,assignment]  # hot path: no Python frame
 
     # ------------------------------------------------------------------ reading
 
     def get(self, request: str) -> Hold | None:
+        """The request's hold, or None (bound to the dict's own ``get`` at init: no frame)."""
         return self._holds.get(request)
 
     def __contains__(self, request: object) -> bool:
@@ -140,39 +148,49 @@ class Holds:
                 return True
         return False
 
-    def _facts(self, hold: Hold) -> _Facts:
-        return _Facts(
-            hold.write is not None,
-            hold.write_failed,
-            hold.read is not None,
-            hold.read is not None and hold.read_step == self.step,
-            hold.read_reaped,
-        )
+    def _guarded_target(self, hold: Hold, state: str, event: str) -> str | None:
+        """The target of the first row of (state, event) whose guard holds, or None."""
+        rows = self._index.get((state, event))
+        if rows is None:
+            return None
+        facts = self._facts(hold)
+        for row in rows:
+            if row.guard is None or self._guards[row.guard](facts):
+                return row.target
+        return None
 
-    def fire(self, request: str, event: str) -> Refusal | None:
+    def _facts(self, hold: Hold) -> _Facts:
+        """The hold's facts now, in the one ``_Facts`` this table reuses (no allocation)."""
+        f = self._scratch
+        read = hold.read is not None
+        f.write_open = hold.write is not None
+        f.write_failed = hold.write_failed
+        f.read_open = read
+        f.read_this_step = read and hold.read_step == self.step
+        f.read_reaped = hold.read_reaped
+        return f
+
+    def fire(self, request: str, event: str, hold: Hold | None = None) -> Refusal | None:
         """Step ``request``'s hold on ``event``: None when a row fired, else the refusal (the
         hold unchanged). ``handed_back`` deletes the hold; a key the guard handed back (from
         ``releasable``) is remembered, one the engine freed on its own id (from ``ended``:
-        nothing was exposed) is not."""
-        hold = self._holds.get(request)
+        nothing was exposed) is not. ``hold``: the request's hold, when the caller has it."""
+        if hold is None:
+            hold = self._holds.get(request)
         if hold is None:
             kind = RefusalKind.DUPLICATE_ID if request in self._handed else RefusalKind.UNKNOWN_ID
             return self.refusals.refuse(kind, request, event=event)
         source = hold.state
-        rows = self._index.get((source, event))
-        target = None
-        if rows is not None:
-            facts = self._facts(hold)
-            for row in rows:
-                if row.guard is None or self._guards[row.guard](facts):
-                    target = row.target
-                    break
+        target = self._unguarded.get((source, event))
+        if target is None:
+            target = self._guarded_target(hold, source, event)
         if target is None:
             kind = self._kind(source, event, hold)
             return self.refusals.refuse(kind, request, state=source, event=event)
         hold.state = target
-        for observe in self.observers:
-            observe(request, source, event, target)
+        if self.observers:
+            for observe in self.observers:
+                observe(request, source, event, target)
         if target == "handed_back":
             del self._holds[request]
             if source != "releasable":

@@ -26,7 +26,7 @@ class StepJournal:
         self.peer = peer
         self.holds = holds
         self.refusals = refusals
-        self._due: list[tuple[str, list[int], bool]] = []  # (request, block ids, aborted)
+        self._due: list[tuple[str, Sequence[int], bool]] = []  # (request, block ids, aborted)
         self._refused: list[str] = []  # requests whose READ grant ``flush`` refused
 
     def __len__(self) -> int:
@@ -34,7 +34,7 @@ class StepJournal:
 
     def append(self, request: str, block_ids: Sequence[int], aborted: bool) -> None:
         """``request`` ended; its ``block_ids`` go to a remote reader with this step's output."""
-        self._due.append((request, list(block_ids), aborted))
+        self._due.append((request, block_ids, aborted))
 
     def flush(self) -> None:
         """The journal into the ledger: the READ grants in one batch call, then the ends. A
@@ -56,7 +56,7 @@ class StepJournal:
                 continue
             hold = holds.get(request) or holds.admit(request)
             hold.read, hold.read_step, hold.read_reaped = grant, step, False
-            holds.fire(request, "read_granted")
+            holds.fire(request, "read_granted", hold)
             ends[aborted].append(request)
         finished, aborted_ = ends
         outcomes = []

@@ -228,11 +228,17 @@ class ConnectorGuard:
             core.lease_expired(request)
         recving: set[str] = set()
         passed: set[str] = set()  # ids of vLLM's own business, passed on unchanged
-        sends = list(finished_sending or ())
+        sends = (
+            finished_sending if isinstance(finished_sending, set) else set(finished_sending or ())
+        )
+        recvs = (
+            finished_recving if isinstance(finished_recving, set) else set(finished_recving or ())
+        )
         # A send for a request whose load is exposed proves nothing about the load, even when
         # its receive (processed first) lands it in this very output.
-        loading = {r for r in sends if (h := core.holds.get(r)) is not None and h.write}
-        for request in finished_recving or ():
+        both = sends & recvs if sends and recvs else ()
+        loading = {r for r in both if (h := core.holds.get(r)) is not None and h.write}
+        for request in recvs:
             if self._signal(request, "load_landed", recving):
                 recving.add(request)
         for request in sends:
