@@ -66,7 +66,11 @@ class Lifecycle:
     acked: set[int] = attrs.field(factory=set)  # ranks (chunks) whose grant is proven over
     # Its state of the engine-side lifecycle (kvlifetime.spec, docs/engine.md), stepped only by
     # the guard's ``Holds``; ``phase`` is SGLang's coarse view of it.
-    hold: Hold = attrs.field(factory=Hold)
+    hold: Hold = attrs.field(init=False)  # set once, by ``GuardCore._add``, before any use
+    # SGLang's coarse view of the hold's state, set by ``_fire`` only (never assigned apart):
+    # live (SGLang runs it) -> held (ended, unreleased: waiting for proof, or quarantined) ->
+    # released (SGLang may free its pages).
+    phase: str = attrs.field(default="live", init=False)
     reason: str = ""  # why SGLang ended it ("" while live)
     suspect: str = ""  # what made it suspect: peer_lost / poisoned / freed_unproven
     quarantine: str = ""  # why it is quarantined ("" when it is not)
@@ -74,12 +78,6 @@ class Lifecycle:
     # decode: rank -> the token its ABORT of the current generation carries (tokens.py); never
     # logged, never shown by ``lifecycle()``
     tokens: dict[int, str] = attrs.field(factory=dict)
-
-    @property
-    def phase(self) -> str:
-        """``live`` (SGLang runs it) -> ``held`` (SGLang ended it; unreleased: waiting for
-        proof, or quarantined) -> ``released`` (SGLang may free its pages), from its hold."""
-        return _PHASE[self.hold.state]
 
 
 # SGLang's coarse view of the engine-side states its lifecycles reach.
@@ -255,7 +253,8 @@ class GuardCore:
     def _fire(self, life: Lifecycle, event: str) -> None:
         """Step the lifecycle's hold; a row the table refuses is the guard's own inconsistency
         (counted ``table_refused``, logged), never the engine's."""
-        refusal = self._holds.fire(life.key, event)
+        refusal = self._holds.fire(life.key, event, life.hold)
+        life.phase = _PHASE[life.hold.state]
         if refusal is not None:
             self._refused["table_refused"] += 1
             self._holds.refusals.drain()
