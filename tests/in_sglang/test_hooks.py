@@ -101,7 +101,7 @@ def clean() -> Iterator[None]:
 @pytest.mark.parametrize("role", ["decode", "prefill"])
 def test_install_wraps_each_release_point_and_uninstall_restores_it(clean: None, role: str) -> None:
     before = _current()
-    guard = kv_sglang.install(role=role)  # type: ignore[arg-type]
+    guard: kv_sglang.SGLangGuard = kv_sglang.install(role=role)  # type: ignore[call-overload]
     assert kv_sglang.installed() is guard and guard.role == role
     after = _current()
     changed = {k for k in before if before[k] is not after[k]}

@@ -10,7 +10,7 @@ process's ``SGLangGuard`` (``guard.py``, sans-IO); ``uninstall()`` restores them
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from kvlifetime.errors import InvalidField
 from kvlifetime.integrations.sglang.errors import (
@@ -20,15 +20,22 @@ from kvlifetime.integrations.sglang.errors import (
     UnsupportedEngineSetting,
     UnsupportedEngineVersion,
 )
-from kvlifetime.integrations.sglang.guard import SGLangGuard, SGLangGuardStats
+from kvlifetime.integrations.sglang.guard import (
+    DecodeGuard,
+    PrefillGuard,
+    SGLangGuard,
+    SGLangGuardStats,
+)
 from kvlifetime.integrations.sglang.signals import PROFILE, SUPPORTED_VERSION
 
 __all__ = [
     "PROFILE",
     "SUPPORTED_VERSION",
     "AlreadyInstalled",
+    "DecodeGuard",
     "GuardNotBound",
     "MalformedEngineValue",
+    "PrefillGuard",
     "SGLangGuard",
     "SGLangGuardStats",
     "UnsupportedEngineSetting",
@@ -42,6 +49,14 @@ __all__ = [
 _OPTIONS = frozenset({"drain_timeout", "incarnation", "prefill_guarded"})
 
 
+@overload
+def install(
+    *, role: Literal["decode"], ledger_blocks: int | None = None, **options: Any
+) -> DecodeGuard: ...
+@overload
+def install(
+    *, role: Literal["prefill"], ledger_blocks: int | None = None, **options: Any
+) -> PrefillGuard: ...
 def install(
     *, role: Literal["decode", "prefill"], ledger_blocks: int | None = None, **options: Any
 ) -> SGLangGuard:

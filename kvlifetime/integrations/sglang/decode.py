@@ -71,7 +71,6 @@ class DecodeCalls(GuardCore):
         metadata ``slot``), before the addresses leave. Returns the lifecycle key."""
         events: Events = []
         try:
-            self._decode_only("published")
             room = room_id(room)
             slot = small_int(slot, "slot")
             prefill = inputs.peer_id(prefill, "prefill")
@@ -130,7 +129,6 @@ class DecodeCalls(GuardCore):
         """SGLang armed ABORT-ACK accounting for the lifecycle under ``generation`` (its
         manager's counter): only ACKs of this generation count from now on."""
         try:
-            self._decode_only("armed")
             generation = small_int(generation, "generation")
             with self._lock:
                 life = self._life(key)
@@ -176,7 +174,6 @@ class DecodeCalls(GuardCore):
         events: Events = []
         kind = "ack_refused"
         try:
-            self._decode_only("acked")
             room = room_id(room)
             rank = small_int(rank, "rank")
             generation = small_int(generation, "generation")
@@ -255,7 +252,6 @@ class DecodeCalls(GuardCore):
         (decode's poll counts one Success per rank): every grant closed, the lifecycle over."""
         events: Events = []
         try:
-            self._decode_only("transferred")
             with self._lock:
                 if self._repeat(key):
                     return
@@ -287,11 +283,6 @@ class DecodeCalls(GuardCore):
     def held(self, key: str, *, deadline: float, reason: str = "transfer_failed") -> bool:
         """SGLang holds a failed transfer's pages (``_defer_release``) until ``deadline`` (its
         own clock). Returns True when the ledger released it at once (proof already in)."""
-        try:
-            self._decode_only("held")
-        except KVLifetimeError as e:
-            self._refuse("end_refused", e, {"key": key})
-            raise
         return self._end(key, deadline, reason)
 
     def prefill_lost(self, prefill: str) -> list[str]:
@@ -299,7 +290,6 @@ class DecodeCalls(GuardCore):
         for every rank of it with an open grant. Returns the lifecycles quarantined now."""
         events: Events = []
         try:
-            self._decode_only("prefill_lost")
             prefill = inputs.peer_id(prefill, "prefill")
             with self._lock:
                 hit = [

@@ -10,7 +10,9 @@ Where each concept lives:
   ``held``, ``prefill_lost``): WRITE grants per prefill rank;
 - ``prefill.py``: the prefill's (``sending``, ``drained``, ``poisoned``, ``ended``): READ grants
   to the local transfer worker;
-- here, the calls of both sides: a free SGLang does outside its deferred path (``withheld``),
+- here, ``DecodeGuard`` and ``PrefillGuard`` (each role a class of its own: the other role's
+  calls are not there to misuse), and what both share: a free SGLang does outside its deferred
+  path (``withheld``),
   the tick (``tick``: quarantine at the deadline), the verdict SGLang gets (``releasable``,
   ``take_released``, ``freed``), the fence (``revoke``) and introspection;
 - ``stats.py`` (``SGLangGuardStats``) and ``events.py`` (structlog events under
@@ -27,7 +29,7 @@ Prometheus). Thread-safe: ACKs arrive on SGLang's decode thread.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal, overload
 
 from kvlifetime import inputs
 from kvlifetime.errors import InvalidField, KVLifetimeError, UsageError
@@ -35,17 +37,39 @@ from kvlifetime.evidence import AccessRevoked
 from kvlifetime.integrations.sglang.decode import DecodeCalls
 from kvlifetime.integrations.sglang.errors import MalformedEngineValue
 from kvlifetime.integrations.sglang.events import Events, emit
-from kvlifetime.integrations.sglang.lifecycles import ROLES, Role, room_id
+from kvlifetime.integrations.sglang.lifecycles import ROLES, GuardCore, Role, room_id
 from kvlifetime.integrations.sglang.prefill import LOCAL_ENGINE, PrefillCalls
 from kvlifetime.integrations.sglang.stats import SGLangGuardStats, summarize
 
 _MAX_FENCE = 128  # kvlifetime.evidence.AccessRevoked's limit on a fence's name
 
-__all__ = ["LOCAL_ENGINE", "ROLES", "Role", "SGLangGuard", "SGLangGuardStats"]
+__all__ = [
+    "LOCAL_ENGINE",
+    "ROLES",
+    "DecodeGuard",
+    "PrefillGuard",
+    "Role",
+    "SGLangGuard",
+    "SGLangGuardStats",
+]
 
 
-class SGLangGuard(DecodeCalls, PrefillCalls):
-    """One SGLang process's exposures (decode or prefill). See the module docstring."""
+class SGLangGuard(GuardCore):
+    """One SGLang process's exposures: what both roles share (see the module docstring).
+    ``SGLangGuard(role="decode", ...)`` makes a ``DecodeGuard``, ``role="prefill"`` a
+    ``PrefillGuard``: each role is a class of its own, with only its own calls."""
+
+    @overload
+    def __new__(cls, *, role: Literal["decode"], **kwargs: Any) -> DecodeGuard: ...
+    @overload
+    def __new__(cls, *, role: Literal["prefill"], **kwargs: Any) -> PrefillGuard: ...
+    @overload
+    def __new__(cls, *, role: object, **kwargs: Any) -> SGLangGuard: ...
+    def __new__(cls, *args: Any, role: object = None, **kwargs: Any) -> SGLangGuard:
+        if cls is SGLangGuard:
+            # A role that is neither is refused by ``__init__`` (``InvalidField``).
+            cls = {"decode": DecodeGuard, "prefill": PrefillGuard}.get(str(role), cls)
+        return object.__new__(cls)
 
     def withheld(self, key: str, *, now: float) -> bool:
         """SGLang frees a lifecycle the ledger has not released, outside the deferred path
@@ -261,6 +285,14 @@ class SGLangGuard(DecodeCalls, PrefillCalls):
         """Every lifecycle the guard holds, oldest first."""
         with self._lock:
             return list(self._lives)
+
+
+class DecodeGuard(DecodeCalls, SGLangGuard):
+    """The decode's guard: WRITE grants per prefill rank (``decode.DecodeCalls``)."""
+
+
+class PrefillGuard(PrefillCalls, SGLangGuard):
+    """The prefill's guard: READ grants to the local transfer worker (``prefill.PrefillCalls``)."""
 
 
 def _keys(value: object) -> list[str]:

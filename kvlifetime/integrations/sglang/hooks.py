@@ -54,7 +54,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import structlog
 
@@ -66,7 +66,7 @@ from kvlifetime.integrations.sglang.errors import (
     UnsupportedEngineSetting,
     UnsupportedEngineVersion,
 )
-from kvlifetime.integrations.sglang.guard import SGLangGuard
+from kvlifetime.integrations.sglang.guard import DecodeGuard, PrefillGuard, SGLangGuard
 from kvlifetime.integrations.sglang.prefill_hooks import drained
 from kvlifetime.integrations.sglang.signals import SUPPORTED_VERSION
 
@@ -176,6 +176,16 @@ class _Installation:
         self.pending: dict[str, tuple[Any, Any, bool]] = {}
         self.managers: dict[str, Any] = {}
 
+    @property
+    def decode_guard(self) -> DecodeGuard:
+        """The guard as the decode's (``install(role="decode")`` made a ``DecodeGuard``)."""
+        return cast(DecodeGuard, self.guard)
+
+    @property
+    def prefill_guard(self) -> PrefillGuard:
+        """The guard as the prefill's (``install(role="prefill")`` made a ``PrefillGuard``)."""
+        return cast(PrefillGuard, self.guard)
+
     def wrap(self, owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
         original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
         self._saved.append((owner, name, original))
@@ -223,7 +233,7 @@ class _Installation:
         from sglang.srt.disaggregation.common import conn
         from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVReceiver
 
-        guard = self.guard
+        guard = self.decode_guard
         inst = self
         tq = dmod.DecodeTransferQueue
 
@@ -502,7 +512,7 @@ class _Installation:
         if at is None:
             return None
         ranks = _prefill_ranks(receiver)
-        return self.guard.abort_token(key, ranks[at]) if at < len(ranks) else None
+        return self.decode_guard.abort_token(key, ranks[at]) if at < len(ranks) else None
 
     def _free_withheld(self, queue: Any) -> None:
         for key in self.guard.take_released():
@@ -533,10 +543,10 @@ class _Installation:
         room = int(key.split(":", 1)[1].split("#", 1)[0])
         if room in getattr(mgr, "_deferred_ack_poisoned_rooms", ()):
             if self.guard.lifecycle(key)["suspect"] != "poisoned":
-                self._quiet(lambda: self.guard.poisoned(key))
+                self._quiet(lambda: self.prefill_guard.poisoned(key))
             return
         if drained(mgr, room):
-            self._quiet(lambda: self.guard.drained(key))
+            self._quiet(lambda: self.prefill_guard.drained(key))
 
     def _freed(self, key: str) -> None:
         self._quiet(lambda: self.guard.freed(key))

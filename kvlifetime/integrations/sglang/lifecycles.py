@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvlifetime import inputs
-from kvlifetime.errors import InvalidField, KVLifetimeError, UnknownRequest, UsageError
+from kvlifetime.errors import InvalidField, KVLifetimeError, UnknownRequest
 from kvlifetime.grant import Grant
 from kvlifetime.guard import Hold, Holds, Refusals
 from kvlifetime.integrations.sglang.errors import GuardNotBound
@@ -220,14 +220,6 @@ class GuardCore:
             self._ledger = BlockLedger(n, counts=counts, incarnation=self._incarnation)
 
     # ------------------------------------------------------------------ the table
-
-    def _decode_only(self, call: str) -> None:
-        if self.role != "decode":
-            raise UsageError(f"{call} is a decode call; this guard is the {self.role}'s")
-
-    def _prefill_only(self, call: str) -> None:
-        if self.role != "prefill":
-            raise UsageError(f"{call} is a prefill call; this guard is the {self.role}'s")
 
     def _new_key(self, room: int) -> str:
         self._next += 1

@@ -43,7 +43,6 @@ class PrefillCalls(GuardCore):
         first). Returns the lifecycle key."""
         events: Events = []
         try:
-            self._prefill_only("sending")
             room = room_id(room)
             with self._lock:
                 led = self.ledger
@@ -88,7 +87,6 @@ class PrefillCalls(GuardCore):
         locally. Returns True when it released the lifecycle (it was ended)."""
         events: Events = []
         try:
-            self._prefill_only("drained")
             with self._lock:
                 if self._repeat(key):
                     return False
@@ -125,7 +123,6 @@ class PrefillCalls(GuardCore):
         own deadline passed). Quarantined once SGLang ends the lifecycle."""
         events: Events = []
         try:
-            self._prefill_only("poisoned")
             with self._lock:
                 life = self._life(key)
                 led = self.ledger
@@ -149,7 +146,6 @@ class PrefillCalls(GuardCore):
         nothing recorded): a value that is not what an ABORT carries."""
         ctx: dict[str, Any] = {"room": room, "port": port, "generation": generation}
         try:
-            self._prefill_only("abort_received")
             room = room_id(room)
             ip = inputs.text(ip, "ip")
             port = small_int(port, "port")
@@ -178,7 +174,6 @@ class PrefillCalls(GuardCore):
         released the lifecycle now (drained); otherwise the hooks hold the free until
         ``take_released`` returns the key (quarantined ``drain_timeout`` after ``now``)."""
         try:
-            self._prefill_only("ended")
             now = inputs.finite_time(now, "now")
         except KVLifetimeError as e:
             self._refuse("end_refused", e, {"key": key})
