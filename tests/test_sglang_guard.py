@@ -89,8 +89,9 @@ def refused(
         call()
     assert state(g) == before
     assert g.stats().refused.get(kind, 0) == counted + 1
-    hits = [e for e in logs if e["event"] == "sglang_guard_refused"]
-    assert len(hits) == 1 and hits[0]["kind"] == kind and hits[0]["error"] == error.__name__
+    hits = [e for e in logs if e["event"] == "guard_refused"]
+    assert len(hits) == 1 and hits[0]["kind"] == kind and hits[0]["error_type"] == error.__name__
+    assert hits[0]["engine"] == "sglang" and hits[0]["log_level"] == "warning"
     return logs
 
 
@@ -682,7 +683,7 @@ def test_every_signal_at_every_phase(signal: str, phase: str) -> None:
         with structlog.testing.capture_logs() as logs, pytest.raises(expect):
             _SIGNALS[signal](g, key)
         assert state(g) == before
-        assert [e["error"] for e in logs if e["event"] == "sglang_guard_refused"] == [
+        assert [e["error_type"] for e in logs if e["event"] == "guard_refused"] == [
             expect.__name__
         ]
         return

@@ -138,15 +138,23 @@ class Refusals:
 
 def log_refusal(engine: str, r: Refusal) -> None:
     """The one structured log event of a refused signal."""
+    log_refused(engine, r.kind.value, r.request, r.error, state=r.state, signal=r.event)
+
+
+def log_refused(
+    engine: str, kind: str, request: str, error: BaseException, **context: object
+) -> None:
+    """``guard_refused`` (logger ``kvlifetime.guard``, warning): the one event every guard logs
+    for what it refused, whatever the engine: ``engine``, ``kind``, ``request``, ``error`` (the
+    message), ``error_type`` (the typed error's class), and the context the guard has."""
     _log.warning(
         "guard_refused",
         engine=engine,
-        kind=r.kind.value,
-        request=r.request,
-        state=r.state,
-        signal=r.event,
-        error=str(r.error),
-        error_type=type(r.error).__name__,
+        kind=kind,
+        request=request,
+        error=str(error),
+        error_type=type(error).__name__,
+        **context,
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import structlog
 
 from kvlifetime import inputs
+from kvlifetime.guard.refusals import log_refused
 
 log = structlog.get_logger("kvlifetime.sglang")
 
@@ -42,17 +43,13 @@ def emit(events: Events) -> None:
 
 
 def log_refusal(kind: str, e: BaseException, ctx: dict[str, Any]) -> None:
-    """The ``sglang_guard_refused`` warning for a refused call (its counter is the guard's)."""
+    """A refused call, on the one path every guard logs refusals on (``guard_refused``, logger
+    ``kvlifetime.guard``, ``engine="sglang"``); its counter is the guard's."""
     if not structlog.is_configured():
         return
-    log.warning(
-        "sglang_guard_refused",
-        kind=kind,
-        error=type(e).__name__,
-        error_kind=getattr(e, "kind", ""),
-        message=str(e),
-        **{k: _plain(v) for k, v in ctx.items()},
-    )
+    fields = {k: _plain(v) for k, v in ctx.items()}
+    request = str(fields.pop("key", "-"))
+    log_refused("sglang", kind, request, e, error_kind=getattr(e, "kind", ""), **fields)
 
 
 def _plain(v: object) -> object:
