@@ -1,5 +1,5 @@
 """Outside data nested without end, or whose ``repr`` raises, gets kvlifetime's own typed error
-from every decoder (README, "Strict inputs"; DESIGN §3 "What bad input gets"): evidence built
+from every decoder (README, "Strict inputs"; docs/contract.md, "What bad input gets"): evidence built
 from plain data (``evidence.from_dict`` / ``from_record``), the harness's wire frames
 (``wire.decode``, msgpack's own limits included), the logs ``kvlifetime replay`` reads, and the
 results file ``kvlifetime report`` reads (``RunResult.from_dict``, ``FaultConfig.from_dict``).
