@@ -1,6 +1,6 @@
 """Outside data nested without end, or whose ``repr`` raises, gets kvlifetime's own typed error
-from every decoder (README, "Strict inputs"; docs/contract.md, "What bad input gets"): evidence built
-from plain data (``evidence.from_dict`` / ``from_record``), the harness's wire frames
+from every decoder (README, "Strict inputs"; docs/contract.md, "What bad input gets"):
+evidence built from plain data (``evidence.from_dict`` / ``from_record``), the harness's wire frames
 (``wire.decode``, msgpack's own limits included), the logs ``kvlifetime replay`` reads, and the
 results file ``kvlifetime report`` reads (``RunResult.from_dict``, ``FaultConfig.from_dict``).
 Python's ``repr``, ``==`` and ``json`` recurse: 1,200 levels used to come out as an untyped
