@@ -39,6 +39,7 @@ KVLifetimeError
 │   ├── UnsupportedEngineSetting  An SGLang setting the guard cannot work with
 │   ├── GuardNotBound             The guard's ledger was used before its size was known
 │   ├── AlreadyInstalled          ``install`` called while the hooks are installed
+│   ├── UnsupportedEngineVersion  The installed vLLM is not one whose engine facts kvlifetime holds
 │   ├── ProfileUnavailable        No evidence profile can be loaded for this engine
 │   ├── ReportInputError          The harness results file is not one
 │   └── NothingToCheck            The log holds no kvlifetime event: there is nothing to replay
@@ -72,6 +73,7 @@ Defined beside the code that raises them (kvlifetime.*, each imports this one):
   harness.wire                UnauthorizedMessage, MalformedMessage
   integrations.sglang.errors  MalformedEngineValue, UnsupportedEngineVersion,
                               UnsupportedEngineSetting, GuardNotBound, AlreadyInstalled
+  integrations.vllm.errors    UnsupportedEngineVersion
   profiles                    ProfileUnavailable
   report                      ReportInputError
   report.browser              BrowserError, ChromiumNotFound

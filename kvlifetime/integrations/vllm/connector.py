@@ -31,6 +31,11 @@ block-freeing path:
   the ids it reaped travel to the scheduler in the worker metadata (``GuardWorkerMeta``), so a
   reaped lease is told apart from a completed read where that is known.
 
+Every private detail of vLLM this relies on (the scheduler that binds the connector, its request
+table and free path, request statuses, a step's new block ids, NIXL's lease reaper) is a call
+into the engine-facts module of the installed vLLM (``facts.installed()``: ``facts_v0_33``),
+checked when the first guarded class is built.
+
 The scheduler-side guard is ``connector.guard`` (``ConnectorGuard``): ``guard.stats()``,
 ``LedgerCollector(connector.guard.ledger)`` for Prometheus, ``guard.revoke(fence)`` once peers
 are fenced (from any thread: the threading contract is ``ConnectorGuard``'s).
@@ -39,7 +44,6 @@ are fenced (from any thread: the threading contract is ``ConnectorGuard``'s).
 from __future__ import annotations
 
 import copy
-import sys
 import threading
 from typing import Any, ClassVar
 
@@ -49,19 +53,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
     KVConnectorWorkerMetadata,
 )
-from vllm.v1.request import RequestStatus
 
 from kvlifetime.errors import InvalidField
+from kvlifetime.integrations.vllm import facts
 from kvlifetime.integrations.vllm.guard import ConnectorGuard
-
-_ABORTED = frozenset(
-    s
-    for s in (
-        getattr(RequestStatus, "FINISHED_ABORTED", None),
-        getattr(RequestStatus, "FINISHED_ERROR", None),
-    )
-    if s is not None
-)
 
 
 class GuardWorkerMeta(KVConnectorWorkerMetadata):
@@ -84,13 +79,6 @@ class GuardWorkerMeta(KVConnectorWorkerMetadata):
         else:
             inner = self.inner.aggregate(other.inner)
         return GuardWorkerMeta(inner, self.lease_reaped | other.lease_reaped)
-
-
-def _flat(block_ids: Any) -> list[int]:
-    """vLLM passes block ids as a list, or one list per KV-cache group (one block pool)."""
-    if block_ids and isinstance(block_ids[0], (list, tuple)):
-        return [b for group in block_ids for b in group]
-    return list(block_ids)
 
 
 def inner_config(vllm_config: Any) -> tuple[type[KVConnectorBase_V1], Any]:
@@ -136,6 +124,8 @@ class GuardedConnector(KVConnectorBase_V1):
     ) -> None:
         cfg = self.__dict__.pop("_kvl_config", vllm_config)
         super().__init__(cfg, role, kv_cache_config)
+        self._kvl_facts = engine = facts.installed()
+        self._kvl_waiting, self._kvl_aborted = engine.statuses()
         self.guard = None
         self._kvl_reaped: set[str] = set()
         # The step's loads, held until build_connector_meta: (request, vLLM's blocks, their ids,
@@ -150,36 +140,31 @@ class GuardedConnector(KVConnectorBase_V1):
         self._kvl_free: Any = None
         self._kvl_received: Any = None
         if role == KVConnectorRole.SCHEDULER:
-            num_blocks = _num_blocks(cfg, kv_cache_config)
+            num_blocks = engine.num_blocks(cfg, kv_cache_config)
             extra = (vllm_config.kv_transfer_config.kv_connector_extra_config or {}).get(
                 "kvlifetime", {}
             )
             self.guard = ConnectorGuard(num_blocks, peer=str(extra.get("peer", "vllm-kv-peer")))
         else:
-            self._kvl_watch_reaper()
+            # NIXL's worker reaps expired send leases into finished_sending: watch what it adds.
+            engine.watch_reaper(self, self._kvl_reaped)
 
     # ------------------------------------------------------------------ scheduler role
 
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
         super().bind_kv_cache_manager(kv_cache_manager)
         # vLLM's placeholder block (sliding-window and mamba lists repeat it): never exposed.
-        self._kvl_null = kv_cache_manager.block_pool.null_block.block_id
-        # vLLM's Scheduler binds its cache manager from its own __init__: its request table
-        # is the truth about which ids vLLM holds (an id it does not hold would trip its
-        # asserts; one it holds, even one the guard never saw, is vLLM's own business).
-        owner = sys._getframe(1).f_locals.get("self")
-        requests = getattr(owner, "requests", None)
-        if (
-            self.guard is not None
-            and isinstance(requests, dict)
-            and getattr(owner, "kv_cache_manager", None) is kv_cache_manager
-        ):
-            self.guard.holds = requests.__contains__
-            self.guard.phase = _phase_in(requests)
-            self._kvl_requests = requests
-            self._kvl_free = getattr(owner, "_free_blocks", None)
-            self._kvl_received = _receive_in(owner)
-            self._kvl_refuse_load = _refuse_load_in(owner)
+        self._kvl_null = self._kvl_facts.null_block_id(kv_cache_manager)
+        # The Scheduler binding its cache manager (None: a connector driven by hand): its
+        # request table is the truth about which ids vLLM holds.
+        hooks = self._kvl_facts.scheduler_hooks(kv_cache_manager)
+        if self.guard is not None and hooks is not None:
+            self.guard.holds = hooks.requests.__contains__
+            self.guard.phase = hooks.phase
+            self._kvl_requests = hooks.requests
+            self._kvl_free = hooks.free
+            self._kvl_received = hooks.received
+            self._kvl_refuse_load = hooks.refuse_load
 
     def on_new_request(self, request: Any) -> None:
         super().on_new_request(request)
@@ -208,10 +193,10 @@ class GuardedConnector(KVConnectorBase_V1):
             guard.begin_step()
             self._kvl_flush()
             if guard.loads_tracked:
-                guard.handed_out(self._kvl_ids(_new_blocks(scheduler_output)))
+                guard.handed_out(self._kvl_ids(self._kvl_facts.new_blocks(scheduler_output)))
         if guard is not None and self._kvl_pending:
             pending, self._kvl_pending = self._kvl_pending, []
-            waiting = RequestStatus.WAITING_FOR_REMOTE_KVS
+            waiting = self._kvl_waiting
             refused = guard.allocated_many(
                 [(req.request_id, ids) for req, _, ids, _ in pending if req.status == waiting]
             )
@@ -291,7 +276,10 @@ class GuardedConnector(KVConnectorBase_V1):
             return delay
         rid = request.request_id
         out = self.guard.finished(
-            rid, self._kvl_ids(block_ids) if delay else (), bool(delay), request.status in _ABORTED
+            rid,
+            self._kvl_ids(block_ids) if delay else (),
+            bool(delay),
+            request.status in self._kvl_aborted,
         )
         if delay and params and type(params) is dict:
             self._kvl_params[rid] = params
@@ -300,7 +288,7 @@ class GuardedConnector(KVConnectorBase_V1):
     def _kvl_ids(self, block_ids: Any) -> list[int]:
         """The distinct real blocks of vLLM's block-id list(s): one list per KV-cache group
         (one pool: a block shared by groups is counted once), without the null block."""
-        ids = dict.fromkeys(_flat(block_ids))
+        ids = dict.fromkeys(self._kvl_facts.flat(block_ids))
         ids.pop(self._kvl_null, None)  # type: ignore[arg-type]
         return list(ids)
 
@@ -326,21 +314,6 @@ class GuardedConnector(KVConnectorBase_V1):
 
     # ------------------------------------------------------------------ worker role
 
-    def _kvl_watch_reaper(self) -> None:
-        worker = getattr(self, "connector_worker", None)
-        reap = getattr(worker, "_reap_expired_send_leases", None)
-        if worker is None or reap is None:
-            return
-        reaped = self._kvl_reaped
-
-        def watched(done_sending: set[str]) -> None:
-            before = set(done_sending)
-            reap(done_sending)
-            reaped.update(done_sending - before)
-
-        # NIXL's worker reaps expired send leases into finished_sending: watch what it adds.
-        worker._reap_expired_send_leases = watched
-
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         inner = super().build_connector_worker_meta()
         if not self._kvl_reaped:
@@ -350,92 +323,15 @@ class GuardedConnector(KVConnectorBase_V1):
         return meta
 
 
-def _phase_in(requests: dict[str, Any]) -> Any:
-    """Where vLLM's scheduler has a request, as the guard names it (see ``ConnectorGuard``)."""
-    from vllm.v1.request import RequestStatus
-
-    def phase(request: str) -> str | None:
-        req = requests.get(request)
-        if req is None:
-            return None
-        if RequestStatus.is_finished(req.status):
-            return "finished"
-        if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
-            return "waiting_for_remote_kvs"
-        return "running"
-
-    return phase
-
-
-def _receive_in(scheduler: Any) -> Any:
-    """What vLLM's scheduler does with a ``finished_recving`` id of a request waiting for remote
-    KVs (``_update_from_kv_xfer_finished``): the id joins ``finished_recving_kv_req_ids`` and the
-    next ``schedule()`` moves the request on. None when the scheduler has no such set."""
-    done = getattr(scheduler, "finished_recving_kv_req_ids", None)
-    if not isinstance(done, set):
-        return None
-    stage = getattr(scheduler, "_set_kv_fetch_stage", None)
-    try:
-        from vllm.v1.metrics.stats import KV_FETCH_COMPLETED_WAITING
-    except ImportError:  # an older vLLM: no fetch stages
-        stage = None
-
-    def received(req: Any) -> None:
-        if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
-            done.add(req.request_id)
-            if stage is not None:
-                stage(req, KV_FETCH_COMPLETED_WAITING)
-
-    return received
-
-
-def _refuse_load_in(scheduler: Any) -> Any:
-    """How vLLM's scheduler is told a load the guard refused loaded nothing: as its own
-    failed-load path marks one under ``kv_load_failure_policy="recompute"``
-    (``_handle_failed_recving``: no computed tokens, the id in ``failed_recving_kv_req_ids``)
-    with the receive it waits for (``finished_recving_kv_req_ids``); at its next step vLLM
-    frees the blocks and schedules the request again. None when the scheduler has no such
-    sets (the inner connector is then told of every load at once)."""
-    failed = getattr(scheduler, "failed_recving_kv_req_ids", None)
-    done = getattr(scheduler, "finished_recving_kv_req_ids", None)
-    if not isinstance(failed, set) or not isinstance(done, set):
-        return None
-
-    def refused(req: Any) -> None:
-        if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
-            req.num_computed_tokens = 0
-            failed.add(req.request_id)
-            done.add(req.request_id)
-
-    return refused
-
-
-def _new_blocks(scheduler_output: Any) -> list[int]:
-    """Every block id vLLM gave a request in this step (new requests' and running ones')."""
-    out: list[int] = []
-    for new in scheduler_output.scheduled_new_reqs:
-        out.extend(_flat(new.block_ids))
-    for ids in scheduler_output.scheduled_cached_reqs.new_block_ids:
-        if ids:
-            out.extend(_flat(ids))
-    return out
-
-
-def _num_blocks(vllm_config: Any, kv_cache_config: Any) -> int:
-    n = getattr(kv_cache_config, "num_blocks", None)
-    if not n:
-        n = getattr(vllm_config.cache_config, "num_gpu_blocks", None)
-    if not n:
-        raise InvalidField("GuardedConnector: the KV cache's number of blocks is unknown")
-    return int(n)
-
-
 _CLASSES: dict[type[Any], type[Any]] = {}
 _CLASSES_LOCK = threading.Lock()
 
 
 def guarded_class(inner: type[Any]) -> type[Any]:
-    """The class of ``inner`` with the guard in front (one class per inner class)."""
+    """The class of ``inner`` with the guard in front (one class per inner class).
+    ``UnsupportedEngineVersion`` when the installed vLLM is not one the guard knows
+    (``facts.installed``, checked once)."""
+    facts.installed()
     if getattr(inner, "_kvl_guarded", False):
         return inner
     with _CLASSES_LOCK:

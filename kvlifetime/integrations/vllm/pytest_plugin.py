@@ -5,6 +5,10 @@ Used by ``make test-vllm`` to run vLLM's own tests with the guard installed: the
 same class with the guard in front), for the top-level connector only - a MultiConnector's
 children are reached through the guarded parent. With ``KVLIFETIME_VLLM_WRAPPED_LOG`` set, one
 line per guarded connector (class and role) is appended to that file.
+
+Installing it checks the installed vLLM against the guard's engine facts first
+(``facts.installed``): a vLLM the guard does not know fails the plugin's import with
+``UnsupportedEngineVersion``, and nothing is patched.
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
+from kvlifetime.integrations.vllm import facts
 from kvlifetime.integrations.vllm.connector import guarded_class
+
+facts.installed()
 
 _TARGET: contextvars.ContextVar[Any] = contextvars.ContextVar("kvlifetime_target", default=None)
 _get_class = KVConnectorFactory.get_connector_class.__func__

@@ -1,0 +1,388 @@
+"""Engine facts of vLLM 0.33: every private detail of vLLM the guard depends on, in one place.
+
+The guard (``connector.py``) is a KV connector, and the connector hooks are vLLM's public
+contract (``KVConnectorBase_V1``). To keep the blocks vLLM would free, and to hand them back
+later, it needs more than the hooks show: vLLM's scheduler's request table, its free path, the
+sets its receive path fills, its request statuses, where a step's new block ids are, NIXL's lease
+reaper. Each such detail is one function here, and ``FACTS`` lists what each relies on, with the
+vLLM 0.33 code it mirrors. ``check()`` verifies every row on the installed vLLM's classes, once,
+when the guard is installed (``facts.installed``): a vLLM where one has moved is refused with
+``UnsupportedEngineVersion`` naming it, rather than guarded wrongly. ``facts.py`` picks this
+module for vLLM 0.33.x; another version gets a module of its own beside this one
+(``facts_v0_34.py``), with the same functions.
+
+Importable without vLLM: vLLM is imported when a fact is first used or checked. Where vLLM calls
+from (the scheduler's ``__init__``, ``schedule``, ``update_from_output``) is vLLM's engine core
+thread: nothing here takes a lock.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import importlib
+import inspect
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+from kvlifetime.errors import InvalidField
+from kvlifetime.integrations.vllm.errors import UnsupportedEngineVersion
+
+VERSION = "0.33"
+"""The vLLM release series these facts describe (``vllm.__version__`` 0.33.x)."""
+
+# --------------------------------------------------------------------------- what is relied on
+
+MEMBER = "member"
+"""On the class itself (a method, an enum member, a class attribute) or the module."""
+FIELD = "field"
+"""On every instance: a dataclass field, or assigned to ``self`` in the class's ``__init__``
+(or a base class's)."""
+CALLS = "calls"
+"""Named in the body of ``Fact.method`` (a call vLLM makes there, at that point)."""
+
+_SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
+_STATUS = "vllm.v1.request:RequestStatus"
+_OUTPUT = "vllm.v1.core.sched.output"
+_NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
+
+
+class Fact(NamedTuple):
+    """One private detail of vLLM 0.33 the guard relies on."""
+
+    where: str
+    """``module:Class``, or ``module`` for a module-level name."""
+    name: str
+    how: str
+    """``MEMBER``, ``FIELD`` or ``CALLS``."""
+    mirrors: str
+    """The vLLM 0.33 code it mirrors, and which function here uses it."""
+    method: str = ""
+    """For ``CALLS``: the method of ``where`` whose body names ``name``."""
+
+    @property
+    def label(self) -> str:
+        owner = self.where.rpartition(":")[2] or self.where
+        if self.how == CALLS:
+            return f"{owner}.{self.method} calls {self.name}"
+        return f"{owner}.{self.name}"
+
+
+FACTS: tuple[Fact, ...] = (
+    Fact(_SCHED, "bind_kv_cache_manager", CALLS,
+         "scheduler.py, Scheduler.__init__ ends with connector.bind_kv_cache_manager("
+         "self.kv_cache_manager), from its own frame: scheduler_hooks finds the Scheduler there",
+         method="__init__"),
+    Fact(_SCHED, "kv_cache_manager", FIELD,
+         "Scheduler.kv_cache_manager: scheduler_hooks tells the binding Scheduler by it"),
+    Fact(_SCHED, "requests", FIELD,
+         "Scheduler.requests (request id -> Request): which ids vLLM holds, and in which "
+         "status (scheduler_hooks: holds, phase)"),
+    Fact(_SCHED, "_free_blocks", MEMBER,
+         "Scheduler._free_blocks(request): frees a finished request's blocks and forgets it, as "
+         "_update_from_kv_xfer_finished does on finished_sending (scheduler_hooks: free)"),
+    Fact(_SCHED, "finished_recving_kv_req_ids", FIELD,
+         "the set _update_from_kv_xfer_finished adds a received id to; the next schedule() "
+         "moves its request on (scheduler_hooks: received, refuse_load)"),
+    Fact(_SCHED, "failed_recving_kv_req_ids", FIELD,
+         "the set _handle_failed_recving adds a failed load to under "
+         "kv_load_failure_policy='recompute' (scheduler_hooks: refuse_load)"),
+    Fact(_SCHED, "_set_kv_fetch_stage", MEMBER,
+         "Scheduler._set_kv_fetch_stage(request, stage): the fetch-stage metric "
+         "_update_from_kv_xfer_finished moves on a receive (scheduler_hooks: received)"),
+    Fact("vllm.v1.metrics.stats", "KV_FETCH_COMPLETED_WAITING", MEMBER,
+         "the stage a received request waits in (scheduler_hooks: received)"),
+    Fact(_SCHED, "get_kv_connector_stats", CALLS,
+         "update_from_output calls connector.get_kv_connector_stats() once, at its end, after "
+         "the step's request_finished and update_connector_output: the guard's step end",
+         method="update_from_output"),
+    Fact(_STATUS, "WAITING_FOR_REMOTE_KVS", MEMBER,
+         "a request whose asynchronous load is in flight (statuses, scheduler_hooks)"),
+    Fact(_STATUS, "FINISHED_ABORTED", MEMBER, "a request ended by abort (statuses)"),
+    Fact(_STATUS, "FINISHED_ERROR", MEMBER, "a request ended by an error (statuses)"),
+    Fact(_STATUS, "is_finished", MEMBER,
+         "RequestStatus.is_finished(status): ended, whichever way (scheduler_hooks: phase)"),
+    Fact("vllm.v1.request:Request", "num_computed_tokens", FIELD,
+         "set to 0 by _handle_failed_recving: the load loaded nothing (scheduler_hooks: "
+         "refuse_load)"),
+    Fact(f"{_OUTPUT}:SchedulerOutput", "scheduled_new_reqs", FIELD,
+         "the step's new requests, each with its block ids (new_blocks)"),
+    Fact(f"{_OUTPUT}:SchedulerOutput", "scheduled_cached_reqs", FIELD,
+         "the step's running requests (new_blocks)"),
+    Fact(f"{_OUTPUT}:NewRequestData", "block_ids", FIELD,
+         "a new request's block ids, one list per KV-cache group (new_blocks)"),
+    Fact(f"{_OUTPUT}:CachedRequestData", "new_block_ids", FIELD,
+         "the block ids a running request got this step, per request, or None (new_blocks)"),
+    Fact("vllm.v1.kv_cache_interface:KVCacheConfig", "num_blocks", FIELD,
+         "the KV cache's size in blocks, as the connector is built with it (num_blocks)"),
+    Fact("vllm.config.cache:CacheConfig", "num_gpu_blocks", FIELD,
+         "the same size, when the connector is built without a KVCacheConfig (num_blocks)"),
+    Fact("vllm.v1.core.kv_cache_manager:KVCacheManager", "block_pool", FIELD,
+         "the manager's BlockPool (null_block_id)"),
+    Fact("vllm.v1.core.block_pool:BlockPool", "null_block", FIELD,
+         "block_pool.py: the placeholder block sliding-window and mamba lists repeat, never "
+         "handed to a request (null_block_id)"),
+    Fact("vllm.v1.core.kv_cache_utils:KVCacheBlock", "block_id", FIELD,
+         "a block's id (null_block_id)"),
+    Fact(f"{_NIXL}.connector:NixlBaseConnector", "connector_worker", FIELD,
+         "nixl/connector.py: the worker half of a NIXL connector (watch_reaper)"),
+    Fact(f"{_NIXL}.base_worker:NixlBaseConnectorWorker", "_reap_expired_send_leases", MEMBER,
+         "nixl/base_worker.py: get_transfer_results calls it with the step's finished_sending "
+         "set; it adds the ids whose send lease expired (watch_reaper)"),
+)  # fmt: skip
+"""Every private detail of vLLM 0.33 the functions below rely on: ``check()`` looks for each."""
+
+
+# --------------------------------------------------------------------------- the facts
+
+
+def flat(block_ids: Any) -> list[int]:
+    """vLLM passes block ids as a list, or one list per KV-cache group (one block pool)."""
+    if block_ids and isinstance(block_ids[0], (list, tuple)):
+        return [b for group in block_ids for b in group]
+    return list(block_ids)
+
+
+def null_block_id(kv_cache_manager: Any) -> int:
+    """The id of vLLM's placeholder block (``BlockPool.null_block``): sliding-window and mamba
+    block lists repeat it; it is never a request's, so never exposed."""
+    return int(kv_cache_manager.block_pool.null_block.block_id)
+
+
+class Statuses(NamedTuple):
+    """The ``RequestStatus`` values the guard tells apart."""
+
+    waiting_for_remote_kvs: Any
+    """An asynchronous load in flight: vLLM waits for its ``finished_recving``."""
+    ended_by_abort: frozenset[Any]
+    """Ended by an abort or an error (``FINISHED_ABORTED``, ``FINISHED_ERROR``)."""
+
+
+@functools.cache
+def statuses() -> Statuses:
+    """vLLM 0.33's ``RequestStatus`` members the guard compares a request's status with."""
+    from vllm.v1.request import RequestStatus
+
+    return Statuses(
+        RequestStatus.WAITING_FOR_REMOTE_KVS,
+        frozenset((RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR)),
+    )
+
+
+class SchedulerHooks(NamedTuple):
+    """What the guard uses of the vLLM ``Scheduler`` that bound it."""
+
+    requests: dict[str, Any]
+    """``Scheduler.requests``: the truth about which ids vLLM holds (an id it does not hold
+    would trip its asserts; one it holds, even one the guard never saw, is vLLM's business)."""
+    phase: Callable[[str], str | None]
+    """Where the scheduler has a request, as the guard names it (``ConnectorGuard.phase``)."""
+    free: Callable[[Any], Any] | None
+    """``Scheduler._free_blocks``: give a finished request's blocks back to vLLM."""
+    received: Callable[[Any], None] | None
+    """Tell vLLM a request waiting for remote KVs received them (None: no such set)."""
+    refuse_load: Callable[[Any], None] | None
+    """Tell vLLM a load loaded nothing, as its recompute policy does (None: no such sets; the
+    inner connector is then told of every load at once)."""
+
+
+def scheduler_hooks(kv_cache_manager: Any) -> SchedulerHooks | None:
+    """The ``Scheduler`` binding ``kv_cache_manager``, as hooks; None when the caller is no
+    such scheduler (a connector driven by hand). Called from the connector's
+    ``bind_kv_cache_manager``, which vLLM 0.33's ``Scheduler.__init__`` calls from its own frame:
+    the scheduler is that frame's ``self`` (no hook passes it)."""
+    owner = sys._getframe(2).f_locals.get("self")
+    requests = getattr(owner, "requests", None)
+    if not isinstance(requests, dict) or getattr(owner, "kv_cache_manager", None) is not (
+        kv_cache_manager
+    ):
+        return None
+    return SchedulerHooks(
+        requests=requests,
+        phase=_phase_in(requests),
+        free=getattr(owner, "_free_blocks", None),
+        received=_receive_in(owner),
+        refuse_load=_refuse_load_in(owner),
+    )
+
+
+def _phase_in(requests: dict[str, Any]) -> Callable[[str], str | None]:
+    from vllm.v1.request import RequestStatus
+
+    waiting = RequestStatus.WAITING_FOR_REMOTE_KVS
+    is_finished = RequestStatus.is_finished
+
+    def phase(request: str) -> str | None:
+        req = requests.get(request)
+        if req is None:
+            return None
+        if is_finished(req.status):
+            return "finished"
+        if req.status == waiting:
+            return "waiting_for_remote_kvs"
+        return "running"
+
+    return phase
+
+
+def _receive_in(scheduler: Any) -> Callable[[Any], None] | None:
+    """What ``_update_from_kv_xfer_finished`` does with a ``finished_recving`` id of a request
+    waiting for remote KVs: the id joins ``finished_recving_kv_req_ids`` (the next
+    ``schedule()`` moves the request on) and its fetch stage becomes
+    ``KV_FETCH_COMPLETED_WAITING``."""
+    done = getattr(scheduler, "finished_recving_kv_req_ids", None)
+    if not isinstance(done, set):
+        return None
+    from vllm.v1.metrics.stats import KV_FETCH_COMPLETED_WAITING
+
+    stage = getattr(scheduler, "_set_kv_fetch_stage", None)
+    waiting = statuses().waiting_for_remote_kvs
+
+    def received(req: Any) -> None:
+        if req.status == waiting:
+            done.add(req.request_id)
+            if stage is not None:
+                stage(req, KV_FETCH_COMPLETED_WAITING)
+
+    return received
+
+
+def _refuse_load_in(scheduler: Any) -> Callable[[Any], None] | None:
+    """How vLLM's scheduler marks a failed load under ``kv_load_failure_policy="recompute"``
+    (``_handle_failed_recving``: no computed tokens, the id in ``failed_recving_kv_req_ids``),
+    with the receive it waits for (``finished_recving_kv_req_ids``): at its next step vLLM frees
+    the blocks and schedules the request again."""
+    failed = getattr(scheduler, "failed_recving_kv_req_ids", None)
+    done = getattr(scheduler, "finished_recving_kv_req_ids", None)
+    if not isinstance(failed, set) or not isinstance(done, set):
+        return None
+    waiting = statuses().waiting_for_remote_kvs
+
+    def refused(req: Any) -> None:
+        if req.status == waiting:
+            req.num_computed_tokens = 0
+            failed.add(req.request_id)
+            done.add(req.request_id)
+
+    return refused
+
+
+def new_blocks(scheduler_output: Any) -> list[int]:
+    """Every block id vLLM gave a request in this step: new requests'
+    (``scheduled_new_reqs[i].block_ids``) and running ones'
+    (``scheduled_cached_reqs.new_block_ids``)."""
+    out: list[int] = []
+    for new in scheduler_output.scheduled_new_reqs:
+        out.extend(flat(new.block_ids))
+    for ids in scheduler_output.scheduled_cached_reqs.new_block_ids:
+        if ids:
+            out.extend(flat(ids))
+    return out
+
+
+def num_blocks(vllm_config: Any, kv_cache_config: Any) -> int:
+    """The KV cache's size in blocks: ``KVCacheConfig.num_blocks``, else
+    ``CacheConfig.num_gpu_blocks``; ``InvalidField`` when neither is known."""
+    n = getattr(kv_cache_config, "num_blocks", None)
+    if not n:
+        n = getattr(vllm_config.cache_config, "num_gpu_blocks", None)
+    if not n:
+        raise InvalidField("GuardedConnector: the KV cache's number of blocks is unknown")
+    return int(n)
+
+
+def watch_reaper(connector: Any, reaped: set[str]) -> bool:
+    """Watch the worker-side connector's lease reaper (NIXL's
+    ``connector_worker._reap_expired_send_leases(done_sending)``, which adds the ids whose send
+    lease expired to the step's ``finished_sending``): each id it adds is put in ``reaped``
+    too. False when the connector has no such reaper."""
+    worker = getattr(connector, "connector_worker", None)
+    reap = getattr(worker, "_reap_expired_send_leases", None)
+    if worker is None or reap is None:
+        return False
+
+    def watched(done_sending: set[str]) -> None:
+        before = set(done_sending)
+        reap(done_sending)
+        reaped.update(done_sending - before)
+
+    worker._reap_expired_send_leases = watched
+    return True
+
+
+# --------------------------------------------------------------------------- the check
+
+
+def check() -> None:
+    """Every row of ``FACTS`` on the installed vLLM's classes; ``UnsupportedEngineVersion``
+    naming those not found. Imports vLLM."""
+    missing = [fact.label for fact in FACTS if not holds(fact)]
+    if missing:
+        import vllm
+
+        raise UnsupportedEngineVersion(
+            f"kvlifetime's vLLM guard relies on private details of vLLM {VERSION}.x "
+            f"(kvlifetime/integrations/vllm/facts_v{VERSION.replace('.', '_')}.py) that "
+            f"vLLM {getattr(vllm, '__version__', '?')} does not have: {', '.join(missing)}; "
+            "nothing was guarded"
+        )
+
+
+def holds(fact: Fact) -> bool:
+    """Whether the installed vLLM has ``fact`` (False when its module does not import)."""
+    try:
+        module_name, _, owner_name = fact.where.partition(":")
+        owner: Any = importlib.import_module(module_name)
+        if owner_name:
+            owner = getattr(owner, owner_name)
+        if fact.how == MEMBER:
+            return hasattr(owner, fact.name)
+        if fact.how == FIELD:
+            return _is_field(owner, fact.name)
+        if fact.how == CALLS:
+            return fact.name in _names_in(getattr(owner, fact.method))
+    except Exception:  # an import or a lookup that fails: the fact is not there
+        return False
+    return False
+
+
+def _is_field(cls: type[Any], name: str) -> bool:
+    if name in getattr(cls, "__dataclass_fields__", {}):
+        return True
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None and any(
+            ins.opname == "STORE_ATTR" and ins.argval == name for ins in _instructions(init)
+        ):
+            return True
+    return False
+
+
+def _names_in(function: Any) -> set[str]:
+    return {ins.argval for ins in _instructions(function) if isinstance(ins.argval, str)}
+
+
+def _instructions(function: Any) -> Iterator[dis.Instruction]:
+    return dis.get_instructions(inspect.unwrap(function))
+
+
+__all__ = [
+    "CALLS",
+    "FACTS",
+    "FIELD",
+    "MEMBER",
+    "VERSION",
+    "Fact",
+    "SchedulerHooks",
+    "Statuses",
+    "check",
+    "flat",
+    "holds",
+    "new_blocks",
+    "null_block_id",
+    "num_blocks",
+    "scheduler_hooks",
+    "statuses",
+    "watch_reaper",
+]

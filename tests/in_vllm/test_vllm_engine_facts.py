@@ -1,0 +1,122 @@
+"""The guard's engine facts on the real vLLM 0.33: every private detail it relies on is found,
+and a vLLM where one has moved (here: monkeypatched away) is refused when the guard is installed
+- by the connector's class being built, or by the pytest plugin - with
+``UnsupportedEngineVersion`` naming it, nothing built or patched."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import vllm
+from inert_connector import InertConnector
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from kvlifetime.integrations.vllm import facts, facts_v0_33, testing
+from kvlifetime.integrations.vllm.connector import guarded_class
+from kvlifetime.integrations.vllm.errors import UnsupportedEngineVersion
+
+PLUGIN = "kvlifetime.integrations.vllm.pytest_plugin"
+
+
+@pytest.fixture
+def unchecked(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The process as before the guard's first install (the check not yet run); the cached
+    result is put back afterwards."""
+    monkeypatch.setattr(facts, "_INSTALLED", None)
+    yield
+
+
+def test_the_installed_vllm_is_0_33_and_every_fact_holds() -> None:
+    assert facts.series(vllm.__version__) == "0.33"
+    missing = [f.label for f in facts_v0_33.FACTS if not facts_v0_33.holds(f)]
+    assert missing == []
+    facts_v0_33.check()
+
+
+def test_install_picks_the_0_33_facts(unchecked: None) -> None:
+    assert facts.installed() is facts_v0_33
+    assert facts.installed() is facts_v0_33  # once: cached
+    assert guarded_class(InertConnector).__name__ == "GuardedInertConnector"
+
+
+def test_the_statuses_are_vllms(unchecked: None) -> None:
+    from vllm.v1.request import RequestStatus
+
+    waiting, aborted = facts_v0_33.statuses()
+    assert waiting is RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert aborted == {RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR}
+
+
+def test_the_guard_finds_the_scheduler_that_binds_it() -> None:
+    s = testing.scheduler(guarded=True, inner="InertConnector", inner_module="inert_connector")
+    connector: Any = s.connector
+    assert connector.guard is not None
+    assert connector._kvl_requests is s.requests
+    assert connector._kvl_free == s._free_blocks
+    assert connector._kvl_null == s.kv_cache_manager.block_pool.null_block.block_id
+
+
+def test_a_scheduler_without_free_blocks_refuses_the_install(
+    unchecked: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delattr(Scheduler, "_free_blocks")
+
+    class Fresh(InertConnector):
+        pass
+
+    with pytest.raises(UnsupportedEngineVersion, match=r"Scheduler\._free_blocks") as e:
+        guarded_class(Fresh)
+    assert "vLLM 0.33.0 does not have" in str(e.value)
+    assert "facts_v0_33.py" in str(e.value)
+    with pytest.raises(UnsupportedEngineVersion, match=r"Scheduler\._free_blocks"):
+        testing.scheduler(guarded=True, inner="InertConnector", inner_module="inert_connector")
+    assert facts._INSTALLED is None  # refused: checked again at the next install
+
+
+def test_the_pytest_plugin_refuses_to_install_and_patches_nothing(
+    unchecked: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delattr(Scheduler, "_free_blocks")
+    monkeypatch.delitem(sys.modules, PLUGIN, raising=False)
+    before = (
+        KVConnectorFactory.__dict__["get_connector_class"],
+        KVConnectorFactory.__dict__["create_connector"],
+    )
+    with pytest.raises(UnsupportedEngineVersion, match=r"Scheduler\._free_blocks"):
+        importlib.import_module(PLUGIN)
+    assert PLUGIN not in sys.modules
+    after = (
+        KVConnectorFactory.__dict__["get_connector_class"],
+        KVConnectorFactory.__dict__["create_connector"],
+    )
+    assert after == before
+
+
+def test_an_init_that_no_longer_keeps_the_request_table_is_refused(
+    unchecked: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An instance attribute is looked for where vLLM assigns it (``Scheduler.__init__``)."""
+    original = Scheduler.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # not functools.wraps: opaque
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Scheduler, "__init__", __init__)
+    with pytest.raises(UnsupportedEngineVersion) as e:
+        facts.installed()
+    assert "Scheduler.requests" in str(e.value)
+    assert "Scheduler.__init__ calls bind_kv_cache_manager" in str(e.value)
+    assert "Scheduler._free_blocks" not in str(e.value)
+
+
+def test_another_vllm_version_refuses_the_install(
+    unchecked: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    with pytest.raises(UnsupportedEngineVersion, match=r"0\.33\.x.*'0\.34\.0'"):
+        guarded_class(InertConnector)
