@@ -154,7 +154,9 @@ def test_docs(capsys: Capsys, tmp_path: Path) -> None:
     assert status == 0
     names = {"request.mmd", "block.mmd", "request.md", "block.md", "request.dot", "block.dot"}
     names |= {"block-sharing.dot"}  # the block's review picture is two (sharing apart)
-    svgs = {"request.svg", "block.svg", "block-sharing.svg"}
+    # the engine side: its table page, and two pictures (its load apart)
+    names |= {"engine.mmd", "engine.md", "engine.dot", "engine-load.dot"}
+    svgs = {"request.svg", "block.svg", "block-sharing.svg", "engine.svg", "engine-load.svg"}
     names |= {"evidence.md"} | (svgs if HAS_DOT else set())
     names |= {f"engine-{e}.md" for e in PROFILES}  # inproc, mooncake-tcp (nixl-ucx once there)
     assert {"engine-inproc.md", "engine-mooncake-tcp.md"} <= names
