@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvlifetime.integrations.vllm.errors import UnsupportedEngineVersion
 from kvlifetime.integrations.vllm.guard import (
     ConnectorGuard,
     GuardStats,
@@ -23,6 +24,7 @@ __all__ = [
     "GuardedConnector",
     "Handback",
     "RequestView",
+    "UnsupportedEngineVersion",
     "guarded_class",
 ]
 
