@@ -237,9 +237,14 @@ APART: Mapping[str, tuple[tuple[str, str, frozenset[str]], ...]] = {
     ),
     "engine": (
         (
+            "reads",
+            "engine side: a peer reads the blocks; proof, refusal, a lease, a fence",
+            frozenset({"read_granted", "grant_refused", "reads_done", "lease_expired", "fenced"}),
+        ),
+        (
             "load",
-            "engine side: an asynchronous load, landed, failed or fenced",
-            frozenset({"load_granted", "load_landed", "load_failed", "fenced"}),
+            "engine side: an asynchronous load, landed or failed",
+            frozenset({"load_granted", "load_landed", "load_failed"}),
         ),
     ),
 }
@@ -248,7 +253,7 @@ APART: Mapping[str, tuple[tuple[str, str, frozenset[str]], ...]] = {
 # The title of the main picture of a lifecycle drawn in parts (``APART``).
 MAIN_PART: Mapping[str, str] = {
     "block": "block lifecycle: holders and grants",
-    "engine": "engine side of a request: its end, its reads, what the engine is told",
+    "engine": "engine side of a request: its end, and what the engine is told",
 }
 
 

@@ -155,8 +155,9 @@ def test_docs(capsys: Capsys, tmp_path: Path) -> None:
     names = {"request.mmd", "block.mmd", "request.md", "block.md", "request.dot", "block.dot"}
     names |= {"block-sharing.dot"}  # the block's review picture is two (sharing apart)
     # the engine side: its table page, and two pictures (its load apart)
-    names |= {"engine.mmd", "engine.md", "engine.dot", "engine-load.dot"}
-    svgs = {"request.svg", "block.svg", "block-sharing.svg", "engine.svg", "engine-load.svg"}
+    names |= {"engine.mmd", "engine.md", "engine.dot", "engine-reads.dot", "engine-load.dot"}
+    svgs = {"request.svg", "block.svg", "block-sharing.svg"}
+    svgs |= {"engine.svg", "engine-reads.svg", "engine-load.svg"}
     names |= {"evidence.md"} | (svgs if HAS_DOT else set())
     names |= {f"engine-{e}.md" for e in PROFILES}  # inproc, mooncake-tcp (nixl-ucx once there)
     assert {"engine-inproc.md", "engine-mooncake-tcp.md"} <= names
@@ -262,6 +263,8 @@ def test_demo(capsys: Capsys, tmp_path: Path, backend: str) -> None:
     assert sorted(p.name for p in out_dir.iterdir()) == [
         "block.md",
         "block.mmd",
+        "engine.md",
+        "engine.mmd",
         "harness-table.md",
         "index.html",
         "report.json",

@@ -407,19 +407,19 @@ def test_outline_reads_what_graphviz_drew() -> None:
 
 
 def test_the_engine_side_is_drawn_row_for_row_in_two_pictures() -> None:
-    """The engine-side lifecycle (no unsafe row): its mermaid has every row, its pictures
-    split the rows between them (an asynchronous load's apart), each fits a slide."""
+    """The engine-side lifecycle (no unsafe row): its mermaid has every row, its three pictures
+    split the rows between them (the reads and the load apart), each fits a slide."""
     table = table_for("engine")
     lines = render("engine", "mermaid").split("\n")
     edges = [ln.strip() for ln in lines if "-->" in ln and "[*]" not in ln]
     assert edges == [f"{r.source} --> {r.target} : {edge_label(r)}" for r in table.rows]
     assert "    handed_back --> [*]" in lines
-    main, load = pictures(table)
-    assert (main.name, load.name) == ("engine", "engine-load")
-    assert sorted(main.rows + load.rows, key=table.rows.index) == list(table.rows)
-    assert {r.event for r in load.rows} == {"load_granted", "load_landed", "load_failed", "fenced"}
+    main, reads, load = pictures(table)
+    assert (main.name, reads.name, load.name) == ("engine", "engine-reads", "engine-load")
+    assert sorted(main.rows + reads.rows + load.rows, key=table.rows.index) == list(table.rows)
+    assert {r.event for r in load.rows} == {"load_granted", "load_landed", "load_failed"}
     page = render("engine", "md")
-    assert "](engine.svg)" in page and "](engine-load.svg)" in page
+    assert all(f"]({p.name}.svg)" in page for p in (main, reads, load))
 
 
 @needs_dot

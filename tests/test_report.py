@@ -22,6 +22,7 @@ from report_helpers import HAS_DOT, chromium_or_skip, write_results
 from structlog.testing import capture_logs
 
 from kvlifetime.cli import main
+from kvlifetime.diagrams import pictures
 from kvlifetime.report import INDEX, STEPS, ReportInputError, load_results, write_report
 from kvlifetime.report.counterexamples import (
     ENGINE,
@@ -317,6 +318,9 @@ def test_page_renders_in_headless_chromium(report_page: Path) -> None:
         "fig-request",
         "fig-block",
         "fig-block-sharing",
+        "fig-engine",
+        "fig-engine-load",
+        "fig-engine-reads",
         "fig-naive-vs-proof",
         "fig-quarantine",
         "fig-every-run",
@@ -328,6 +332,9 @@ def test_page_renders_in_headless_chromium(report_page: Path) -> None:
         f = figs[f"fig-{m}"]
         assert sorted(f["names"]) == sorted([*table_for(m).states, "__start__"])
         assert f["edges"] > 0
+    for pic in pictures(table_for("engine")):  # each picture draws the states its rows touch
+        drawn = {r.source for r in pic.rows} | {r.target for r in pic.rows}
+        assert set(figs[f"fig-{pic.name}"]["names"]) - {"__start__"} == drawn, pic.name
     sharing = {r.source for r in table_for("block").rows if r.event == "shared"}
     assert set(figs["fig-block-sharing"]["names"]) == sharing | {"owned", "exposed"}
     # laid out for a slide at 1280 px: no two labels overlap, none leaves its picture, no line
