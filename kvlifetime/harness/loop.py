@@ -278,4 +278,6 @@ def _result(cfg: RunSettings, owner: Owner, out: _Outcome) -> RunResult:
         stale_read_blocks=owner.stale_read_blocks,
         topology=topology,
         series=owner.series.columns(),
+        engine_refusals=dict(owner.refusals.counts),
+        refused_hand_backs=c.refused_hand_backs,
     )

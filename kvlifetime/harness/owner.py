@@ -8,6 +8,23 @@ evidence allows, queries, admissions, one ``Tick`` per peer rank); frames in fro
 connection (malformed ones refused and counted); what a crash and a fence do to the ledger;
 when the proof policy fences; and what counts as *leaked* (``leaked_blocks``). Each direction
 says what it does with a message, how it admits a request and what its requests wait for.
+
+The engine's side of each request is the specification's (``EngineSideLifecycle``, docs/engine.md),
+held in one ``kvlifetime.guard.Holds`` per owner and stepped only there: whether a request runs,
+ended, is withheld or quarantined, releasable or handed back is its hold's state, never a flag of
+the owner's. The ledger's release is handed back through the table (``released``, then
+``handed_back``); a policy that frees without proof (naive, timeout) does not force the table:
+the hand-back the table refuses is recorded (``Refusals``, ``OwnerCounts.refused_hand_backs``).
+
+::
+
+    push: running ─load_granted─► loading ─load_landed─► load_received ─finished─► ended
+    pull: running ─read_granted─► reading ─finished─► withheld
+    ended early, a peer may still touch the blocks:  loading ─aborted─► withheld
+    no proof by the deadline, or the peer lost:  withheld ─deadline, lease_expired─► quarantined
+    the ledger released it:  withheld, quarantined ─released─► releasable ─handed_back─► gone
+                             ended ─handed_back─► gone        (nothing is exposed any more)
+    freed unproven (naive, timeout):  withheld, quarantined ─handed_back─► refused, counted
 """
 
 from __future__ import annotations
@@ -26,12 +43,17 @@ import structlog
 from kvlifetime.errors import EvidenceError
 from kvlifetime.evidence import AccessRevoked, PeerLost
 from kvlifetime.grant import RequestKey
+from kvlifetime.guard import Hold, Holds, Refusal, Refusals
 from kvlifetime.harness.faults import FaultyLink, RequestPlan, plan
 from kvlifetime.harness.series import StateSeries
 from kvlifetime.harness.wire import MalformedMessage, Message, Tick, decode, encode
 from kvlifetime.ledger import BlockLedger
 from kvlifetime.ledger.values import LedgerStats
 from kvlifetime.spec.vocabulary import BlockState, RequestState
+
+# Engine-side states (``EngineState`` values) of a request the owner ended with an exposure
+# still open: its blocks wait for the ledger's verdict (``released``) or a fence.
+HELD_STATES = frozenset({"withheld", "quarantined"})
 
 if TYPE_CHECKING:
     from kvlifetime.adapters.transfer import TargetMemory
@@ -87,6 +109,9 @@ class OwnerCounts:
     unexpected_refused: int = 0
     reads_refused: int = 0  # pull: a reader's check naming blocks its grant does not have
     contradictory_after_release: int = 0  # pull: a second, different stop after release
+    # frees the engine-side table refused to hand back: the policy freed blocks the ledger had
+    # not proven (naive, timeout); under the proof policy always 0
+    refused_hand_backs: int = 0
 
     def ended(self, how: Ending) -> None:
         """One more request ended ``how``."""
@@ -149,6 +174,12 @@ class Owner:
         self._fencing = False  # True while releasing what a fence made releasable
         self.retired: list[LedgerStats] = []  # the stats of ledgers replaced by a restart
         self.series = StateSeries()  # blocks by state over the run, for the report's plots
+        # The engine side of every request (keyed ``str(request)``): the only state it has.
+        # Its refusals are data here (counted, in the result), not drained onto the log: the
+        # only ones a run makes are the hand-backs of unproven frees, each already logged by
+        # the ledger (``force_released``), and a run's log holds the ledger's events alone.
+        self.refusals = Refusals(f"harness-{self.ROLE}")
+        self.holds = Holds(self.refusals)
 
     # ----------------------------------------------------------------- a direction's part
 
@@ -156,16 +187,13 @@ class Owner:
         """What the tick does before the policy's deadlines (requests ending by the plan)."""
         raise NotImplementedError
 
-    def _holds(self, key: int) -> bool:
+    def _holding(self, key: int) -> bool:
         """Whether request ``key`` still holds its blocks (the timeout reaper may free them)."""
         raise NotImplementedError
 
-    def _quarantined(self, key: RequestKey) -> None:
-        """The ledger quarantined ``key``: its deadline passed without proof."""
-        raise NotImplementedError
-
-    def _release(self, key: RequestKey, ids: npt.NDArray[np.int64]) -> None:
-        """The ledger released ``key``'s blocks (``ids`` went back to the pool)."""
+    def _release(self, key: RequestKey, ids: npt.NDArray[np.int64], *, proven: bool = True) -> None:
+        """The ledger released ``key``'s blocks (``ids`` went back to the pool); ``proven``:
+        every grant was closed (its verdict), else the policy forced it (``_force``)."""
         raise NotImplementedError
 
     def _queries(self, n: int) -> None:
@@ -211,12 +239,14 @@ class Owner:
         self._begin_tick(n, peers)
         if self.cfg.policy != "naive":
             for qkey in self.ledger.expire(float(n)):
-                self._quarantined(qkey)
+                # Its deadline passed without proof: quarantined.
+                self.holds.fire(str(qkey), "deadline")
         while self._reaper and self._reaper[0][0] <= n:
             _, key = heapq.heappop(self._reaper)
-            if self._holds(key) and self.ledger.state(key) is not RequestState.TRANSFER_QUIESCED:
+            if self._holding(key) and self.ledger.state(key) is not RequestState.TRANSFER_QUIESCED:
                 # The lease reaper: the deadline passed without proof, free anyway.
-                self._release(key, self.ledger.force_release(key, self.TIMEOUT_REASON))
+                self.holds.fire(str(key), "lease_expired")
+                self._force(key, self.TIMEOUT_REASON)
         for rkey, ids in self.ledger.collect_releasable().items():
             self._release(rkey, ids)
         self._queries(n)
@@ -227,6 +257,8 @@ class Owner:
         for link, out in zip(self.links, outs, strict=False):
             out.extend(link.due(n))
             out.append(encode(Tick(n)))
+        # The tick's exposures leave with its frames: a report from now on may be about them.
+        self.holds.next_step()
         return outs
 
     def tick(self, n: int, peer: str, admit_more: bool) -> list[bytes]:
@@ -239,7 +271,7 @@ class Owner:
         the deadline at which the ledger quarantines them."""
         cfg = self.cfg
         if cfg.policy == "naive":
-            self._release(key, self.ledger.force_release(key, reason))
+            self._force(key, reason)
         elif cfg.policy == "timeout":
             if self.TIMEOUT_SETS_DEADLINE:
                 self.ledger.set_deadline(key, self.now + cfg.timeout_ticks)
@@ -259,12 +291,34 @@ class Owner:
             return None
         return p
 
-    def _released(self, admitted: int, quarantined: bool) -> None:
-        """Count one request's release (admitted at tick ``admitted``)."""
-        if quarantined and not self._fencing:
+    def _force(self, key: int, reason: str) -> None:
+        """The policy frees ``key`` now, proven or not (``force_release``: unsafe, counted by
+        the ledger, unless every grant was closed already)."""
+        proven = self.ledger.state(key) is RequestState.TRANSFER_QUIESCED
+        self._release(key, self.ledger.force_release(key, reason), proven=proven)
+
+    def _hand_back(
+        self, key: RequestKey, hold: Hold, admitted: int, *, proven: bool
+    ) -> Refusal | None:
+        """The ledger let go of ``key``'s blocks (admitted at tick ``admitted``): hand them
+        back through the engine-side table. Proven (the ledger's verdict): an ended request
+        with its exposure open goes ``released`` then ``handed_back``. Forced without proof:
+        ``handed_back`` only, which the table refuses while it holds the exposure open; the
+        refusal is recorded, the table is not forced. Returns it (None: handed back)."""
+        request = str(key)
+        was = hold.state
+        if proven:
+            hold.read = hold.write = None  # every grant closed: the exposure is over
+            if was in HELD_STATES:
+                self.holds.fire(request, "released", hold)
+        refusal: Refusal | None = self.holds.fire(request, "handed_back", hold)
+        if refusal is not None:
+            self.count.refused_hand_backs += 1
+        if was == "quarantined" and proven and not self._fencing:
             self.count.released_by_late_proof += 1  # quarantine had a way out: the proof
         self.count.hold_ticks += self.now - admitted
         self.count.released_requests += 1
+        return refusal
 
     # ----------------------------------------------------------------- inbound
 
@@ -323,6 +377,15 @@ class Owner:
         self._lost(peer, Ending.LOST_TO_FENCE)
         self.ledger.apply(AccessRevoked(peer, fence=fence))
         self.fences[fence] = self.fences.get(fence, 0) + 1
+        for request, hold in self.holds:
+            # A request still running whose exposure the fence ended (pull: granted, not yet
+            # ended by prefill): it runs on with nothing exposed.
+            if (
+                hold.state in ("loading", "reading")
+                and not self.ledger.open_grants(int(request))
+                and self.holds.fire(request, "fenced", hold) is None
+            ):
+                hold.read = hold.write = None
         self._fencing = True
         try:
             for rkey, ids in self.ledger.collect_releasable().items():

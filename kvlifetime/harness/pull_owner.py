@@ -19,6 +19,14 @@ What prefill does with its source blocks is the policy:
   in-process engine, whose copies run on the reader's thread; re-creating the serving engine on
   Mooncake, the serving agent on NIXL) and on quarantine pressure.
 
+Each request's engine side is its hold (``Owner.holds``, the specification's table): admitted
+``running``, its READ grant ``read_granted`` (``reading``), ended by prefill ``finished``
+(``withheld`` while decode may read, ``ended`` when its reads were proven over first); a proof
+the ledger accepts that the reads are over is ``reads_done`` (never in the tick that sent the
+ids: ``Holds.next_step`` at each tick's end), a lost reader ``lease_expired``; handed back when
+the ledger releases it. Released means handed back by the table, or freed by the policy without
+proof (the hand-back the table refused, kept on the request).
+
 The run is ``harness.loop``'s, in lock-step ticks as the push direction's: one seed decides
 every fault and every read order, so two runs with one seed give the same figures on the
 in-process engine. The reader checks its reads inside its tick while prefill waits, so
@@ -39,6 +47,7 @@ from kvlifetime.adapters.transfer import TargetMemory
 from kvlifetime.errors import KVLifetimeError, StaleEvidence, UnauthorizedEvidence
 from kvlifetime.evidence import Evidence, SchedulingStopped, TransferCompleted, TransferQuiesced
 from kvlifetime.grant import Access, Grant, GrantId, RequestKey
+from kvlifetime.guard import Hold, Refusal
 from kvlifetime.harness import pattern
 from kvlifetime.harness.faults import RequestPlan
 from kvlifetime.harness.oracle import TransportOracle
@@ -61,18 +70,37 @@ PLANTED = 1 << 40  # request number of the "other request" a planted stale read 
 
 @attrs.define(slots=True)
 class _Src:
+    """One request prefill holds: its plan, grant and words, what it was told, when. Where it
+    is in its life is ``hold.state`` (the engine-side table)."""
+
     plan: RequestPlan
     grant: Grant
     words: npt.NDArray[np.uint64]  # the grant's words, one per block
     admitted: int
     last_news: int
+    hold: Hold  # its engine-side state (``Owner.holds``, the only place it changes)
     queries: int = 0
-    released: bool = False
-    concluded: bool = False  # the reader's reads of it ended (its final evidence, or it was reaped)
     stopped_at: int | None = None  # SchedulingStopped's last_seq, once seen
     outcome: Ending | None = None  # how its reads ended, as far as prefill can tell
-    quarantined: bool = False
     stale: bool = False  # one of its reads was stale (counted once per request)
+    # The policy freed its blocks without proof: the hand-back the engine-side table refused
+    # (its hold stays where the table left it; the blocks are back in the pool all the same).
+    refused: Refusal | None = None
+
+    @property
+    def released(self) -> bool:
+        """Its blocks went back to the pool: handed back by the table, or freed unproven."""
+        return self.hold.state == "handed_back" or self.refused is not None
+
+    @property
+    def concluded(self) -> bool:
+        """The reader's reads of it ended: the READ exposure is over (proven, closed by the
+        ledger or a fence), or its reader was lost (the lease reaped: no report comes)."""
+        return self.hold.read is None or self.hold.read_reaped
+
+    @property
+    def quarantined(self) -> bool:
+        return self.hold.state == "quarantined"
 
 
 class SourceOwner(Owner):
@@ -190,42 +218,51 @@ class SourceOwner(Owner):
         if isinstance(ev, TransferCompleted):
             r.stopped_at = ev.last_seq
             self._outcome(r, Ending.COMPLETED)
-            self._concluded(r)
         elif isinstance(ev, SchedulingStopped):
             r.stopped_at = ev.last_seq
             failed = any(r.plan.fails[: ev.last_seq])
             if ev.last_seq >= 1 and not r.concluded and r.outcome is None:
                 self.count.ended_mid_transfer += 1
             self._outcome(r, Ending.TRANSFER_FAILED if failed else Ending.ABORTED)
-        elif (
-            isinstance(ev, TransferQuiesced)
-            and r.stopped_at is not None
-            and ev.through_seq >= r.stopped_at
-        ):
-            self._concluded(r)
+        if r.released:
+            # The ledger forgot the grant: only the reader's own final word ends its reads.
+            final = isinstance(ev, TransferCompleted) or (
+                isinstance(ev, TransferQuiesced)
+                and r.stopped_at is not None
+                and ev.through_seq >= r.stopped_at
+            )
+        else:
+            final = not self.ledger.open_grants(int(req))  # the ledger's verdict
+        if final:
+            self._reads_done(r)
 
     def _outcome(self, r: _Src, how: Ending) -> None:
         if r.outcome is None:
             r.outcome = how
             self.count.ended(how)
 
-    def _concluded(self, r: _Src) -> None:
-        r.concluded = True
-        if r.released:
+    def _reads_done(self, r: _Src) -> None:
+        """The reads of ``r``'s grant are over (``reads_done``: the READ exposure ends)."""
+        hold = r.hold
+        if not r.concluded and self.holds.fire(str(r.grant.request), "reads_done", hold) is None:
+            hold.read = None
+        self._settle(r)
+
+    def _settle(self, r: _Src) -> None:
+        """Forget ``r`` once it is both released and concluded."""
+        if r.released and r.concluded:
             self.reqs.pop(int(r.grant.request), None)
 
     # ----------------------------------------------------------------- releases
 
-    def _release(self, key: RequestKey, ids: npt.NDArray[np.int64]) -> None:
+    def _release(self, key: RequestKey, ids: npt.NDArray[np.int64], *, proven: bool = True) -> None:
         # Back in the pool. The blocks keep their bytes until a new owner computes into them:
         # the owner's view (the oracle) changes only then.
         r = self.reqs.get(key) if isinstance(key, int) else None
         if r is None:
             return
-        r.released = True
-        self._released(r.admitted, r.quarantined)
-        if r.concluded:
-            self.reqs.pop(int(key), None)
+        r.refused = self._hand_back(key, r.hold, r.admitted, proven=proven)
+        self._settle(r)
 
     # ----------------------------------------------------------------- one tick
 
@@ -235,15 +272,20 @@ class SourceOwner(Owner):
         self.reader = peers[0]
         ending, self._ending = self._ending, []
         for key in ending:
+            r = self.reqs.get(key)
+            hold = None if r is None else r.hold
+            if hold is not None:
+                # reading -> withheld (decode may still read), or running -> ended (its reads
+                # were proven over first)
+                self.holds.fire(str(key), "finished", hold)
             self.ledger.finish(key)
+            if hold is not None and hold.read_reaped and hold.state == "withheld":
+                # Its reader was lost while prefill ran it: the ledger quarantines it as it
+                # ends, and so does the table.
+                self.holds.fire(str(key), "lease_expired", hold)
             self._ended(key, "prefill finished")
 
-    def _quarantined(self, key: RequestKey) -> None:
-        q = self.reqs.get(key) if isinstance(key, int) else None
-        if q is not None:
-            q.quarantined = True
-
-    def _holds(self, key: int) -> bool:
+    def _holding(self, key: int) -> bool:
         r = self.reqs.get(key)
         return r is not None and not r.released
 
@@ -273,7 +315,10 @@ class SourceOwner(Owner):
             w = pattern.words(key, ids, g.generations)
             self.table[ids] = w[:, None]  # prefill computes the request's KV into its blocks
             self.oracle.granted(key, ids, w)
-            r = _Src(p, g, w, n, n)
+            hold = self.holds.admit(str(key))
+            hold.read, hold.read_step = g, self.holds.step  # its ids leave with this tick
+            self.holds.fire(str(key), "read_granted", hold)
+            r = _Src(p, g, w, n, n, hold)
             self.reqs[key] = r
             self.grants[g.id] = r
             self.next_request += 1
@@ -296,10 +341,15 @@ class SourceOwner(Owner):
 
     def _lost(self, peer: str, how: Ending) -> None:
         """``peer``'s process is gone and reaped: it reads and reports nothing more."""
+        crashed = how is Ending.LOST_TO_CRASH  # a fence ends the reads for real (``fenced``)
         for r in list(self.reqs.values()):
             if r.grant.peer == peer and not r.concluded:
                 self._outcome(r, how)
-                self._concluded(r)
+                if crashed:
+                    # PeerLost: only time passed; no report will prove these reads over.
+                    self.holds.fire(str(r.grant.request), "lease_expired", r.hold)
+                    r.hold.read_reaped = True
+                    self._settle(r)
         self.reader_pending = 0
 
     def idle(self) -> bool:

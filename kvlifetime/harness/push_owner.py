@@ -25,6 +25,12 @@ while the prefill peer's writes are still landing: ``naive`` starts with every b
 ``guarded`` starts with every block quarantined (``BlockLedger.after_restart``) and fences
 before reusing any.
 
+Each request's engine side is its hold (``Owner.holds``, the specification's table): admitted
+``running``, its WRITE grant ``load_granted`` (``loading``), every rank's ``TransferCompleted``
+``load_landed`` (``load_received``: consumed), decoded ``finished`` (``ended``); ended early
+``aborted`` (``withheld`` while a write may still land), quarantined at its ``deadline`` or when
+its peer is lost (``lease_expired``), and handed back when the ledger releases it.
+
 The run is ``harness.loop``'s, in lock-step ticks (see ``wire.Tick``): one seed decides every
 fault and every landing order, so two runs with one seed give the same figures, on the
 in-process engine. The initiator, prefill, is ``harness.push_initiator``.
@@ -46,10 +52,11 @@ from kvlifetime.adapters.transfer import TargetMemory
 from kvlifetime.errors import BlockUnavailable, KVLifetimeError, UnauthorizedEvidence
 from kvlifetime.evidence import SchedulingStopped, TransferCompleted
 from kvlifetime.grant import Grant, GrantId, RequestKey
+from kvlifetime.guard import Hold, Holds
 from kvlifetime.harness import pattern
 from kvlifetime.harness.faults import RequestPlan, chunks
 from kvlifetime.harness.oracle import ArenaDiff, TransportOracle
-from kvlifetime.harness.owner import Ending, Owner
+from kvlifetime.harness.owner import HELD_STATES, Ending, Owner
 from kvlifetime.harness.settings import PushSettings
 from kvlifetime.harness.wire import (
     Abort,
@@ -62,22 +69,22 @@ from kvlifetime.harness.wire import (
     encode,
 )
 from kvlifetime.ledger import BlockLedger
-from kvlifetime.spec.vocabulary import RequestState
 
 log = structlog.get_logger("kvlifetime")
 
 
 @attrs.define(slots=True)
 class _Req:
+    """One request decode holds: its plan and grants, what it was told, when. Where it is in
+    its life is ``hold.state`` (the engine-side table), nothing here."""
+
     plan: RequestPlan
     grant: Grant
     admitted: int  # tick
-    consumed: bool = False
-    ended: Ending | None = None  # why the owner ended it early
-    finished: bool = False
+    hold: Hold  # its engine-side state (``Owner.holds``, the only place it changes)
+    ended: Ending | None = None  # why the owner ended it early (the table says only that it did)
     last_news: int = 0  # tick of the last message about it (or of the last query)
     queries: int = 0
-    quarantined: bool = False  # its deadline passed without proof (it may come late)
     # a prefix-cache hit: blocks shared read-only with an earlier request, and their words
     shared: npt.NDArray[np.int64] | None = None
     shared_words: npt.NDArray[np.uint64] | None = None
@@ -103,6 +110,21 @@ class _Req:
     def nchunks(self) -> int:
         """Batches prefill writes for it (shared blocks are not written)."""
         return chunks(len(self.grant.blocks))
+
+    @property
+    def state(self) -> str:
+        return self.hold.state
+
+    @property
+    def consumed(self) -> bool:
+        """Its KV landed and was consumed (``load_received``, and ``ended`` after it: push
+        reaches ``ended`` only from there)."""
+        return self.hold.state in ("load_received", "ended")
+
+    @property
+    def finished(self) -> bool:
+        """It decoded to its normal end."""
+        return self.hold.state == "ended" and self.ended is None
 
 
 class DecodeWorker(Owner):
@@ -170,7 +192,7 @@ class DecodeWorker(Owner):
             if why is not None:
                 self._refuse_unauthorized(msg.TYPE, sender, why)
                 return
-            if r.ended is None and not r.consumed:
+            if r.state == "loading":
                 r.last_news = self.now
                 how = Ending.REJECTED if isinstance(msg, Rejected) else Ending.TRANSFER_FAILED
                 self.end(int(msg.request), how)
@@ -217,14 +239,19 @@ class DecodeWorker(Owner):
         if req is None or gid is None:
             return
         r = self._live(req, gid)
-        if r is None or r.ended is not None:
+        if r is None:
+            return
+        if r.state in HELD_STATES:
+            self._landed(int(req), r)
+            return
+        if r.state != "loading":
             return
         r.last_news = self.now
-        if isinstance(ev, TransferCompleted) and not r.consumed:
+        if isinstance(ev, TransferCompleted):
             r.completed.add(gid)
             if len(r.completed) == len(r.grants):  # every rank's KV has landed
                 self._consume(int(req), r)
-        elif isinstance(ev, SchedulingStopped) and not r.consumed:
+        elif isinstance(ev, SchedulingStopped):
             # Prefill stopped without completing: its Rejected / TransferFailed may be lost.
             rejected = r.plan.tokens > self.cfg.faults.capacity_tokens
             self.end(int(req), Ending.REJECTED if rejected else Ending.TRANSFER_FAILED)
@@ -242,8 +269,21 @@ class DecodeWorker(Owner):
             bad = np.concatenate([shared_bad, bad])
         return bad
 
+    def _landed(self, key: int, r: _Req) -> None:
+        """Evidence about a request ended early: once the ledger holds every grant closed, its
+        writes are over (``load_landed``: the exposure ends; the ledger releases it)."""
+        hold = r.hold
+        if (
+            hold.write is not None
+            and not self.ledger.open_grants(key)
+            and self.holds.fire(str(key), "load_landed", hold) is None
+        ):
+            hold.write = None
+
     def _consume(self, key: int, r: _Req) -> None:
-        r.consumed = True
+        # Every rank's TransferCompleted: the load landed, its WRITE grants are closed.
+        self.holds.fire(str(key), "load_landed", r.hold)
+        r.hold.write = None
         bad = self._check(key, r)
         if bad.any():
             self.count.contaminated_blocks += int(bad.sum())
@@ -255,14 +295,14 @@ class DecodeWorker(Owner):
 
     def _finish(self, key: int) -> None:
         r = self.reqs.get(key)
-        if r is None or r.ended is not None or r.finished:
+        if r is None or r.state != "load_received":
             return
         # A write landing after consumption corrupts the blocks while this request holds them.
         bad = self._check(key, r)
         if bad.any():
             self.count.contaminated_blocks += int(bad.sum())
             self.count.contaminated_requests += 1
-        r.finished = True
+        self.holds.fire(str(key), "finished", r.hold)
         self.count.ended(Ending.COMPLETED)
         self.ledger.finish(key)
 
@@ -273,6 +313,7 @@ class DecodeWorker(Owner):
         to the blocks is the policy's decision."""
         r = self.reqs[key]
         r.ended = how
+        self.holds.fire(str(key), "aborted", r.hold)  # withheld while a write may land
         self.count.ended(how)
         open_now = bool(self.ledger.open_grants(key))
         # Prefill posts batch c at tick admitted+1+c and reads an abort before its tick's work.
@@ -284,7 +325,7 @@ class DecodeWorker(Owner):
         self.ledger.reject(key, how.value)
         self._ended(key, how.value)
 
-    def _release(self, key: RequestKey, ids: npt.NDArray[np.int64]) -> None:
+    def _release(self, key: RequestKey, ids: npt.NDArray[np.int64], *, proven: bool = True) -> None:
         r = self.reqs.pop(key, None) if isinstance(key, int) else None
         if r is not None:
             # Every block it held, shared prefix included: the oracle learns each holder that
@@ -297,37 +338,37 @@ class DecodeWorker(Owner):
         self.oracle.freed(ids)  # back in the pool: from here, any landing in them is late
         if r is None:
             return  # the previous incarnation's blocks after a guarded restart: no request
-        self._released(r.admitted, r.quarantined)
+        self._hand_back(key, r.hold, r.admitted, proven=proven)
 
     # ----------------------------------------------------------------- one tick
 
     def _begin_tick(self, n: int, peers: Sequence[str]) -> None:
         for key in self._aborts.pop(n, []):
             r = self.reqs.get(key)
-            if r is not None and r.ended is None and not r.finished:
+            if r is not None and r.state in ("loading", "load_received"):
                 self.end(key, Ending.ABORTED)
                 for i, g in enumerate(r.grants):
                     self.links[i].offer(encode(Abort(key, g.id)), n)
         for key in self._finishes.pop(n, []):
             self._finish(key)
 
-    def _quarantined(self, key: RequestKey) -> None:
-        q = self.reqs.get(key) if isinstance(key, int) else None
-        if q is not None:
-            q.quarantined = True
-
-    def _holds(self, key: int) -> bool:
+    def _holding(self, key: int) -> bool:
         return key in self.reqs
 
     def _queries(self, n: int) -> None:
         # Lost evidence is asked for again; evidence is idempotent, so asking is always safe.
         for key, r in self.reqs.items():
-            if r.finished or r.queries >= self.cfg.max_queries:
+            # Waiting: for its KV (loading), or ended early for the proof its writes are over.
+            state = r.state
+            if state == "loading":
+                due = self.cfg.overdue_ticks
+            elif state in HELD_STATES:
+                due = self.cfg.query_every
+            else:
                 continue
-            waiting = r.ended is not None or not r.consumed
-            quiet = n - r.last_news
-            due = self.cfg.query_every if r.ended is not None else self.cfg.overdue_ticks
-            open_now = self.ledger.open_grants(key) if waiting and quiet >= due else []
+            if r.queries >= self.cfg.max_queries:
+                continue
+            open_now = self.ledger.open_grants(key) if n - r.last_news >= due else []
             if open_now:
                 r.queries += 1
                 r.last_news = n
@@ -352,8 +393,18 @@ class DecodeWorker(Owner):
             self.oracle.granted(key, ids, pattern.words(key, ids, g.generations))
             if shared is not None:
                 self.oracle.shared(key, shared)  # one more holder of the prefix's blocks
+            hold = self.holds.admit(str(key))
+            hold.write, hold.write_step = g, self.holds.step  # rank 0's stands for every rank
+            self.holds.fire(str(key), "load_granted", hold)
             self.reqs[key] = _Req(
-                p, g, n, last_news=n, shared=shared, shared_words=shared_words, more=tuple(gs[1:])
+                p,
+                g,
+                n,
+                hold,
+                last_news=n,
+                shared=shared,
+                shared_words=shared_words,
+                more=tuple(gs[1:]),
             )
             self.next_request += 1
             if p.abort_after is not None:
@@ -382,9 +433,7 @@ class DecodeWorker(Owner):
             e = self.reqs.get(src[-1])
             if (
                 e is None
-                or not e.consumed
-                or e.ended is not None
-                or e.finished
+                or e.state != "load_received"  # consumed, decoding
                 or len(e.grant.blocks) < k  # a sharer itself may have written fewer
             ):
                 src.pop()
@@ -402,11 +451,16 @@ class DecodeWorker(Owner):
     # ----------------------------------------------------------------- crashes and fences
 
     def _lost(self, peer: str, how: Ending) -> None:
+        crashed = how is Ending.LOST_TO_CRASH  # PeerLost: a write may still land, unknown
         for key, r in list(self.reqs.items()):
             if not r.to(peer) or key not in self.reqs:
                 continue
-            if r.ended is None and not r.finished and not r.consumed:
+            if r.state == "loading":
+                if crashed:
+                    self.holds.fire(str(key), "lease_expired", r.hold)  # load_failed
                 self.end(key, how)
+            elif crashed and r.state == "withheld" and r.hold.write is not None:
+                self.holds.fire(str(key), "lease_expired", r.hold)  # quarantined
 
     # ----------------------------------------------------------------- a decode restart
 
@@ -417,6 +471,9 @@ class DecodeWorker(Owner):
         self.retired.append(self.ledger.stats())
         self.count.lost_to_restart += len(self.reqs)
         self.reqs.clear()
+        # The engine side is lost with the process: a new table of holds (refusals counted on).
+        observers, self.holds = self.holds.observers, Holds(self.refusals)
+        self.holds.observers = observers
         self._aborts.clear()
         self._finishes.clear()
         self._reaper.clear()
@@ -431,7 +488,7 @@ class DecodeWorker(Owner):
 
     def idle(self) -> bool:
         """Nothing left but quarantined requests (which wait for proof that may never come)."""
-        return all(self.ledger.state(k) is RequestState.QUARANTINED for k in self.reqs)
+        return all(r.state == "quarantined" for r in self.reqs.values())
 
     def oracle_figures(self) -> dict[str, int | str]:
         return dict(attrs.asdict(self.oracle.counts()))

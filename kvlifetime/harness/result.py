@@ -138,6 +138,12 @@ class RunResult:
     # blocks by state over the run (harness.series.StateSeries.columns: column -> one value
     # per sample, at most a few hundred samples whatever the run's length); the report's plots
     series: Mapping[str, Sequence[int]] = attrs.field(factory=dict)
+    # the owner's engine-side table (its ``guard.Holds``): signals it refused, by kind
+    # (``RefusalKind``); under the proof policy none
+    engine_refusals: Mapping[str, int] = attrs.field(factory=dict)
+    # frees the table refused to hand back (the policy freed what the ledger had not proven):
+    # one per unsafe release (``unsafe_releases``, the ledger's own count)
+    refused_hand_backs: int = 0
 
     @property
     def topology_label(self) -> str:
@@ -239,6 +245,11 @@ class RunResult:
             ("leaked blocks", self.leaked_blocks),
             ("quarantined blocks", f"{self.quarantined_blocks} ({self.quarantined_requests} req)"),
             ("unsafe releases", self.unsafe_releases),
+            (
+                "refused hand-backs",
+                f"{self.refused_hand_backs} (engine-side table; "
+                f"{sum(self.engine_refusals.values())} refusals in all)",
+            ),
             ("fences", ", ".join(f"{k} x{v}" for k, v in sorted(self.fences.items())) or "none"),
             ("reclaimed by fences", sum(self.reclaimed_blocks.values())),
             ("peak quarantined", self.peak_quarantined_blocks),
