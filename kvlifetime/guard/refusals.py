@@ -98,14 +98,18 @@ class Refusals:
     """Every refusal of one guard: counted by kind, logged on the one path. Not thread-safe by
     itself: a guard calls it under its own lock and logs after releasing it (``drain``)."""
 
-    def __init__(self, engine: str) -> None:
+    def __init__(self, engine: str, *, log: bool = True) -> None:
         self.engine = engine  # "vllm", "sglang-decode", ... : the log's ``engine`` field
+        # False: counted only (a caller whose log holds one kind of line, e.g. the harness's
+        # step log, and which reports its own refusals another way); nothing is kept to log.
+        self.log = log
         self._counts: collections.Counter[str] = collections.Counter()
         self._pending: list[Refusal] = []  # to log, once the caller's lock is released
 
     def add(self, refusal: Refusal) -> Refusal:
         self._counts[refusal.kind.value] += 1
-        self._pending.append(refusal)
+        if self.log:
+            self._pending.append(refusal)
         return refusal
 
     def refuse(

@@ -178,7 +178,7 @@ class Owner:
         # Its refusals are data here (counted, in the result), not drained onto the log: the
         # only ones a run makes are the hand-backs of unproven frees, each already logged by
         # the ledger (``force_released``), and a run's log holds the ledger's events alone.
-        self.refusals = Refusals(f"harness-{self.ROLE}")
+        self.refusals = Refusals(f"harness-{self.ROLE}", log=False)
         self.holds = Holds(self.refusals)
 
     # ----------------------------------------------------------------- a direction's part
