@@ -1,12 +1,9 @@
-"""A known bug, found by ``test_ledger_stateful``'s ``grant_many`` rule and left to the
-ledger's owner (``kvlifetime/ledger/requests.py``, ``RequestTable.hold_and_grant``):
+"""A bug found by ``test_ledger_stateful``'s ``grant_many`` rule (``RequestTable.hold_and_grant``):
 ``acquire_and_grant(..., shared=True)`` whose shared hold is the ledger's first (it starts the
-per-block open-grant counters, ``BlockCounts.start_tracking``) decides whether to count its own
-new grant *before* the hold starts them, so the new grant is never counted. Once the other
-grants on the block close, ``open_access`` says the block is not exposed while that grant is
-still open. One line fixes it: decide inside the deferred call, ``count = lambda:
-blocks.count_open(arr, access) if blocks.tracking else None``. Strict: the fix makes this
-test pass, and the marker must then go."""
+per-block open-grant counters) decided whether to count its own new grant *before* the hold
+started them, so the new grant was never counted: once the other grants on the block closed,
+``open_access`` said the block was not exposed while that grant was still open (what the vLLM
+guard's ``handed_out`` reads). Fixed: the decision is made inside the deferred call."""
 
 from __future__ import annotations
 
@@ -17,7 +14,6 @@ from kvlifetime.grant import Access
 from kvlifetime.ledger import BlockLedger
 
 
-@pytest.mark.xfail(strict=True, reason="hold_and_grant counts its grant only if tracking before")
 @pytest.mark.parametrize("batch", [False, True])
 def test_a_grant_opened_by_the_first_shared_hold_is_counted(batch: bool) -> None:
     led = BlockLedger(8)

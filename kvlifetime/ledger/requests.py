@@ -228,8 +228,14 @@ class RequestTable:
         req = self.running_or_new(request)
         if access is Access.WRITE and len(arr):
             blocks.check_write_on_hold(arr, shared)
-        # Counted first: HolderLimit from the counters changes nothing.
-        count = (lambda: blocks.count_open(arr, access)) if blocks.tracking else None
+
+        # Counted first: HolderLimit from the counters changes nothing. Decided inside the
+        # call, after ``check_hold``: the ledger's first shared hold starts the per-block
+        # counters there, and this grant must be counted in them too.
+        def count() -> None:
+            if blocks.tracking:
+                blocks.count_open(arr, access)
+
         req = self.hold(blocks, request, req, arr, shared, deadline, count)
         return self.open_grant(req, peer, arr, blocks.generation.take(arr), access, None)
 
