@@ -366,3 +366,12 @@ def test_fault_config_from_dict_refuses_with_a_typed_error(d: dict[str, Any]) ->
 def test_fault_config_round_trips() -> None:
     cfg = FaultConfig(tp_ranks=2, redeliver_ticks=(2, 5))
     assert FaultConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_a_results_file_nested_without_end_is_a_report_input_error(tmp_path: Path) -> None:
+    from kvlifetime.report import ReportInputError, load_results
+
+    path = tmp_path / "report.json"
+    path.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    with pytest.raises(ReportInputError, match="nested too deep"):
+        load_results(path)

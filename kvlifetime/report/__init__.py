@@ -88,6 +88,8 @@ def load_results(path: Path) -> list[RunResult]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ReportInputError(f"{path} is not JSON: {e}") from e
+    except RecursionError:
+        raise ReportInputError(f"{path}: nested too deep to be a harness results file") from None
     if not isinstance(data, list) or not data:
         raise ReportInputError(f"{path} is not a list of harness runs (kvlifetime demo writes one)")
     runs = []
