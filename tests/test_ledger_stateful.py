@@ -489,11 +489,6 @@ class LedgerMachine(RuleBasedStateMachine):
             key = data.draw(st.sampled_from([*KEYS, "n1", "n2"]), label="key")
             ids = data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=2, unique=True))
             items.append((key, ids, data.draw(st.sampled_from(PEERS)), access))
-        if shared and not self.L.inspect().tracking:
-            # Known bug, kept out of this rule (tests/test_ledger_counter_start.py, xfail):
-            # an acquire_and_grant whose shared hold starts the per-block counters does not
-            # count its own new grant. The counters start here instead, as open_access does.
-            self.L.open_access([])
         ref = self.L.copy()
         want_grants, want_refused = [], []
         for i, item in enumerate(items):
