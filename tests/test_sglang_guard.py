@@ -683,9 +683,7 @@ def test_every_signal_at_every_phase(signal: str, phase: str) -> None:
         with structlog.testing.capture_logs() as logs, pytest.raises(expect):
             _SIGNALS[signal](g, key)
         assert state(g) == before
-        assert [e["error_type"] for e in logs if e["event"] == "guard_refused"] == [
-            expect.__name__
-        ]
+        assert [e["error_type"] for e in logs if e["event"] == "guard_refused"] == [expect.__name__]
         return
     if expect == "dup":
         before, dups = state(g), g.stats().duplicates
