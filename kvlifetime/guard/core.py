@@ -211,10 +211,10 @@ class GuardCore:
     def load_failed(self, request: str) -> Refusal | None:
         """The load was reported failed: ``LeaseExpired`` on its WRITE grant (nothing proves
         what still lands)."""
-        hold = self.hold(request)
-        if hold.write is None or hold.write_failed:
+        hold = self.holds.get(request)
+        if hold is None or hold.write is None or hold.write_failed:
             return None
-        refusal = self.holds.fire(request, "load_failed")
+        refusal = self.holds.fire(request, "load_failed", hold)
         if refusal is None:
             hold.write_failed = True
             self._failed += 1
@@ -226,7 +226,7 @@ class GuardCore:
         hold = self.holds.get(request)
         if hold is None or hold.read is None or hold.read_reaped:
             return None
-        refusal = self.holds.fire(request, "lease_expired")
+        refusal = self.holds.fire(request, "lease_expired", hold)
         if refusal is None:
             hold.read_reaped = True
             self._reaped += 1

@@ -96,13 +96,10 @@ class Holds:
         }
         self.observers: list[Observer] = []  # each row that fires, for tests and tracing
         self._scratch = _Facts(False, False, False, False, False)  # ``_facts`` fills it
-        self.get = self._holds.get  # type: ignore[method-assign,assignment]  # hot path: no Python frame
+        # The request's hold, or None: the dict's own ``get`` (the hot path: no Python frame).
+        self.get: Callable[[str], Hold | None] = self._holds.get
 
     # ------------------------------------------------------------------ reading
-
-    def get(self, request: str) -> Hold | None:
-        """The request's hold, or None (bound to the dict's own ``get`` at init: no frame)."""
-        return self._holds.get(request)
 
     def __contains__(self, request: object) -> bool:
         return request in self._holds

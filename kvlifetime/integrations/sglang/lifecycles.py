@@ -186,7 +186,9 @@ class GuardCore:
         self._sources: dict[str, Source] = {}  # peer id -> Source.peer(peer id), made once
         self._echo = EchoTable()  # prefill: the token each ABORT carried, to echo in its ACK
         # Every lifecycle's engine-side state, stepped by the spec's table (kvlifetime.guard).
-        self._holds = Holds(Refusals(f"sglang-{self.role}"))
+        # (Refusals counted only: a table refusal is counted as ``table_refused`` in the
+        # guard's own counter, and nothing is logged under the guard's lock.)
+        self._holds = Holds(Refusals(f"sglang-{self.role}", log=False))
         if ledger_blocks is not None:
             self.bind(ledger_blocks)
 
@@ -244,12 +246,11 @@ class GuardCore:
 
     def _fire(self, life: Lifecycle, event: str) -> None:
         """Step the lifecycle's hold; a row the table refuses is the guard's own inconsistency
-        (counted ``table_refused``, logged), never the engine's."""
+        (counted ``table_refused`` in ``stats().refused``), never the engine's."""
         refusal = self._holds.fire(life.key, event, life.hold)
         life.phase = _PHASE[life.hold.state]
         if refusal is not None:
             self._refused["table_refused"] += 1
-            self._holds.refusals.drain()
 
     def _life(self, key: object) -> Lifecycle:
         if not isinstance(key, str):
