@@ -3,7 +3,9 @@
 Decode pre-allocates each request's blocks through the ``BlockLedger``, grants them to the
 prefill peer *before* their addresses leave the process, and sends them over ZeroMQ. It checks
 every block it consumes (and again when it lets go) against the pattern of its current owner,
-so contamination is counted, not guessed. What it does when a request ends early is the policy:
+so contamination is counted, not guessed; that check and the oracle at the transport are its
+``ArenaWatch``'s (``harness.arena_watch``), which looks and never acts. What it does when a
+request ends early is the policy:
 
 - ``naive``: release at once (``force_release``, counted unsafe) and reuse the blocks;
 - ``timeout``: a lease reaper: release when a deadline passes without proof;
@@ -40,22 +42,21 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import attrs
 import numpy as np
 import numpy.typing as npt
 import structlog
 
-from kvlifetime.adapters.inproc import LOG_AFTER_DEATH, LOG_NBYTES, LOG_REDELIVERED, InprocTarget
 from kvlifetime.adapters.transfer import TargetMemory
 from kvlifetime.errors import BlockUnavailable, KVLifetimeError, UnauthorizedEvidence
 from kvlifetime.evidence import SchedulingStopped, TransferCompleted
 from kvlifetime.grant import Grant, GrantId, RequestKey
 from kvlifetime.guard import Hold, Holds
 from kvlifetime.harness import pattern
+from kvlifetime.harness.arena_watch import ArenaWatch
 from kvlifetime.harness.faults import RequestPlan, chunks
-from kvlifetime.harness.oracle import ArenaDiff, TransportOracle
 from kvlifetime.harness.owner import HELD_STATES, Ending, Owner
 from kvlifetime.harness.settings import PushSettings
 from kvlifetime.harness.wire import (
@@ -107,6 +108,15 @@ class _Req:
         return any(g.peer == peer for g in self.grants)
 
     @property
+    def held(self) -> npt.NDArray[np.int64]:
+        """Every block it holds, shared prefix included."""
+        return (
+            self.grant.blocks
+            if self.shared is None
+            else np.concatenate([self.shared, self.grant.blocks])
+        )
+
+    @property
     def nchunks(self) -> int:
         """Batches prefill writes for it (shared blocks are not written)."""
         return chunks(len(self.grant.blocks))
@@ -129,7 +139,8 @@ class _Req:
 
 class DecodeWorker(Owner):
     """Decode in the push direction: the memory owner. It grants its blocks WRITE to the
-    prefill ranks, consumes the KV once every rank completed, and decides when they go back."""
+    prefill ranks, consumes the KV once every rank completed, and decides when they go back.
+    What really landed in its arena is its ``watch``'s to see (``arena_watch.ArenaWatch``)."""
 
     ROLE: ClassVar[str] = "decode"
     TIMEOUT_SETS_DEADLINE: ClassVar[bool] = True
@@ -141,39 +152,14 @@ class DecodeWorker(Owner):
         self._aborts: dict[int, list[int]] = {}
         self._finishes: dict[int, list[int]] = {}
         self._prefix_sources: collections.deque[int] = collections.deque(maxlen=64)
-        # The oracle at the transport: the in-process engine's copy log, else an arena diff.
-        arena_diff = cfg.oracle == "arena diff" or not isinstance(target, InprocTarget)
-        self.oracle = TransportOracle(
-            cfg.num_blocks, cfg.block_bytes, "arena diff" if arena_diff else "copy log"
-        )
-        self._diff = ArenaDiff(target.array, cfg.block_bytes) if arena_diff else None
+        self.watch = ArenaWatch(cfg, target)
+        self.oracle = self.watch.oracle
 
     # ----------------------------------------------------------------- inbound
 
     def observe(self) -> None:
         """Hand the oracle every landing since the last look (before anything changes hands)."""
-        if self._diff is not None:
-            self.oracle.landed(*self._diff.landings())
-            return
-        assert isinstance(self.memory, InprocTarget)
-        rows = self.memory.landings()
-        if not len(rows):
-            return
-        bb = self.cfg.block_bytes
-        off, tagged, words = rows[:, 0], rows[:, 1], rows[:, 2]
-        nbytes = tagged & np.uint64(LOG_NBYTES)
-        kinds = {
-            "after_death": (tagged & np.uint64(LOG_AFTER_DEATH)) != 0,
-            "redelivered": (tagged & np.uint64(LOG_REDELIVERED)) != 0,
-        }
-        per = np.maximum(nbytes // bb, 1).astype(np.int64)
-        first = (off // bb).astype(np.int64)
-        if (per == 1).all():
-            self.oracle.landed(first, words, kinds)
-        else:  # a slice over several blocks: one landing per block it covers
-            blocks = np.concatenate([f + np.arange(k) for f, k in zip(first, per, strict=True)])
-            rep = {k: np.repeat(v, per) for k, v in kinds.items()}
-            self.oracle.landed(blocks, np.repeat(words, per), rep)
+        self.watch.observe()
 
     def handle(self, msg: Message, sender: str) -> None:
         """Act on one message that came in on the connection of peer ``sender`` (the
@@ -258,16 +244,13 @@ class DecodeWorker(Owner):
 
     # ----------------------------------------------------------------- content checks
 
-    def _check(self, key: int, r: _Req) -> np.ndarray[Any, np.dtype[np.bool_]]:
-        w = pattern.words(key, r.grant.blocks, r.grant.generations)
-        bad = pattern.mismatched(self.memory.array, r.grant.blocks, w, self.cfg.block_bytes)
-        if r.shared is not None and r.shared_words is not None:
-            # The shared prefix must still hold the words its first owner's peer wrote.
-            shared_bad = pattern.mismatched(
-                self.memory.array, r.shared, r.shared_words, self.cfg.block_bytes
-            )
-            bad = np.concatenate([shared_bad, bad])
-        return bad
+    def _check(self, key: int, r: _Req) -> None:
+        """Decode's own check of ``r``'s blocks (as it consumes them, and as it lets go):
+        every block that does not hold what it should is counted contaminated."""
+        bad = self.watch.contaminated(key, r.grant, r.shared, r.shared_words)
+        if bad:
+            self.count.contaminated_blocks += bad
+            self.count.contaminated_requests += 1
 
     def _landed(self, key: int, r: _Req) -> None:
         """Evidence about a request ended early: once the ledger holds every grant closed, its
@@ -284,10 +267,7 @@ class DecodeWorker(Owner):
         # Every rank's TransferCompleted: the load landed, its WRITE grants are closed.
         self.holds.fire(str(key), "load_landed", r.hold)
         r.hold.write = None
-        bad = self._check(key, r)
-        if bad.any():
-            self.count.contaminated_blocks += int(bad.sum())
-            self.count.contaminated_requests += 1
+        self._check(key, r)
         self.count.kv_bytes += len(r.grant.blocks) * self.cfg.block_bytes
         self._finishes.setdefault(self.now + r.plan.decode_ticks, []).append(key)
         if r.plan.nblocks > 1:
@@ -298,10 +278,7 @@ class DecodeWorker(Owner):
         if r is None or r.state != "load_received":
             return
         # A write landing after consumption corrupts the blocks while this request holds them.
-        bad = self._check(key, r)
-        if bad.any():
-            self.count.contaminated_blocks += int(bad.sum())
-            self.count.contaminated_requests += 1
+        self._check(key, r)
         self.holds.fire(str(key), "finished", r.hold)
         self.count.ended(Ending.COMPLETED)
         self.ledger.finish(key)
@@ -327,15 +304,7 @@ class DecodeWorker(Owner):
 
     def _release(self, key: RequestKey, ids: npt.NDArray[np.int64], *, proven: bool = True) -> None:
         r = self.reqs.pop(key, None) if isinstance(key, int) else None
-        if r is not None:
-            # Every block it held, shared prefix included: the oracle learns each holder that
-            # lets go, not only the blocks that go back to the pool (a block its writer let go
-            # of while a sharer keeps it takes no write on time any more).
-            held = (
-                r.grant.blocks if r.shared is None else np.concatenate([r.shared, r.grant.blocks])
-            )
-            self.oracle.let_go(int(key), held)
-        self.oracle.freed(ids)  # back in the pool: from here, any landing in them is late
+        self.watch.released(key, None if r is None else r.held, ids)
         if r is None:
             return  # the previous incarnation's blocks after a guarded restart: no request
         self._hand_back(key, r.hold, r.admitted, proven=proven)
@@ -390,9 +359,7 @@ class DecodeWorker(Owner):
             # The grants (one per rank) exist before the addresses leave the process.
             gs = [self.ledger.grant(key, peer, ids) for peer in peers]
             g = gs[0]
-            self.oracle.granted(key, ids, pattern.words(key, ids, g.generations))
-            if shared is not None:
-                self.oracle.shared(key, shared)  # one more holder of the prefix's blocks
+            self.watch.granted(key, ids, g.generations, shared)
             hold = self.holds.admit(str(key))
             hold.write, hold.write_step = g, self.holds.step  # rank 0's stands for every rank
             self.holds.fire(str(key), "load_granted", hold)
@@ -481,14 +448,13 @@ class DecodeWorker(Owner):
         n = self.cfg.num_blocks
         if mode == "naive":
             self.ledger = BlockLedger(n)
-            self.oracle.freed(np.arange(n))
         else:
             self.ledger = BlockLedger.after_restart(n, peers=peers)
-            self.oracle.held_by_previous(np.arange(n))
+        self.watch.restarted(naive=mode == "naive")
 
     def idle(self) -> bool:
         """Nothing left but quarantined requests (which wait for proof that may never come)."""
         return all(r.state == "quarantined" for r in self.reqs.values())
 
     def oracle_figures(self) -> dict[str, int | str]:
-        return dict(attrs.asdict(self.oracle.counts()))
+        return self.watch.figures()
