@@ -359,13 +359,13 @@ class PrefillBench(_SideBench):
     def __init__(self, args: argparse.Namespace) -> None:
         rig = _rig()
         super().__init__(args)
-        from kvlifetime.integrations.sglang import prefill_hooks
+        from kvlifetime.integrations.sglang import facts_v0_5_23
 
         pool = self.n * args.tokens + 64
         self.side = rig.PrefillSide(
             {"bootstrap_port": _free_port(), "pool_tokens": pool, "max_reqs": self.n}, None
         )
-        self.pages = prefill_hooks.prefill_pages(self.side.bootstrap_queue)
+        self.pages = facts_v0_5_23.prefill_pages(self.side.bootstrap_queue)
         from sglang.srt.disaggregation.base.conn import KVPoll
         from sglang.srt.disaggregation.prefill import SchedulerDisaggregationPrefillMixin
 

@@ -7,6 +7,7 @@ scenario tests beside this file.)"""
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -16,6 +17,7 @@ from sglang_driver import Rig
 
 import kvlifetime.integrations.sglang as kv_sglang
 from kvlifetime.integrations.sglang import hooks
+from kvlifetime.integrations.sglang.prefill_hooks import PrefillHooks
 
 Point = tuple[str, str | None, str]  # module, class (None: the module itself), attribute
 POINTS: dict[str, list[Point]] = {
@@ -123,7 +125,7 @@ def test_a_prefill_holding_a_free_is_not_idle(clean: None) -> None:
 
     kv_sglang.install(role="prefill")
     inst = hooks._installed
-    assert inst is not None
+    assert isinstance(inst, PrefillHooks)
     inst.pending["sglang:1#1"] = (object(), object(), True)
     assert Scheduler.is_fully_idle(object()) is False  # SGLang's own check never runs
     inst.pending.clear()
@@ -140,6 +142,51 @@ def test_another_sglang_version_is_refused_and_nothing_is_wrapped(
         kv_sglang.install(role="decode")
     assert kv_sglang.installed() is None and list(hooks.wrapped_points()) == []
     assert _current() == before
+
+
+@pytest.mark.parametrize(
+    ("role", "gone", "named"),
+    [
+        ("decode", ("sglang.srt.disaggregation.decode", "DecodeTransferQueue", "_defer_release"),
+         "DecodeTransferQueue._defer_release"),
+        ("prefill", ("sglang.srt.disaggregation.common.conn", "CommonKVManager",
+                     "_deferred_ack_poisoned_rooms"),
+         "CommonKVManager._deferred_ack_poisoned_rooms"),
+    ],
+)  # fmt: skip
+def test_a_release_point_or_fact_that_moved_is_refused_and_nothing_is_wrapped(
+    clean: None,
+    monkeypatch: pytest.MonkeyPatch,
+    role: Literal["decode", "prefill"],
+    gone: Point,
+    named: str,
+) -> None:
+    """An SGLang where a row's target (a method) or a private detail a handler reads (a field
+    its manager sets) has moved: ``install`` names it, wraps nothing."""
+    module, cls, name = gone
+    owner = _owner(module, cls)
+    if name in vars(owner):
+        monkeypatch.delattr(owner, name)
+    else:  # a field: the constructor that sets it, replaced by one that does not
+        init = owner.__init__
+
+        def without(self: Any, *a: Any, **kw: Any) -> None:
+            init(self, *a, **kw)
+
+        monkeypatch.setattr(owner, "__init__", without)
+    before = {k: v for k, v in _current_or_none().items() if k != gone}
+    with pytest.raises(kv_sglang.UnsupportedEngineVersion, match=re.escape(named)):
+        kv_sglang.install(role=role)
+    assert kv_sglang.installed() is None and list(hooks.wrapped_points()) == []
+    assert {k: v for k, v in _current_or_none().items() if k != gone} == before
+
+
+def _current_or_none() -> dict[Point, Any]:
+    out: dict[Point, Any] = {}
+    for points in POINTS.values():
+        for module, cls, name in points:
+            out[(module, cls, name)] = vars(_owner(module, cls)).get(name)
+    return out
 
 
 def test_deferred_release_turned_off_is_refused(

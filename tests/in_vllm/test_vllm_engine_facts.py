@@ -120,3 +120,19 @@ def test_another_vllm_version_refuses_the_install(
     monkeypatch.setattr(vllm, "__version__", "0.34.0")
     with pytest.raises(UnsupportedEngineVersion, match=r"0\.33\.x.*'0\.34\.0'"):
         guarded_class(InertConnector)
+
+
+def test_the_guarded_class_wraps_exactly_the_rows_the_inner_class_has() -> None:
+    """Hooks as data: each row of ``facts_v0_33.HOOKS`` is the inner connector's own method,
+    wrapped by the one generic wrapper around a handler of ``GuardedConnector``; a row the inner
+    class does not have (``request_finished_all_groups`` without ``SupportsHMA``) is not."""
+    from kvlifetime.integrations.vllm.connector import GuardedConnector
+
+    cls = guarded_class(InertConnector)
+    rows = {row.name: row for row in facts_v0_33.HOOKS}
+    wrapped = {name for name in rows if name in cls.__dict__}
+    assert wrapped == {name for name in rows if hasattr(InertConnector, name)}
+    assert "request_finished_all_groups" not in wrapped
+    for name in wrapped:
+        assert callable(getattr(GuardedConnector, rows[name].handler))
+        assert name not in GuardedConnector.__dict__  # only the rows put it there

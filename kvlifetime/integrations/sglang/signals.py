@@ -13,9 +13,10 @@ No SGLang import: the table loads where SGLang is not installed.
 from __future__ import annotations
 
 from kvlifetime.evidence import Claim
+from kvlifetime.integrations.sglang.facts_v0_5_23 import VERSION
 from kvlifetime.profiles import NOTHING, EngineProfile, StatusRow
 
-SUPPORTED_VERSION = "0.5.23"
+SUPPORTED_VERSION = VERSION
 """The SGLang version the hooks were built and tested for; ``install`` refuses any other."""
 
 _GUARD = "tests/test_sglang_guard.py"

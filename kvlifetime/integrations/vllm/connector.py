@@ -55,6 +55,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from kvlifetime.errors import InvalidField
+from kvlifetime.integrations.hooks import PROCEED, wrapper
 from kvlifetime.integrations.vllm import facts
 from kvlifetime.integrations.vllm.guard import ConnectorGuard
 
@@ -151,8 +152,10 @@ class GuardedConnector(KVConnectorBase_V1):
 
     # ------------------------------------------------------------------ scheduler role
 
-    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
-        super().bind_kv_cache_manager(kv_cache_manager)
+    # The handlers of the facts module's ``HOOKS`` rows (``guarded_class`` puts each in the
+    # guarded class over the inner connector's method, by the rows' one generic wrapper).
+
+    def _kvl_bind(self, result: None, kv_cache_manager: Any) -> None:
         # vLLM's placeholder block (sliding-window and mamba lists repeat it): never exposed.
         self._kvl_null = self._kvl_facts.null_block_id(kv_cache_manager)
         # The Scheduler binding its cache manager (None: a connector driven by hand): its
@@ -166,14 +169,15 @@ class GuardedConnector(KVConnectorBase_V1):
             self._kvl_received = hooks.received
             self._kvl_refuse_load = hooks.refuse_load
 
-    def on_new_request(self, request: Any) -> None:
-        super().on_new_request(request)
+    def _kvl_admitted(self, result: None, request: Any) -> None:
         if self.guard is not None:
             self.guard.admitted(request.request_id)
 
-    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+    def _kvl_alloc(
+        self, original: Any, request: Any, blocks: Any, num_external_tokens: int
+    ) -> None:
         if self.guard is None or num_external_tokens <= 0:
-            super().update_state_after_alloc(request, blocks, num_external_tokens)
+            original(self, request, blocks, num_external_tokens)
             return
         # Whether the load is asynchronous is vLLM's decision, made after this hook: the guard
         # grants it at build_connector_meta, and only then is the inner connector told of it
@@ -181,11 +185,11 @@ class GuardedConnector(KVConnectorBase_V1):
         # scheduler bound (a connector driven by hand) the inner is told now, as vLLM calls.
         ids = self._kvl_ids(blocks.get_unhashed_block_ids_all_groups())
         if self._kvl_refuse_load is None:
-            super().update_state_after_alloc(request, blocks, num_external_tokens)
+            original(self, request, blocks, num_external_tokens)
             blocks = None
         self._kvl_pending.append((request, blocks, ids, num_external_tokens))
 
-    def build_connector_meta(self, scheduler_output: Any) -> Any:
+    def _kvl_step(self, original: Any, scheduler_output: Any) -> Any:
         guard = self.guard
         if guard is not None:
             # The step boundary: the fences revoke recorded (from any thread) take effect now,
@@ -209,8 +213,8 @@ class GuardedConnector(KVConnectorBase_V1):
                     # loaded nothing and computes the prompt itself.
                     self._kvl_refuse_load(req)
                 else:
-                    super().update_state_after_alloc(req, blocks, n)
-        meta = super().build_connector_meta(scheduler_output)
+                    super().update_state_after_alloc(req, blocks, n)  # the inner's
+        meta = original(self, scheduler_output)
         if guard is not None and self._kvl_requests is not None and self._kvl_free:
             # Every step, whatever the model runner returns: what a fence released (revoke)
             # goes back to vLLM's pool now, not at a step that carries connector output (an
@@ -233,14 +237,14 @@ class GuardedConnector(KVConnectorBase_V1):
                         self._kvl_received(req)
         return meta
 
-    def get_kv_connector_stats(self) -> Any:
+    def _kvl_step_end(self) -> Any:
         # vLLM calls this once at the end of every update_from_output, after the step's
         # request_finished calls and its update_connector_output, before the step's outputs
         # leave the scheduler: the step's end, where the guard's journal goes into the ledger
         # and the step's exposures are counted as gone (ConnectorGuard.end_step).
         if self.guard is not None:
             self._kvl_flush(end_step=True)
-        return super().get_kv_connector_stats()
+        return PROCEED
 
     def _kvl_flush(self, *, end_step: bool = False) -> None:
         """The guard's journal into its ledger (``end_step``: and the step ends); the block ids
@@ -261,19 +265,12 @@ class GuardedConnector(KVConnectorBase_V1):
         if self._kvl_params:
             self._kvl_params.clear()
 
-    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
-        delay, params = super().request_finished(request, block_ids)
-        return self._kvl_finished(request, block_ids, delay, params), params
-
-    def request_finished_all_groups(
-        self, request: Any, block_ids: Any
+    def _kvl_finished(
+        self, result: tuple[bool, dict[str, Any] | None], request: Any, block_ids: Any
     ) -> tuple[bool, dict[str, Any] | None]:
-        delay, params = super().request_finished_all_groups(request, block_ids)
-        return self._kvl_finished(request, block_ids, delay, params), params
-
-    def _kvl_finished(self, request: Any, block_ids: Any, delay: bool, params: Any) -> bool:
+        delay, params = result
         if self.guard is None:
-            return delay
+            return result
         rid = request.request_id
         out = self.guard.finished(
             rid,
@@ -283,7 +280,7 @@ class GuardedConnector(KVConnectorBase_V1):
         )
         if delay and params and type(params) is dict:
             self._kvl_params[rid] = params
-        return out
+        return out, params
 
     def _kvl_ids(self, block_ids: Any) -> list[int]:
         """The distinct real blocks of vLLM's block-id list(s): one list per KV-cache group
@@ -292,14 +289,14 @@ class GuardedConnector(KVConnectorBase_V1):
         ids.pop(self._kvl_null, None)  # type: ignore[arg-type]
         return list(ids)
 
-    def update_connector_output(self, connector_output: Any) -> None:
+    def _kvl_output(self, original: Any, connector_output: Any) -> None:
         meta = connector_output.kv_connector_worker_meta
         reaped: frozenset[str] = frozenset()
         if isinstance(meta, GuardWorkerMeta):
             reaped = meta.lease_reaped
             connector_output.kv_connector_worker_meta = meta.inner
         # The inner connector sees its worker's report unchanged (it keeps its own books).
-        super().update_connector_output(connector_output)
+        original(self, connector_output)
         if self.guard is None:
             return
         back = self.guard.output(
@@ -314,8 +311,9 @@ class GuardedConnector(KVConnectorBase_V1):
 
     # ------------------------------------------------------------------ worker role
 
-    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
-        inner = super().build_connector_worker_meta()
+    def _kvl_worker_meta(
+        self, inner: KVConnectorWorkerMetadata | None
+    ) -> KVConnectorWorkerMetadata | None:
         if not self._kvl_reaped:
             return inner
         meta = GuardWorkerMeta(inner, frozenset(self._kvl_reaped))
@@ -331,13 +329,20 @@ def guarded_class(inner: type[Any]) -> type[Any]:
     """The class of ``inner`` with the guard in front (one class per inner class).
     ``UnsupportedEngineVersion`` when the installed vLLM is not one the guard knows
     (``facts.installed``, checked once)."""
-    facts.installed()
+    engine = facts.installed()
     if getattr(inner, "_kvl_guarded", False):
         return inner
     with _CLASSES_LOCK:
         cls = _CLASSES.get(inner)
         if cls is None:
-            cls = type(f"Guarded{inner.__name__}", (GuardedConnector, inner), {})
+            hooked = {
+                row.name: wrapper(
+                    row.when, getattr(inner, row.name), getattr(GuardedConnector, row.handler)
+                )
+                for row in engine.HOOKS
+                if hasattr(inner, row.name)  # (vLLM calls no method a connector does not have)
+            }
+            cls = type(f"Guarded{inner.__name__}", (GuardedConnector, inner), hooked)
             _CLASSES[inner] = cls
         return cls
 

@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
+from kvlifetime.integrations.hooks import Hook
 from kvlifetime.integrations.vllm.errors import UnsupportedEngineVersion
 
 _PACKAGE = __name__.rpartition(".")[0]
@@ -32,6 +33,7 @@ class EngineFacts(Protocol):
     """What a ``facts_v<major>_<minor>`` module provides (``facts_v0_33`` documents each)."""
 
     VERSION: str
+    HOOKS: tuple[Hook, ...]
 
     def check(self) -> None: ...
     def flat(self, block_ids: Any) -> list[int]: ...

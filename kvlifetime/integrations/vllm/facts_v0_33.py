@@ -18,55 +18,60 @@ thread: nothing here takes a lock.
 
 from __future__ import annotations
 
-import dis
 import functools
-import importlib
-import inspect
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from kvlifetime.errors import InvalidField
+from kvlifetime.integrations import engine_facts
+from kvlifetime.integrations.engine_facts import CALLS, FIELD, MEMBER, Fact, holds
+from kvlifetime.integrations.hooks import Hook
 from kvlifetime.integrations.vllm.errors import UnsupportedEngineVersion
 
 VERSION = "0.33"
 """The vLLM release series these facts describe (``vllm.__version__`` 0.33.x)."""
 
-# --------------------------------------------------------------------------- what is relied on
+# --------------------------------------------------------------------------- the hooks
 
-MEMBER = "member"
-"""On the class itself (a method, an enum member, a class attribute) or the module."""
-FIELD = "field"
-"""On every instance: a dataclass field, or assigned to ``self`` in the class's ``__init__``
-(or a base class's)."""
-CALLS = "calls"
-"""Named in the body of ``Fact.method`` (a call vLLM makes there, at that point)."""
+_BASE = "vllm.distributed.kv_transfer.kv_connector.v1.base:KVConnectorBase_V1"
+_HMA = "vllm.distributed.kv_transfer.kv_connector.v1.base:SupportsHMA"
+
+HOOKS: tuple[Hook, ...] = (
+    Hook(_BASE, "bind_kv_cache_manager", "after",
+         "the scheduler's request table and free path bound (scheduler_hooks)", "_kvl_bind"),
+    Hook(_BASE, "on_new_request", "after", "admitted", "_kvl_admitted"),
+    Hook(_BASE, "update_state_after_alloc", "around",
+         "a load held for the step's grant (the inner told once granted)", "_kvl_alloc"),
+    Hook(_BASE, "build_connector_meta", "around",
+         "the step begins: fences applied, the step's loads granted (WRITE) or refused, "
+         "released blocks handed back", "_kvl_step"),
+    Hook(_BASE, "request_finished", "after",
+         "finished / aborted (a delayed free: READ granted, into the step's journal)",
+         "_kvl_finished"),
+    Hook(_HMA, "request_finished_all_groups", "after",
+         "as request_finished (a connector that supports the hybrid allocator)",
+         "_kvl_finished"),
+    Hook(_BASE, "update_connector_output", "around",
+         "proofs in (finished_sending / finished_recving, failed loads, reaped leases); "
+         "hand-backs out, each id on one channel", "_kvl_output"),
+    Hook(_BASE, "get_kv_connector_stats", "before",
+         "the step ends: the journal into the ledger, the step's exposures gone",
+         "_kvl_step_end"),
+    Hook(_BASE, "build_connector_worker_meta", "after",
+         "(worker: the lease reaps of the step, to the scheduler)", "_kvl_worker_meta"),
+)  # fmt: skip
+"""Where the guard sits in a vLLM 0.33 connector: each row's method of the guarded class is the
+inner connector's own, wrapped (``connector.guarded_class``; a row whose method the inner
+connector's class does not have, as ``request_finished_all_groups`` of a connector without
+``SupportsHMA``, is not wrapped: vLLM never calls it)."""
+
+# --------------------------------------------------------------------------- what is relied on
 
 _SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
 _STATUS = "vllm.v1.request:RequestStatus"
 _OUTPUT = "vllm.v1.core.sched.output"
 _NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
-
-
-class Fact(NamedTuple):
-    """One private detail of vLLM 0.33 the guard relies on."""
-
-    where: str
-    """``module:Class``, or ``module`` for a module-level name."""
-    name: str
-    how: str
-    """``MEMBER``, ``FIELD`` or ``CALLS``."""
-    mirrors: str
-    """The vLLM 0.33 code it mirrors, and which function here uses it."""
-    method: str = ""
-    """For ``CALLS``: the method of ``where`` whose body names ``name``."""
-
-    @property
-    def label(self) -> str:
-        owner = self.where.rpartition(":")[2] or self.where
-        if self.how == CALLS:
-            return f"{owner}.{self.method} calls {self.name}"
-        return f"{owner}.{self.name}"
 
 
 FACTS: tuple[Fact, ...] = (
@@ -191,13 +196,11 @@ def scheduler_hooks(kv_cache_manager: Any) -> SchedulerHooks | None:
     """The ``Scheduler`` binding ``kv_cache_manager``, as hooks; None when the caller is no
     such scheduler (a connector driven by hand). Called from the connector's
     ``bind_kv_cache_manager``, which vLLM 0.33's ``Scheduler.__init__`` calls from its own frame:
-    the scheduler is that frame's ``self`` (no hook passes it)."""
-    owner = sys._getframe(2).f_locals.get("self")
-    requests = getattr(owner, "requests", None)
-    if not isinstance(requests, dict) or getattr(owner, "kv_cache_manager", None) is not (
-        kv_cache_manager
-    ):
+    the scheduler is the ``self`` of the nearest such frame (no hook passes it)."""
+    owner = _binding_scheduler(kv_cache_manager)
+    if owner is None:
         return None
+    requests = owner.requests
     return SchedulerHooks(
         requests=requests,
         phase=_phase_in(requests),
@@ -205,6 +208,22 @@ def scheduler_hooks(kv_cache_manager: Any) -> SchedulerHooks | None:
         received=_receive_in(owner),
         refuse_load=_refuse_load_in(owner),
     )
+
+
+def _binding_scheduler(kv_cache_manager: Any, depth: int = 8) -> Any:
+    """The ``self`` of the nearest calling frame (within ``depth``) that has ``kv_cache_manager``
+    as its ``kv_cache_manager`` and a ``requests`` dict: vLLM's binding ``Scheduler``."""
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if getattr(owner, "kv_cache_manager", None) is kv_cache_manager and isinstance(
+            getattr(owner, "requests", None), dict
+        ):
+            return owner
+    return None
 
 
 def _phase_in(requests: dict[str, Any]) -> Callable[[str], str | None]:
@@ -317,7 +336,7 @@ def watch_reaper(connector: Any, reaped: set[str]) -> bool:
 def check() -> None:
     """Every row of ``FACTS`` on the installed vLLM's classes; ``UnsupportedEngineVersion``
     naming those not found. Imports vLLM."""
-    missing = [fact.label for fact in FACTS if not holds(fact)]
+    missing = engine_facts.missing([row.fact for row in HOOKS] + list(FACTS))
     if missing:
         import vllm
 
@@ -329,48 +348,11 @@ def check() -> None:
         )
 
 
-def holds(fact: Fact) -> bool:
-    """Whether the installed vLLM has ``fact`` (False when its module does not import)."""
-    try:
-        module_name, _, owner_name = fact.where.partition(":")
-        owner: Any = importlib.import_module(module_name)
-        if owner_name:
-            owner = getattr(owner, owner_name)
-        if fact.how == MEMBER:
-            return hasattr(owner, fact.name)
-        if fact.how == FIELD:
-            return _is_field(owner, fact.name)
-        if fact.how == CALLS:
-            return fact.name in _names_in(getattr(owner, fact.method))
-    except Exception:  # an import or a lookup that fails: the fact is not there
-        return False
-    return False
-
-
-def _is_field(cls: type[Any], name: str) -> bool:
-    if name in getattr(cls, "__dataclass_fields__", {}):
-        return True
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is not None and any(
-            ins.opname == "STORE_ATTR" and ins.argval == name for ins in _instructions(init)
-        ):
-            return True
-    return False
-
-
-def _names_in(function: Any) -> set[str]:
-    return {ins.argval for ins in _instructions(function) if isinstance(ins.argval, str)}
-
-
-def _instructions(function: Any) -> Iterator[dis.Instruction]:
-    return dis.get_instructions(inspect.unwrap(function))
-
-
 __all__ = [
     "CALLS",
     "FACTS",
     "FIELD",
+    "HOOKS",
     "MEMBER",
     "VERSION",
     "Fact",
