@@ -69,7 +69,7 @@ def test_cli_exit_statuses(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_ctrl_c_prints_the_partial_result_and_exits_130(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ex = importlib.import_module("kvlifetime.verify.explore")
+    ex = importlib.import_module("kvlifetime.verify.search")  # the search loop's namespace
     real = ex.check_quiet
 
     def ctrl_c(state: object) -> None:
