@@ -41,7 +41,7 @@ MODULES = (
     # (state, rebuild), the events, the step and its policies, the keys, the stubborn sets,
     # the packed ledger. Their attrs classes stay ordinary Python classes (mypyc compiles
     # their methods' callers, not the classes). Interpreted: the search loop
-    # (``verify.explore``, a few percent of a search; its tests stop a search by replacing a
+    # (``verify.search``, a few percent of a search; its tests stop a search by replacing a
     # name in its namespace, which a compiled module's calls to its own group never look up)
     # and the rest of ``verify/``.
     "kvlifetime.verify.events",

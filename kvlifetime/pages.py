@@ -127,6 +127,72 @@ def engine_markdown(profile: EngineProfile) -> str:
     return "\n".join(lines) + "\n"
 
 
+# --------------------------------------------------------------------------- engine hooks
+
+
+def hooks_markdown() -> str:
+    """Where the guard sits in each engine it integrates with, and every private detail of the
+    engine it relies on: the rows of each engine-facts module (``integrations/*/facts_v*.py``),
+    as one page."""
+    from kvlifetime.integrations.engine_facts import Fact
+    from kvlifetime.integrations.hooks import Hook
+    from kvlifetime.integrations.sglang import facts_v0_5_23 as sglang
+    from kvlifetime.integrations.vllm import facts_v0_33 as vllm
+
+    def hooks(rows: tuple[Hook, ...]) -> list[str]:
+        out = ["| engine class | attribute | when | core event | handler |",
+               "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        for r in rows:
+            where = r.where.replace(":", ".")
+            out.append(f"| `{where}` | `{r.name}` | {r.when} | {_cell(r.event)} | `{r.handler}` |")
+        return out
+
+    def facts(rows: tuple[Fact, ...]) -> list[str]:
+        out = ["| relied on | mirrors |", "| --- | --- |"]
+        out += [f"| `{_cell(f.label)}` | {_cell(f.mirrors)} |" for f in rows]
+        return out
+
+    lines = [
+        "# Where the guard sits in each engine",
+        "",
+        "Generated from the engine-facts modules (`kvlifetime/integrations/vllm/facts_v0_33.py`, "
+        "`kvlifetime/integrations/sglang/facts_v0_5_23.py`) by `kvlifetime docs`. Do not edit.",
+        "",
+        "Each integration is a table of rows: the engine class and attribute the guard wraps, "
+        "when its handler runs around the engine's own code (`before`: it may answer instead; "
+        "`after`: it sees the result; `around`: it calls the engine's code itself), the guard-"
+        "core event it leads to, and the handler. One generic wrapper "
+        "(`kvlifetime.integrations.hooks`) puts every row in place. Every row's target and "
+        "every private detail listed below is checked on the installed engine when the guard "
+        "is installed; a release where one has moved is refused with "
+        "`UnsupportedEngineVersion` naming it, and nothing is wrapped.",
+        "",
+        f"## vLLM {vllm.VERSION}.x: the connector's methods",
+        "",
+        "The guarded connector's class derives from the inner connector's; each row's method "
+        "is the inner connector's own, wrapped (a row the inner class does not have is not).",
+        "",
+        *hooks(vllm.HOOKS),
+        "",
+        f"### Private details of vLLM {vllm.VERSION}",
+        "",
+        *facts(vllm.FACTS),
+        "",
+        f'## SGLang {sglang.VERSION}: decode (`install(role="decode")`)',
+        "",
+        *hooks(sglang.DECODE_HOOKS),
+        "",
+        f'## SGLang {sglang.VERSION}: prefill (`install(role="prefill")`)',
+        "",
+        *hooks(sglang.PREFILL_HOOKS),
+        "",
+        f"### Private details of SGLang {sglang.VERSION}",
+        "",
+        *facts(sglang.FACTS),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 # --------------------------------------------------------------------------- docs/
 
 
@@ -140,6 +206,7 @@ def docs_files(*, include_svg: bool) -> dict[str, str]:
         for pic in pictures(table):  # the review pictures, as the page draws them
             files[f"{pic.name}.dot"] = dot(table, pic)
     files["evidence.md"] = evidence_markdown()
+    files["engine-hooks.md"] = hooks_markdown()
     from kvlifetime.profiles import PROFILES
 
     for name, profile in PROFILES.items():  # engines whose adapter declares a profile

@@ -158,7 +158,7 @@ def test_docs(capsys: Capsys, tmp_path: Path) -> None:
     names |= {"engine.mmd", "engine.md", "engine.dot", "engine-reads.dot", "engine-load.dot"}
     svgs = {"request.svg", "block.svg", "block-sharing.svg"}
     svgs |= {"engine.svg", "engine-reads.svg", "engine-load.svg"}
-    names |= {"evidence.md"} | (svgs if HAS_DOT else set())
+    names |= {"evidence.md", "engine-hooks.md"} | (svgs if HAS_DOT else set())
     names |= {f"engine-{e}.md" for e in PROFILES}  # inproc, mooncake-tcp (nixl-ucx once there)
     assert {"engine-inproc.md", "engine-mooncake-tcp.md"} <= names
     assert {p.name for p in tmp_path.iterdir()} == names | {"ledger-api.md"}
