@@ -34,6 +34,7 @@ import numpy.typing as npt
 
 from kvlifetime.evidence import TransferCompleted
 from kvlifetime.grant import Access, Grant
+from kvlifetime.guard import accepted
 from kvlifetime.integrations.sglang import SGLangGuard
 from kvlifetime.ledger import BlockLedger
 from kvlifetime.source import Source
@@ -56,7 +57,7 @@ def decode(spent: Spent, inflight: int, batches: int, n: int) -> None:
             room += 1
             pages = _pages(i, n)
             t0 = _cpu()
-            keys.append(g.published(room, pages, slot=i, ranks=[0], prefill=ADDR))
+            keys.append(accepted(g.published(room, pages, slot=i, ranks=[0], prefill=ADDR)))
             spent["published"] += _cpu() - t0
         for k in keys:
             t0 = _cpu()
@@ -75,7 +76,7 @@ def prefill(spent: Spent, inflight: int, batches: int, n: int) -> None:
             room += 1
             pages = _pages(i, n)
             t0 = _cpu()
-            keys.append(g.sending(None, room, pages))
+            keys.append(accepted(g.sending(None, room, pages)))
             spent["sending"] += _cpu() - t0
         for k in keys:
             t0 = _cpu()

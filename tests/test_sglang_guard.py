@@ -26,6 +26,7 @@ from kvlifetime.errors import (
     UnknownRequest,
     UsageError,
 )
+from kvlifetime.guard import Refusal, accepted
 from kvlifetime.integrations.sglang import (
     PROFILE,
     DecodeGuard,
@@ -59,7 +60,7 @@ def publish(
     ranks: tuple[int, ...] = (0,),
     addr: str = P0,
 ) -> str:
-    return g.published(room, pages, slot=slot, ranks=list(ranks), prefill=addr)
+    return accepted(g.published(room, pages, slot=slot, ranks=list(ranks), prefill=addr))
 
 
 def state(g: SGLangGuard) -> tuple[Any, ...]:
@@ -82,7 +83,26 @@ def state(g: SGLangGuard) -> tuple[Any, ...]:
 def refused(
     g: SGLangGuard, call: Callable[[], object], error: type[KVLifetimeError], kind: str
 ) -> list[MutableMapping[str, Any]]:
-    """``call`` raises ``error``, changes nothing, is counted under ``kind`` once and logged."""
+    """``call`` is refused: a ``Refusal`` (data) carrying ``error`` comes back, nothing changed,
+    counted under ``kind`` once and logged."""
+    before = state(g)
+    counted = g.stats().refused.get(kind, 0)
+    with structlog.testing.capture_logs() as logs:
+        out = call()
+    assert isinstance(out, Refusal) and type(out.error) is error, out
+    assert state(g) == before
+    assert g.stats().refused.get(kind, 0) == counted + 1
+    hits = [e for e in logs if e["event"] == "guard_refused"]
+    assert len(hits) == 1 and hits[0]["kind"] == kind and hits[0]["error_type"] == error.__name__
+    assert hits[0]["engine"] == "sglang" and hits[0]["log_level"] == "warning"
+    return logs
+
+
+def raised(
+    g: SGLangGuard, call: Callable[[], object], error: type[KVLifetimeError], kind: str
+) -> None:
+    """A caller's misuse (an operator's fence, the hooks' clock): ``call`` raises ``error``,
+    changes nothing, is counted under ``kind`` once and logged."""
     before = state(g)
     counted = g.stats().refused.get(kind, 0)
     with structlog.testing.capture_logs() as logs, pytest.raises(error):
@@ -91,8 +111,6 @@ def refused(
     assert g.stats().refused.get(kind, 0) == counted + 1
     hits = [e for e in logs if e["event"] == "guard_refused"]
     assert len(hits) == 1 and hits[0]["kind"] == kind and hits[0]["error_type"] == error.__name__
-    assert hits[0]["engine"] == "sglang" and hits[0]["log_level"] == "warning"
-    return logs
 
 
 # =========================================================================== decode: the proofs
@@ -181,8 +199,8 @@ def test_failed_holds_the_pages_and_proves_nothing() -> None:
     assert (st.live, st.held, st.quarantined, st.releasable) == (0, 1, 0, 0)
     assert g.ledger.stats().blocks_by_state["draining"] == len(PAGES)
     assert not g.releasable(key)
-    with pytest.raises(UsageError):  # SGLang may not free it
-        g.freed(key)
+    out = g.freed(key)  # SGLang may not free it
+    assert isinstance(out, Refusal) and isinstance(out.error, UsageError)
     # A second hold of the same lifecycle is a repeat.
     before = state(g)
     assert g.held(key, deadline=99.0) is False
@@ -310,9 +328,9 @@ def test_a_success_of_a_reused_room_still_counts() -> None:
 
 def test_prefill_drain_of_a_room_with_two_uses_is_refused() -> None:
     g = prefill()
-    a = g.sending(None, 7, np.arange(0, 4))
+    a = accepted(g.sending(None, 7, np.arange(0, 4)))
     g.ended(a, now=1.0, reason="transfer_failed")  # Failed, its chunk still in flight
-    b = g.sending(None, 7, np.arange(4, 8))  # the room reused: SGLang resets its count
+    b = accepted(g.sending(None, 7, np.arange(4, 8)))  # the room reused: SGLang resets its count
     assert g.room_shared_with(a) == b and g.room_shared_with(b) == a
     refused(g, lambda: g.drained(a), MismatchedEvidence, "drained_refused")
     refused(g, lambda: g.drained(b), MismatchedEvidence, "drained_refused")
@@ -391,8 +409,8 @@ def test_publishes_of_bad_values_are_refused_and_change_nothing() -> None:
         args.update(kw)
         refused(
             g,
-            lambda a=args: publish(  # type: ignore[misc]
-                g, a["room"], a["pages"], slot=a["slot"], ranks=a["ranks"], addr=a["addr"]
+            lambda a=args: g.published(  # type: ignore[misc]
+                a["room"], a["pages"], slot=a["slot"], ranks=list(a["ranks"]), prefill=a["addr"]
             ),
             error,
             "published_refused",
@@ -412,7 +430,12 @@ def test_a_publish_over_pages_the_guard_still_holds_is_refused_and_counted() -> 
     key = publish(g, pages=np.arange(0, 4))
     g.held(key, deadline=1.0)
     g.tick(2.0)  # quarantined: SGLang keeps these pages
-    refused(g, lambda: publish(g, room=9, pages=[3, 4]), BlockUnavailable, "exposed_page_reused")
+    refused(
+        g,
+        lambda: g.published(9, [3, 4], slot=3, ranks=[0], prefill=P0),
+        BlockUnavailable,
+        "exposed_page_reused",
+    )
 
 
 def test_a_publish_of_a_slot_the_guard_still_holds_is_counted_and_logged() -> None:
@@ -443,7 +466,7 @@ def test_unknown_lifecycles_and_wrong_roles_are_refused() -> None:
     refused(g, lambda: g.armed(key, -3), InvalidField, "armed_refused")
     refused(g, lambda: g.freed(key), UsageError, "freed_refused")
     refused(g, lambda: g.withheld(7, now=1.0), InvalidField, "withheld_refused")  # type: ignore[arg-type]
-    refused(g, lambda: g.revoke(""), InvalidField, "revoke_refused")
+    raised(g, lambda: g.revoke(""), InvalidField, "revoke_refused")
     refused(g, lambda: g.prefill_lost(""), InvalidField, "prefill_lost_refused")
     g.armed(key, 1)
     refused(g, lambda: g.armed(key, 0), MismatchedEvidence, "armed_refused")  # counter only grows
@@ -477,7 +500,7 @@ def test_before_bind_the_ledger_is_refused_and_a_tick_is_a_no_op() -> None:
 
 def test_prefill_failed_proves_nothing_the_free_waits_for_the_drain() -> None:
     g = prefill()
-    key = g.sending(None, 7, np.arange(0, 4))
+    key = accepted(g.sending(None, 7, np.arange(0, 4)))
     assert g.sending(key, 7, np.arange(4, 8)) == key  # a second chunk: another READ grant
     assert len(g.ledger.open_grants(key)) == 2
     # poll() says Failed with a chunk still in flight; SGLang frees: held.
@@ -493,7 +516,7 @@ def test_prefill_failed_proves_nothing_the_free_waits_for_the_drain() -> None:
 
 def test_prefill_drained_releases_the_source_pages() -> None:
     g = prefill()
-    key = g.sending(None, 7, np.arange(0, 4))
+    key = accepted(g.sending(None, 7, np.arange(0, 4)))
     assert g.drained(key) is False  # still live: the proof is kept
     assert g.drained(key) is False  # a repeat
     assert g.ended(key, now=1.0) is True  # Success: drained first, freed at once
@@ -504,7 +527,7 @@ def test_prefill_drained_releases_the_source_pages() -> None:
 
 def test_a_poisoned_prefill_room_is_quarantined() -> None:
     g = prefill()
-    key = g.sending(None, 7, np.arange(0, 4))
+    key = accepted(g.sending(None, 7, np.arange(0, 4)))
     g.poisoned(key)
     assert g.ended(key, now=1.0, reason="transfer_failed") is False
     st = g.stats()
@@ -516,7 +539,7 @@ def test_a_poisoned_prefill_room_is_quarantined() -> None:
 
 def test_prefill_drain_timeout_quarantines_and_a_late_drain_releases() -> None:
     g = prefill(drain_timeout=5.0)
-    key = g.sending(None, 7, np.arange(0, 4))
+    key = accepted(g.sending(None, 7, np.arange(0, 4)))
     g.ended(key, now=10.0, reason="transfer_failed")
     assert g.tick(14.9) == []
     assert g.tick(15.0) == [key]
@@ -526,8 +549,8 @@ def test_prefill_drain_timeout_quarantines_and_a_late_drain_releases() -> None:
 
 def test_prefill_shares_cached_prefix_pages_between_rooms() -> None:
     g = prefill()
-    a = g.sending(None, 7, np.arange(0, 8))
-    b = g.sending(None, 8, np.arange(0, 4))  # a prefix-cache hit: the same source pages
+    a = accepted(g.sending(None, 7, np.arange(0, 8)))
+    b = accepted(g.sending(None, 8, np.arange(0, 4)))  # a prefix-cache hit: the same source pages
     assert a != b
     g.drained(a)
     assert g.ended(a, now=1.0) is True
@@ -680,8 +703,9 @@ def test_every_signal_at_every_phase(signal: str, phase: str) -> None:
     expect = _EXPECT[signal][PHASES.index(phase)]
     if isinstance(expect, type):
         before = state(g)
-        with structlog.testing.capture_logs() as logs, pytest.raises(expect):
-            _SIGNALS[signal](g, key)
+        with structlog.testing.capture_logs() as logs:
+            out = _SIGNALS[signal](g, key)
+        assert isinstance(out, Refusal) and isinstance(out.error, expect), out
         assert state(g) == before
         assert [e["error_type"] for e in logs if e["event"] == "guard_refused"] == [expect.__name__]
         return
@@ -712,8 +736,7 @@ def test_the_collector_scrapes_before_and_after_the_ledger_is_bound() -> None:
     key = publish(g)
     g.held(key, deadline=10.0)
     g.tick(10.0)
-    with pytest.raises(MismatchedEvidence):
-        g.acked(7, 0, 9)
+    assert isinstance(g.acked(7, 0, 9), Refusal)
     text = generate_latest(reg).decode()
     for line in (
         'kvlifetime_blocks{ledger="d0",state="quarantined"} 8.0',
@@ -738,8 +761,8 @@ def test_silent_until_the_application_configures_structlog(
         key = publish(g)
         g.held(key, deadline=1.0)
         g.tick(2.0)
-        with pytest.raises(MismatchedEvidence):
-            g.acked(7, 0, 5)
+        refusal = g.acked(7, 0, 5)
+        assert isinstance(refusal, Refusal) and isinstance(refusal.error, MismatchedEvidence)
     finally:
         if was:
             structlog.configure(**config)
@@ -791,10 +814,14 @@ def test_an_int_subclass_is_read_plain_and_a_raising_iterable_is_refused_typed()
 def test_a_bad_clock_is_counted_and_logged() -> None:
     d, p = decode(), prefill()
     key = publish(d)
-    pkey = p.sending(None, 7, [1, 2])
+    pkey = accepted(p.sending(None, 7, [1, 2]))
     refused(p, lambda: p.ended(pkey, now=float("nan")), InvalidField, "end_refused")
     refused(p, lambda: p.ended(pkey, now=True), InvalidField, "end_refused")
-    refused(d, lambda: d.tick(cast(Any, "now")), InvalidField, "tick_refused")
+    # The clock is the caller's (the hooks'), not a signal: a bad one raises, counted and logged.
+    with structlog.testing.capture_logs() as logs, pytest.raises(InvalidField):
+        d.tick(cast(Any, "now"))
+    assert d.stats().refused["tick_refused"] == 1
+    assert [e["kind"] for e in logs if e["event"] == "guard_refused"] == ["tick_refused"]
     refused(d, lambda: d.withheld(key, now=float("inf")), InvalidField, "withheld_refused")
 
 
@@ -812,7 +839,7 @@ def test_a_withheld_free_does_not_relabel_other_quarantines() -> None:
 def test_a_bad_fence_is_refused_even_with_nothing_to_revoke() -> None:
     for g in (decode(), prefill()):
         for fence in ("", "f" * 129, cast(Any, None), cast(Any, 5)):
-            refused(g, partial(g.revoke, fence), InvalidField, "revoke_refused")
+            raised(g, partial(g.revoke, fence), InvalidField, "revoke_refused")
         assert g.revoke("mooncake_decode_engine_recreated") == []
 
 
@@ -842,7 +869,7 @@ def test_a_fence_revokes_only_the_lifecycles_it_fenced() -> None:
     assert g.lifecycle(old)["phase"] == "released"
     bads: list[Any] = ["sglang:1#1", [7], _RaisingIterable()]
     for bad in bads:
-        refused(
+        raised(
             g,
             partial(g.revoke, "mooncake_decode_engine_recreated", fenced=bad),
             InvalidField,
@@ -1025,7 +1052,7 @@ def test_decode_lifecycles_step_exactly_the_engine_table() -> None:
 def test_prefill_lifecycles_step_exactly_the_engine_table() -> None:
     g = SGLangGuard(role="prefill", ledger_blocks=64)
     seen = _watch(g)
-    key = g.sending(None, 9, [1, 2])
+    key = accepted(g.sending(None, 9, [1, 2]))
     assert g.sending(key, 9, [3]) == key  # a second chunk
     assert g.drained(key) is False  # live: the reads are over, the request runs on
     assert g.ended(key, now=0.0) is True
@@ -1040,3 +1067,34 @@ def test_prefill_lifecycles_step_exactly_the_engine_table() -> None:
         ("ended", "handed_back", "handed_back"),
     ]
     assert g._holds.refusals.counts == {}
+
+
+def test_a_refused_signal_comes_back_as_data_of_the_core_kind() -> None:
+    """One error policy: a signal from SGLang that proves nothing is a ``Refusal`` returned
+    (counted, logged), of the kind its typed error stands for; ``accepted`` raises that error
+    for a caller that wants it raised."""
+    from kvlifetime.guard import RefusalKind
+
+    g = SGLangGuard(role="decode", ledger_blocks=64, prefill_guarded=True)
+    key = publish(g, ranks=(0, 1))
+    g.armed(key, 1)
+    token = g.abort_token(key, 0)
+    assert token is not None
+    cases: list[tuple[object, RefusalKind]] = [
+        (g.acked(7, 0, 1, token="f" * 32), RefusalKind.UNAUTHORIZED),  # not rank 0's token
+        (g.acked(7, 0, 5), RefusalKind.MISMATCHED),  # a generation never armed
+        (g.acked(7, 5, 1, token=token), RefusalKind.MISMATCHED),  # not one of its ranks
+        (g.engine_room("7", at="test"), RefusalKind.MALFORMED_VALUE),
+        (g.transferred("sglang:7#99"), RefusalKind.UNKNOWN_ID),
+        (g.freed(key), RefusalKind.OUT_OF_ORDER),  # not released: SGLang may not free it
+    ]
+    for out, kind in cases:
+        assert isinstance(out, Refusal) and out.kind is kind, (out, kind)
+    assert g.acked(7, 0, 1, token=token) is True
+    g.held(key, deadline=5.0)
+    assert g.acked(7, 1, 1, token=g.abort_token(key, 1)) is True
+    g.freed(key)
+    stale = g.acked(7, 1, 1, token="0" * 32)
+    assert isinstance(stale, Refusal) and stale.kind is RefusalKind.STALE
+    with pytest.raises(StaleEvidence):
+        accepted(stale)

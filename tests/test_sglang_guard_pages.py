@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvlifetime.guard import accepted
 from kvlifetime.integrations.sglang import SGLangGuard
 
 
 def test_prefill_pages_are_the_union_of_the_chunks_each_once() -> None:
     g = SGLangGuard(role="prefill", ledger_blocks=64)
-    key = g.sending(None, 7, np.array([9, 1, 0, 3]))
+    key = accepted(g.sending(None, 7, np.array([9, 1, 0, 3])))
     # A second chunk shares two pages with the first (a cached prefix is sent again).
     assert g.sending(key, 7, [3, 4, 5, 9]) == key
     assert g.lifecycle(key)["pages"] == [0, 1, 3, 4, 5, 9]
@@ -24,7 +25,9 @@ def test_prefill_pages_are_the_union_of_the_chunks_each_once() -> None:
 
 def test_decode_pages_are_the_published_pages_each_once() -> None:
     g = SGLangGuard(role="decode", ledger_blocks=64)
-    key = g.published(7, np.array([5, 2, 8]), slot=0, ranks=[0, 1], prefill="10.0.0.1:8998")
+    key = accepted(
+        g.published(7, np.array([5, 2, 8]), slot=0, ranks=[0, 1], prefill="10.0.0.1:8998")
+    )
     assert g.lifecycle(key)["pages"] == [2, 5, 8]
     assert g.held(key, deadline=10.0) is False
     assert g.tick(11.0) == [key]  # the deadline passed unproven: quarantined, never released

@@ -14,6 +14,15 @@ into these calls; the harness owners and the verifier's model step the same tabl
 
 from kvlifetime.guard.core import CoreCounts, GuardCore
 from kvlifetime.guard.holds import Hold, Holds
-from kvlifetime.guard.refusals import Refusal, RefusalKind, Refusals
+from kvlifetime.guard.refusals import Refusal, RefusalKind, Refusals, accepted
 
-__all__ = ["CoreCounts", "GuardCore", "Hold", "Holds", "Refusal", "RefusalKind", "Refusals"]
+__all__ = [
+    "CoreCounts",
+    "GuardCore",
+    "Hold",
+    "Holds",
+    "Refusal",
+    "RefusalKind",
+    "Refusals",
+    "accepted",
+]

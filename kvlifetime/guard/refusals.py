@@ -16,20 +16,28 @@ from __future__ import annotations
 import collections
 import enum
 from collections.abc import Iterable, Mapping
+from typing import TypeVar
 
 import attrs
 import structlog
 
 from kvlifetime.errors import (
+    BlockUnavailable,
     DoubleRelease,
+    EvidenceError,
     IllegalTransition,
+    InvalidField,
     KVLifetimeError,
+    MismatchedEvidence,
     StaleEvidence,
+    UnauthorizedEvidence,
     UnknownRequest,
     UsageError,
 )
 
 _log = structlog.get_logger("kvlifetime.guard")
+
+T = TypeVar("T")
 
 
 class RefusalKind(enum.Enum):
@@ -56,6 +64,11 @@ class RefusalKind(enum.Enum):
     HANDED_OUT_REFUSED = "handed_out_refused"  # a block handed out could not be checked
     # A value the engine passed that is not one the guard can key or act on.
     MALFORMED_VALUE = "malformed_value"
+    # A peer's report, judged by what it names (the guard's own records of what was sent).
+    STALE = "stale"  # about an earlier use of the same id, room or generation
+    MISMATCHED = "mismatched"  # names something it is not about (another room, rank, ...)
+    UNAUTHORIZED = "unauthorized"  # sent in another's name (it does not carry what only that
+    # sender was given)
 
 
 @attrs.frozen(slots=True)
@@ -138,6 +151,36 @@ class Refusals:
         for r in out:
             log_refusal(self.engine, r)
         return out
+
+
+def accepted(value: T | Refusal) -> T:
+    """``value`` when the guard accepted the signal; the refusal's typed error raised when it
+    refused it (counted and logged already): for a caller that treats a refusal as a failure
+    (a test, a driver), never inside an engine's loop."""
+    if isinstance(value, Refusal):
+        raise value.error
+    return value
+
+
+def kind_of(error: KVLifetimeError) -> RefusalKind:
+    """The refusal kind a typed error of a refused signal stands for (by whose fault and what
+    it names; ``OUT_OF_ORDER`` for a signal the request's state does not allow)."""
+    for cls, kind in _KIND_OF:
+        if isinstance(error, cls):
+            return kind
+    return RefusalKind.OUT_OF_ORDER
+
+
+_KIND_OF: tuple[tuple[type[KVLifetimeError], RefusalKind], ...] = (
+    (StaleEvidence, RefusalKind.STALE),
+    (MismatchedEvidence, RefusalKind.MISMATCHED),
+    (UnauthorizedEvidence, RefusalKind.UNAUTHORIZED),
+    (EvidenceError, RefusalKind.EVIDENCE_REFUSED),
+    (InvalidField, RefusalKind.MALFORMED_VALUE),
+    (BlockUnavailable, RefusalKind.EXPOSED_BLOCK_REUSED),
+    (DoubleRelease, RefusalKind.DUPLICATE_ID),
+    (UnknownRequest, RefusalKind.UNKNOWN_ID),
+)
 
 
 def log_refusal(engine: str, r: Refusal) -> None:

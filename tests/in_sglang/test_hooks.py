@@ -16,6 +16,7 @@ import sglang
 from sglang_driver import Rig
 
 import kvlifetime.integrations.sglang as kv_sglang
+from kvlifetime.guard import accepted
 from kvlifetime.integrations.sglang import hooks
 from kvlifetime.integrations.sglang.prefill_hooks import PrefillHooks
 
@@ -268,7 +269,7 @@ def test_a_key_left_by_an_earlier_installation_names_nothing(clean: None) -> Non
     kv_sglang.uninstall()
     guard = kv_sglang.install(role="decode")
     guard.bind(64)
-    key = guard.published(7, [3, 4], slot=2, ranks=[0], prefill="127.0.0.1:8998")
+    key = accepted(guard.published(7, [3, 4], slot=2, ranks=[0], prefill="127.0.0.1:8998"))
     assert key == "sglang:7#1"
     _success_through_the_hooks(old)  # the earlier installation's receiver: not this lifecycle
     assert guard.lifecycle(key)["phase"] == "live" and guard.stats().completed == 0

@@ -43,11 +43,12 @@ from kvlifetime.errors import (
 )
 from kvlifetime.evidence import PeerLost, TransferCompleted
 from kvlifetime.grant import Access
+from kvlifetime.guard import Refusal
 from kvlifetime.integrations.sglang.events import Events, emit, listening
 from kvlifetime.integrations.sglang.lifecycles import (
-    GuardCore,
     Lifecycle,
-    Refusal,
+    Refused,
+    RoomLifecycles,
     rank_ids,
     room_id,
     small_int,
@@ -55,7 +56,7 @@ from kvlifetime.integrations.sglang.lifecycles import (
 from kvlifetime.integrations.sglang.tokens import matches, new_token, wire_token
 
 
-class DecodeCalls(GuardCore):
+class DecodeCalls(RoomLifecycles):
     """The decode's calls (``SGLangGuard`` has them; a prefill guard refuses them)."""
 
     def published(
@@ -66,7 +67,7 @@ class DecodeCalls(GuardCore):
         slot: int,
         ranks: Sequence[int],
         prefill: str,
-    ) -> str:
+    ) -> str | Refusal:
         """``_send_kv_metadata``: a WRITE grant per prefill rank over ``pages`` (and the
         metadata ``slot``), before the addresses leave. Returns the lifecycle key."""
         events: Events = []
@@ -87,7 +88,7 @@ class DecodeCalls(GuardCore):
                     # A page the guard still holds exposed (a quarantined lifecycle) would be
                     # published again: SGLang handed it out behind the guard's back.
                     kind = "exposed_page_reused" if isinstance(e, BlockUnavailable) else ""
-                    raise Refusal(kind or "published_refused") from e
+                    raise Refused(kind or "published_refused") from e
                 for r in rank_list[1:]:
                     grants[r] = led.grant(key, peers[r], grants[first].blocks, Access.WRITE)
                 life = Lifecycle(key, room, prefill, grants, peers, grants[first].blocks, slot)
@@ -114,18 +115,16 @@ class DecodeCalls(GuardCore):
                         )
                     )
                 return key
-        except Refusal as r:
+        except Refused as r:
             cause = r.__cause__
             assert isinstance(cause, KVLifetimeError)
-            self._refuse(r.kind, cause, {"room": room})
-            raise cause from None
+            return self._refuse(r.kind, cause, {"room": room})
         except KVLifetimeError as e:
-            self._refuse("published_refused", e, {"room": room})
-            raise
+            return self._refuse("published_refused", e, {"room": room})
         finally:
             emit(events)
 
-    def armed(self, key: str, generation: int) -> None:
+    def armed(self, key: str, generation: int) -> Refusal | None:
         """SGLang armed ABORT-ACK accounting for the lifecycle under ``generation`` (its
         manager's counter): only ACKs of this generation count from now on."""
         try:
@@ -134,7 +133,7 @@ class DecodeCalls(GuardCore):
                 life = self._life(key)
                 if life.generation == generation:
                     self._duplicates += 1
-                    return
+                    return None
                 if generation <= self._max_gen:
                     raise MismatchedEvidence(
                         f"generation {generation} is not above {self._max_gen}, the last one "
@@ -150,9 +149,9 @@ class DecodeCalls(GuardCore):
                 life.tokens = {r: new_token() for r in life.grants}
                 self._by_gen[generation] = key
                 self._max_gen = generation
+                return None
         except KVLifetimeError as e:
-            self._refuse("armed_refused", e, {"key": key, "generation": generation})
-            raise
+            return self._refuse("armed_refused", e, {"key": key, "generation": generation})
 
     def abort_token(self, key: str, rank: int) -> str | None:
         """The token the ABORT of ``key``'s current generation carries to ``rank`` (the hooks
@@ -162,7 +161,9 @@ class DecodeCalls(GuardCore):
             life = self._lives.get(key) if isinstance(key, str) else None
             return None if life is None else life.tokens.get(rank)
 
-    def acked(self, room: int, rank: int, generation: int, *, token: object = None) -> bool:
+    def acked(
+        self, room: int, rank: int, generation: int, *, token: object = None
+    ) -> bool | Refusal:
         """An ABORT_ACK from prefill rank ``rank`` for ``room`` under ``generation``, echoing
         ``token`` (None: the ACK carried none). Returns True when it was new evidence, False
         for a repeat. Refused (typed, logged, counted, nothing changed): a generation of an
@@ -242,19 +243,18 @@ class DecodeCalls(GuardCore):
                 self._collect(events)
                 return True
         except KVLifetimeError as e:
-            self._refuse(kind, e, ctx)
-            raise
+            return self._refuse(kind, e, ctx)
         finally:
             emit(events)
 
-    def transferred(self, key: str) -> None:
+    def transferred(self, key: str) -> Refusal | None:
         """``KVPoll.Success``: every prefill rank reported its transfer of the room complete
         (decode's poll counts one Success per rank): every grant closed, the lifecycle over."""
         events: Events = []
         try:
             with self._lock:
                 if self._repeat(key):
-                    return
+                    return None
                 life = self._life(key)
                 if life.phase != "live":
                     raise UsageError(f"{key}: Success after SGLang ended it ({life.phase})")
@@ -274,18 +274,18 @@ class DecodeCalls(GuardCore):
                 if key in self._collect(events):
                     self._forget(life)
                     self._completed += 1
+                return None
         except KVLifetimeError as e:
-            self._refuse("transferred_refused", e, {"key": key})
-            raise
+            return self._refuse("transferred_refused", e, {"key": key})
         finally:
             emit(events)
 
-    def held(self, key: str, *, deadline: float, reason: str = "transfer_failed") -> bool:
+    def held(self, key: str, *, deadline: float, reason: str = "transfer_failed") -> bool | Refusal:
         """SGLang holds a failed transfer's pages (``_defer_release``) until ``deadline`` (its
         own clock). Returns True when the ledger released it at once (proof already in)."""
         return self._end(key, deadline, reason)
 
-    def prefill_lost(self, prefill: str) -> list[str]:
+    def prefill_lost(self, prefill: str) -> list[str] | Refusal:
         """SGLang's heartbeat to ``prefill`` failed (``_handle_node_failure``): ``PeerLost``
         for every rank of it with an open grant. Returns the lifecycles quarantined now."""
         events: Events = []
@@ -305,7 +305,6 @@ class DecodeCalls(GuardCore):
                     life.suspect = life.suspect or "peer_lost"
                 return self._quarantined_now(events, "peer_lost")
         except KVLifetimeError as e:
-            self._refuse("prefill_lost_refused", e, {"prefill": prefill})
-            raise
+            return self._refuse("prefill_lost_refused", e, {"prefill": prefill})
         finally:
             emit(events)

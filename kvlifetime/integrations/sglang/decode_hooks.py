@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from kvlifetime.errors import KVLifetimeError, UnauthorizedEvidence
+from kvlifetime.guard import Refusal, RefusalKind
 from kvlifetime.integrations.hooks import PROCEED
 from kvlifetime.integrations.sglang import facts_v0_5_23 as facts
 from kvlifetime.integrations.sglang.guard import DecodeGuard
@@ -71,7 +71,7 @@ class DecodeHooks(Installation):
             # leaves) and SGLang fails the transfer.
             receiver.conclude_state = facts.kv_poll().Failed
             return None
-        key = self.quiet(
+        key = self.accepted(
             lambda: self.decode.published(
                 room,
                 kv_indices,
@@ -141,13 +141,10 @@ class DecodeHooks(Installation):
         # SGLang reads its frames; a guarded prefill echoes its token in the next one.
         n = facts.ACK_FRAMES
         token = frames[n] if isinstance(frames, list) and len(frames) > n else None
-        try:
-            self.decode.acked(room, rank, generation, token=token)
-        except UnauthorizedEvidence:
+        out = self.quiet(lambda: self.decode.acked(room, rank, generation, token=token))
+        if isinstance(out, Refusal) and out.kind is RefusalKind.UNAUTHORIZED:
             return None  # in another rank's name: SGLang's own count never sees it
-        except KVLifetimeError:
-            pass  # refused by the guard (typed, logged, counted); SGLang's own rules
-        return PROCEED
+        return PROCEED  # (another refusal: typed, logged, counted by the guard; SGLang's rules)
 
     def release_safe(self, mgr: Any, original: Original, room: Any, required_acks: Any) -> Any:
         rooms = getattr(self.resolving_rooms, "rooms", None)
@@ -218,7 +215,7 @@ class DecodeHooks(Installation):
         if key is None or not guard.tracks(key) or guard.releasable(key):
             return original(queue, decode_req)
         # A free of pages a prefill rank may still write, outside the deferred path.
-        if self.quiet(lambda: guard.withheld(key, now=time.monotonic())):
+        if self.accepted(lambda: guard.withheld(key, now=time.monotonic())):
             out = original(queue, decode_req)
             self.quiet(lambda: guard.freed(key))
             return out

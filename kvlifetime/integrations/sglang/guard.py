@@ -34,10 +34,11 @@ from typing import Any, Literal, overload
 from kvlifetime import inputs
 from kvlifetime.errors import InvalidField, KVLifetimeError, UsageError
 from kvlifetime.evidence import AccessRevoked
+from kvlifetime.guard import Refusal
 from kvlifetime.integrations.sglang.decode import DecodeCalls
 from kvlifetime.integrations.sglang.errors import MalformedEngineValue
 from kvlifetime.integrations.sglang.events import Events, emit
-from kvlifetime.integrations.sglang.lifecycles import ROLES, GuardCore, Role, room_id
+from kvlifetime.integrations.sglang.lifecycles import ROLES, Role, RoomLifecycles, room_id
 from kvlifetime.integrations.sglang.prefill import LOCAL_ENGINE, PrefillCalls
 from kvlifetime.integrations.sglang.stats import SGLangGuardStats, summarize
 
@@ -54,7 +55,7 @@ __all__ = [
 ]
 
 
-class SGLangGuard(GuardCore):
+class SGLangGuard(RoomLifecycles):
     """One SGLang process's exposures: what both roles share (see the module docstring).
     ``SGLangGuard(role="decode", ...)`` makes a ``DecodeGuard``, ``role="prefill"`` a
     ``PrefillGuard``: each role is a class of its own, with only its own calls."""
@@ -71,7 +72,7 @@ class SGLangGuard(GuardCore):
             cls = {"decode": DecodeGuard, "prefill": PrefillGuard}.get(str(role), cls)
         return object.__new__(cls)
 
-    def withheld(self, key: str, *, now: float) -> bool:
+    def withheld(self, key: str, *, now: float) -> bool | Refusal:
         """SGLang frees a lifecycle the ledger has not released, outside the deferred path
         (decode: a failure it does not defer). Returns True when the ledger released it at once
         (the proof was in: the hooks free it now). Otherwise the hooks keep the pages,
@@ -99,12 +100,11 @@ class SGLangGuard(GuardCore):
                 self._quarantined_now(events, "deadline")
                 return False
         except KVLifetimeError as e:
-            self._refuse("withheld_refused", e, {"key": key})
-            raise
+            return self._refuse("withheld_refused", e, {"key": key})
         finally:
             emit(events)
 
-    def engine_room(self, value: object, *, at: str) -> int:
+    def engine_room(self, value: object, *, at: str) -> int | Refusal:
         """A ``bootstrap_room`` the hooks read from SGLang (``at``: where), as the plain int
         every other call takes. Every room a hook reads passes here first. Refused
         (``MalformedEngineValue``, counted ``malformed_room``, logged; nothing changed): any
@@ -113,8 +113,7 @@ class SGLangGuard(GuardCore):
             return room_id(value)
         except InvalidField as e:
             err = MalformedEngineValue(f"bootstrap_room read at {at}: {e}")
-            self._refuse("malformed_room", err, {"at": at, "room": value})
-            raise err from None
+            return self._refuse("malformed_room", err, {"at": at, "room": value})
 
     def tick(self, now: float) -> list[str]:
         """Once per scheduler tick (decode: ``resolve_deferred_releases``; prefill: the
@@ -163,21 +162,21 @@ class SGLangGuard(GuardCore):
             life = self._lives.get(key) if isinstance(key, str) else None
             return None if life is None else life.room
 
-    def freed(self, key: str) -> None:
+    def freed(self, key: str) -> Refusal | None:
         """SGLang freed the lifecycle's pages (after ``releasable`` said so): forgotten. A key
         not released is refused (``UsageError``), a repeat is a duplicate (no-op)."""
         try:
             with self._lock:
                 if self._repeat(key):
-                    return
+                    return None
                 life = self._life(key)
                 if life.phase != "released":
                     raise UsageError(f"{key} is {life.phase}: SGLang may not free it yet")
                 self._forget(life)
                 self._freed += 1
+                return None
         except KVLifetimeError as e:
-            self._refuse("freed_refused", e, {"key": key})
-            raise
+            return self._refuse("freed_refused", e, {"key": key})
 
     def take_released(self) -> list[str]:
         """Withheld / held lifecycles released since the last call, for the hooks to free

@@ -11,9 +11,10 @@ SGLang keeps running).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from kvlifetime.errors import KVLifetimeError
+from kvlifetime.guard import Refusal
 from kvlifetime.integrations.hooks import Hook, Patches
 from kvlifetime.integrations.sglang.guard import SGLangGuard
 from kvlifetime.integrations.sglang.lifecycles import room_id
@@ -22,6 +23,8 @@ from kvlifetime.integrations.sglang.lifecycles import room_id
 # a guard's keys start again at "#1", so a key an earlier installation left on an object that
 # outlived it would name another lifecycle of the current guard.
 _KEY = "_kvl_key"
+
+T = TypeVar("T")
 
 
 class Installation:
@@ -53,18 +56,22 @@ class Installation:
     def room(self, obj: Any, at: str) -> int | None:
         """``obj.bootstrap_room`` through the guard's one entry check (``engine_room``): the
         plain int, or None when it is malformed (refused there: typed, counted, logged)."""
-        try:
-            return self.guard.engine_room(getattr(obj, "bootstrap_room", None), at=at)
-        except KVLifetimeError:
-            return None
+        room = self.guard.engine_room(getattr(obj, "bootstrap_room", None), at=at)
+        return None if isinstance(room, Refusal) else room
 
-    def quiet(self, call: Callable[[], Any]) -> Any:
-        """A guard call from inside SGLang: a refusal is already typed, logged and counted by
-        the guard; SGLang keeps running (None comes back)."""
+    def quiet(self, call: Callable[[], T]) -> T | None:
+        """A guard call from inside SGLang: what it answers (a refusal is data: typed, counted
+        and logged by the guard); a misuse the guard raises (a call before it is bound,
+        ``GuardNotBound``) is typed too, and SGLang keeps running (None)."""
         try:
             return call()
         except KVLifetimeError:
             return None
+
+    def accepted(self, call: Callable[[], T | Refusal]) -> T | None:
+        """``quiet``, with a refusal as None (the handler goes on as if nothing was said)."""
+        out = self.quiet(call)
+        return None if isinstance(out, Refusal) else out
 
 
 def plain_room(value: Any) -> int | None:

@@ -4,7 +4,8 @@ SGLang reports per *room* (the ``bootstrap_room`` integer a request carries). Ro
 (a client or router may send the same room again), so the guard keys every use of a room by a
 lifecycle of its own, ``"sglang:<room>#<n>"`` (``n`` counts the guard's lifecycles): a message
 about an earlier use of the room can never count for a later one. While two uses of a room are
-unreleased, SGLang's per-room signals cannot be attributed to either (``GuardCore._shared_room``).
+unreleased, SGLang's per-room signals cannot be attributed to either
+(``RoomLifecycles._shared_room``).
 
 A lifecycle's phase: ``live`` (SGLang still runs the request) -> ``held`` (SGLang ended it; the
 ledger has not released it: waiting for proof, or quarantined) -> ``released`` (the ledger
@@ -12,7 +13,7 @@ released it; SGLang may free its pages) -> forgotten when SGLang frees them (its
 decode, its ABORT generation are remembered a while, so a late message is told from an unknown
 one).
 
-``GuardCore`` is what ``decode.DecodeCalls`` and ``prefill.PrefillCalls`` (and ``SGLangGuard``
+``RoomLifecycles`` is what ``decode.DecodeCalls`` and ``prefill.PrefillCalls`` (and ``SGLangGuard``
 on top of both) share: the lock, the ledger, this table, the counters, and the steps every call
 ends with (collect what the ledger released, mark what it quarantined, forget what SGLang freed).
 """
@@ -31,7 +32,8 @@ import numpy.typing as npt
 from kvlifetime import inputs
 from kvlifetime.errors import InvalidField, KVLifetimeError, UnknownRequest
 from kvlifetime.grant import Grant
-from kvlifetime.guard import Hold, Holds, Refusals
+from kvlifetime.guard import Hold, Holds, Refusal, Refusals
+from kvlifetime.guard.refusals import kind_of
 from kvlifetime.integrations.sglang.errors import GuardNotBound
 from kvlifetime.integrations.sglang.events import Events, emit, listening, log_refusal
 from kvlifetime.integrations.sglang.tokens import EchoTable
@@ -66,7 +68,7 @@ class Lifecycle:
     acked: set[int] = attrs.field(factory=set)  # ranks (chunks) whose grant is proven over
     # Its state of the engine-side lifecycle (kvlifetime.spec, docs/engine.md), stepped only by
     # the guard's ``Holds``; ``phase`` is SGLang's coarse view of it.
-    hold: Hold = attrs.field(init=False)  # set once, by ``GuardCore._add``, before any use
+    hold: Hold = attrs.field(init=False)  # set once, by ``RoomLifecycles._add``, before any use
     # SGLang's coarse view of the hold's state, set by ``_fire`` only (never assigned apart):
     # live (SGLang runs it) -> held (ended, unreleased: waiting for proof, or quarantined) ->
     # released (SGLang may free its pages).
@@ -131,7 +133,7 @@ def rank_ids(ranks: object) -> list[int]:
     return out
 
 
-class Refusal(Exception):
+class Refused(Exception):
     """Internal: a refusal with its counter kind (the typed error is its ``__cause__``)."""
 
     def __init__(self, kind: str) -> None:
@@ -139,7 +141,7 @@ class Refusal(Exception):
         self.kind = kind
 
 
-class GuardCore:
+class RoomLifecycles:
     """The state both sides share, and the steps on it. Every attribute below is read and
     written under ``_lock`` only."""
 
@@ -314,7 +316,7 @@ class GuardCore:
 
     # ------------------------------------------------------------------ ending and releasing
 
-    def _end(self, key: str, deadline: float, reason: str) -> bool:
+    def _end(self, key: str, deadline: float, reason: str) -> bool | Refusal:
         events: Events = []
         try:
             deadline = inputs.finite_time(deadline, "deadline")
@@ -329,8 +331,7 @@ class GuardCore:
                 self._end_locked(life, deadline, reason, events)
                 return life.phase == "released"
         except KVLifetimeError as e:
-            self._refuse("end_refused", e, {"key": key})
-            raise
+            return self._refuse("end_refused", e, {"key": key})
         finally:
             emit(events)
 
@@ -400,7 +401,14 @@ class GuardCore:
             )
         return out
 
-    def _refuse(self, kind: str, e: BaseException, ctx: dict[str, Any]) -> None:
+    def _refuse(self, kind: str, e: KVLifetimeError, ctx: dict[str, Any]) -> Refusal:
+        """A signal from SGLang refused: counted under ``kind`` (the call that refused it, in
+        ``stats().refused``), logged on the one path (``guard_refused``), returned as data.
+        A caller's misuse is raised instead (a call before ``bind``: ``GuardNotBound``)."""
+        if isinstance(e, GuardNotBound):
+            raise e
         with self._lock:
             self._refused[kind] += 1
         log_refusal(kind, e, ctx)
+        key = ctx.get("key")
+        return Refusal(kind_of(e), key if isinstance(key, str) else "-", e)

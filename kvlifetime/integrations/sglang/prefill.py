@@ -26,18 +26,19 @@ from kvlifetime import inputs
 from kvlifetime.errors import InvalidField, KVLifetimeError, MismatchedEvidence, UsageError
 from kvlifetime.evidence import LeaseExpired, TransferCompleted
 from kvlifetime.grant import Access
+from kvlifetime.guard import Refusal
 from kvlifetime.integrations.sglang.events import Events, emit, listening
-from kvlifetime.integrations.sglang.lifecycles import GuardCore, Lifecycle, room_id, small_int
+from kvlifetime.integrations.sglang.lifecycles import Lifecycle, RoomLifecycles, room_id, small_int
 from kvlifetime.integrations.sglang.tokens import TOKEN_CHARS, wire_token
 
 LOCAL_ENGINE = "sglang-local-transfer-engine"
 """The prefill's peer: its own Mooncake transfer worker reading the source pages."""
 
 
-class PrefillCalls(GuardCore):
+class PrefillCalls(RoomLifecycles):
     """The prefill's calls (``SGLangGuard`` has them; a decode guard refuses them)."""
 
-    def sending(self, key: str | None, room: int, pages: npt.ArrayLike) -> str:
+    def sending(self, key: str | None, room: int, pages: npt.ArrayLike) -> str | Refusal:
         """``sender.send``: a READ grant over the chunk's source pages to the local transfer
         engine. ``key`` is the lifecycle of earlier chunks of the same sender (None for the
         first). Returns the lifecycle key."""
@@ -76,12 +77,11 @@ class PrefillCalls(GuardCore):
                 life.pages = np.concatenate((life.pages, new_pages))
                 return key
         except KVLifetimeError as e:
-            self._refuse("sending_refused", e, {"key": key, "room": room})
-            raise
+            return self._refuse("sending_refused", e, {"key": key, "room": room})
         finally:
             emit(events)
 
-    def drained(self, key: str) -> bool:
+    def drained(self, key: str) -> bool | Refusal:
         """The room's outstanding-chunk count is zero and no chunk of it will start (checked by
         the hooks in SGLang's manager): ``TransferCompleted`` of every READ grant, observed
         locally. Returns True when it released the lifecycle (it was ended)."""
@@ -112,12 +112,11 @@ class PrefillCalls(GuardCore):
                     life.hold.read = None  # (the ledger keeps the closed grants until the end)
                 return key in self._collect(events)
         except KVLifetimeError as e:
-            self._refuse("drained_refused", e, {"key": key})
-            raise
+            return self._refuse("drained_refused", e, {"key": key})
         finally:
             emit(events)
 
-    def poisoned(self, key: str) -> None:
+    def poisoned(self, key: str) -> Refusal | None:
         """A send of the room returned non-zero while its batch may still read the pages
         (SGLang's ``_poison_unsettled_send``): ``LeaseExpired`` of every open grant (the send's
         own deadline passed). Quarantined once SGLang ends the lifecycle."""
@@ -131,15 +130,15 @@ class PrefillCalls(GuardCore):
                         led.apply(LeaseExpired.of(g))
                 life.suspect = "poisoned"
                 self._quarantined_now(events, "poisoned")
+                return None
         except KVLifetimeError as e:
-            self._refuse("poisoned_refused", e, {"key": key})
-            raise
+            return self._refuse("poisoned_refused", e, {"key": key})
         finally:
             emit(events)
 
     def abort_received(
         self, room: int, ip: str, port: int, generation: int, *, token: object
-    ) -> bool:
+    ) -> bool | Refusal:
         """An ABORT for ``room`` carried ``token`` (the decode's guard sent it to this rank
         only); its ACK, to ``ip``:``port`` under ``generation``, will echo it. Returns True
         when it was recorded. Refused (``InvalidField``, counted ``abort_token_refused``,
@@ -160,8 +159,7 @@ class PrefillCalls(GuardCore):
                 self._echo.put((room, ip, port, generation), got)
                 return True
         except KVLifetimeError as e:
-            self._refuse("abort_token_refused", e, ctx)
-            raise
+            return self._refuse("abort_token_refused", e, ctx)
 
     def echo_token(self, room: int, ip: str, port: int, generation: int) -> str | None:
         """The token to echo in the ABORT_ACK of ``room`` to ``ip``:``port`` under
@@ -169,13 +167,12 @@ class PrefillCalls(GuardCore):
         with self._lock:
             return self._echo.get((room, ip, port, generation))
 
-    def ended(self, key: str, *, now: float, reason: str = "released") -> bool:
+    def ended(self, key: str, *, now: float, reason: str = "released") -> bool | Refusal:
         """SGLang frees the source pages (``release_kv_cache``). Returns True when the ledger
         released the lifecycle now (drained); otherwise the hooks hold the free until
         ``take_released`` returns the key (quarantined ``drain_timeout`` after ``now``)."""
         try:
             now = inputs.finite_time(now, "now")
         except KVLifetimeError as e:
-            self._refuse("end_refused", e, {"key": key})
-            raise
+            return self._refuse("end_refused", e, {"key": key})
         return self._end(key, now + self.drain_timeout, reason)

@@ -58,7 +58,7 @@ class PrefillHooks(Installation):
             sender.conclude_state = facts.kv_poll().Failed
             return None
         key = self.key_of(sender)
-        new = self.quiet(lambda: self.prefill.sending(key, room, kv_indices))
+        new = self.accepted(lambda: self.prefill.sending(key, room, kv_indices))
         if new is not None:
             self.set_key(sender, new)
             self.managers[new] = sender.kv_mgr
@@ -106,7 +106,7 @@ class PrefillHooks(Installation):
         if key is None or not self.guard.tracks(key):
             return original(req, tree_cache, checkpoint=checkpoint)
         self.observe(key)
-        if self.quiet(lambda: self.prefill.ended(key, now=time.monotonic())):
+        if self.accepted(lambda: self.prefill.ended(key, now=time.monotonic())):
             out = original(req, tree_cache, checkpoint=checkpoint)
             self.freed(key)
             return out
