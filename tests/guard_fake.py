@@ -53,10 +53,10 @@ class FakeEngine:
         for request in requests:
             hold = self.core.holds.get(request)
             if hold is not None and hold.state == "ended":
-                if self.core.reads_done(request) is None:
+                if self.core.reports.reads_done(request) is None:
                     self._free(request)  # nothing exposed: the engine's own id
             elif hold is not None:
-                self.core.reads_done(request)
+                self.core.reports.reads_done(request)
             else:
                 handed = self.core.holds.handed_back(request)
                 kind = RefusalKind.DUPLICATE_ID if handed else RefusalKind.UNKNOWN_ID

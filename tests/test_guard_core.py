@@ -88,7 +88,7 @@ def test_a_fence_from_another_thread_mid_step_spares_the_steps_own_exposure() ->
     e.admit("old", 2)
     e.end("old", remote_read=True)
     e.step_end()  # old's ids left in step 0
-    assert e.core.lease_expired("old") is None  # only a fence frees it now
+    assert e.core.reports.lease_expired("old") is None  # only a fence frees it now
     assert e.core.holds.state("old") == "quarantined"
     e.step_begin()
     e.admit("new", 2)
@@ -127,7 +127,7 @@ def test_fences_racing_steps_never_release_an_exposure_of_their_own_step() -> No
             e.admit(name, 2)
             e.end(name, remote_read=True)
             exposed_in[name] = e.core.step
-            e.core.lease_expired(name)  # unproven: only a fence of a later step frees it
+            e.core.reports.lease_expired(name)  # unproven: only a fence of a later step frees it
             e.step_end()
     finally:
         stop.set()
@@ -141,15 +141,15 @@ def test_a_fenced_receive_superseded_by_a_read_goes_back_once() -> None:
     core.holds.admit("d")
     core.grant_loads([("d", [4, 5])])
     core.end_step()
-    assert core.load_failed("d") is None
-    assert core.load_landed("d") is None and core.holds.state("d") == "receive_held"
+    assert core.reports.load_failed("d") is None
+    assert core.reports.load_landed("d") is None and core.holds.state("d") == "receive_held"
     core.fence("f")
     core.begin_step()
     assert core.holds.state("d") == "fenced" and core.fenced_due("d")
     assert core.end("d", [6], aborted=False) == "withheld"  # a READ exposure supersedes it
     assert core.take_fenced() == set()
     core.end_step()
-    assert core.reads_done("d") is None
+    assert core.reports.reads_done("d") is None
     core.settle()
     assert core.take_released() == {"d"}
     assert core.holds.state("d") is None and core.refusals.counts == {}

@@ -2,6 +2,8 @@
 
 - ``core``: ``GuardCore``, exposures by key, proofs, releases, counts, over:
 - ``journal``: ``StepJournal``, the step's READ exposures made into ledger work once;
+- ``reports``: ``Reports``, what the engine says about an exposure, made into evidence;
+- ``hand_backs``: ``HandBacks``, the ids the engine is due, each once, on one channel;
 - ``fences``: ``FenceLog``, fences recorded from any thread, applied at a step's start;
 - ``holds``: each request's state of the engine-side lifecycle (``kvlifetime.spec``'s
   ``engine`` table, the only place it changes), its exposures, the step it is in;

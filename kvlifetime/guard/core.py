@@ -11,7 +11,7 @@ own reference counts stay in charge of its pool) says what is proven. A schedule
                            reaches the worker
     end(r, ids, ...)       the engine ended r; a READ exposure goes into the journal (no ledger
                            work per request)
-    load_landed / reads_done / load_failed / lease_expired, settle()   evidence in
+    reports.load_landed / reads_done / load_failed / lease_expired, settle()   evidence in
     take_released(), take_fenced()   ids out, each once
     end_step()             the journal into the ledger (READ grants, then the ends, in
                            batches; the refused reads' ids must not leave the process); the
@@ -38,12 +38,13 @@ import numpy.typing as npt
 import structlog
 
 from kvlifetime.errors import KVLifetimeError
-from kvlifetime.evidence import LeaseExpired, TransferCompleted
-from kvlifetime.grant import Access, Grant
+from kvlifetime.grant import Access
 from kvlifetime.guard.fences import FenceLog, revocations
+from kvlifetime.guard.hand_backs import HandBacks
 from kvlifetime.guard.holds import Hold, Holds
 from kvlifetime.guard.journal import StepJournal
-from kvlifetime.guard.refusals import Refusal, RefusalKind, Refusals
+from kvlifetime.guard.refusals import RefusalKind, Refusals
+from kvlifetime.guard.reports import Reports
 from kvlifetime.ledger import BlockLedger, LedgerStats
 
 _log = structlog.get_logger("kvlifetime.guard")
@@ -71,12 +72,10 @@ class GuardCore:
         self.holds = Holds(self.refusals)
         self.journal = StepJournal(ledger, peer, self.holds, self.refusals)
         self.fences = FenceLog()  # recorded from any thread, applied at ``begin_step``
-        self._due: dict[str, None] = {}  # releasable: the engine is handed each once
-        self._fenced_due: dict[str, None] = {}  # fenced: their held receive is due, once
+        self.hand_backs = HandBacks(self.holds)  # what the engine is due, each once
         self._writes = 0  # holds with a WRITE grant (a step with none skips a check)
-        self._proofs: list[TransferCompleted] = []  # the output's proofs, for ``settle``
-        self._landed: list[str] = []  # running holds whose load landed, for ``settle``
-        self._handed_back = self._reaped = self._failed = self._fences_applied = 0
+        self.reports = Reports(ledger, self.holds, self.refusals)  # the engine's reports in
+        self._fences_applied = 0
 
     # ------------------------------------------------------------------ the step
 
@@ -161,7 +160,7 @@ class GuardCore:
         if len(block_ids):
             # A fenced receive not handed back yet: the READ exposure supersedes it (the id
             # goes back once, when the reads are proven; one channel per id).
-            self._fenced_due.pop(request, None)
+            self.hand_backs.drop_fenced(request)
             self.journal.append(request, block_ids, aborted)
             return "withheld"
         return "ended"
@@ -182,76 +181,11 @@ class GuardCore:
 
     # ------------------------------------------------------------------ evidence
 
-    def load_landed(self, request: str) -> Refusal | None:
-        """A receive for a hold: a proof of its load's WRITE grant, a failed load's receive
-        (held), or with nothing exposed the engine's own. None when the row fired."""
-        hold = self.hold(request)
-        before = hold.state
-        refusal = self.holds.fire(request, "load_landed", hold)
-        if refusal is None and hold.write is not None and before in ("loading", *_WITHHELD):
-            self._prove(hold.write, ended=before != "loading")
-        elif refusal is None and before == "load_failed":
-            _log.warning(
-                "guard_receive_held",
-                engine=self.refusals.engine,
-                request=request,
-                why="a failed load proves nothing about what still lands; held until a fence",
-            )
-        return refusal
-
-    def reads_done(self, request: str) -> Refusal | None:
-        """A report that a peer's reads are over: a proof of the READ grant (never in the
-        step that made it, never after a reaped lease). None when the row fired."""
-        hold = self.hold(request)
-        refusal = self.holds.fire(request, "reads_done", hold)
-        if refusal is None and hold.read is not None:
-            self._prove(hold.read, ended=hold.state != "running")
-        return refusal
-
-    def load_failed(self, request: str) -> Refusal | None:
-        """The load was reported failed: ``LeaseExpired`` on its WRITE grant (nothing proves
-        what still lands)."""
-        hold = self.holds.get(request)
-        if hold is None or hold.write is None or hold.write_failed:
-            return None
-        refusal = self.holds.fire(request, "load_failed", hold)
-        if refusal is None:
-            hold.write_failed = True
-            self._failed += 1
-            self._expire(hold.write)
-        return refusal
-
-    def lease_expired(self, request: str) -> Refusal | None:
-        """Only time passed for the READ grant (a reaped lease): ``LeaseExpired`` on it."""
-        hold = self.holds.get(request)
-        if hold is None or hold.read is None or hold.read_reaped:
-            return None
-        refusal = self.holds.fire(request, "lease_expired", hold)
-        if refusal is None:
-            hold.read_reaped = True
-            self._reaped += 1
-            self._expire(hold.read)
-        return refusal
-
     def settle(self) -> None:
-        """After a batch of proofs: the proofs applied (``_prove`` queues them) and the running
-        holds whose load landed ended in the ledger, then what the ledger released."""
-        proofs, self._proofs = self._proofs, []
-        landed, self._landed = self._landed, []
-        if proofs:
-            for refusal in self.ledger.apply_many(proofs).refused:
-                ev = proofs[refusal.position]
-                self.refusals.refuse(RefusalKind.EVIDENCE_REFUSED, str(ev.request), refusal.error)
-        if landed:
-            for refusal in self.ledger.finish_many(landed).refused:
-                self.refusals.refuse(RefusalKind.FINISH_REFUSED, str(refusal.item), refusal.error)
-        if proofs:
+        """After a batch of the engine's reports (``reports``): their proofs into the ledger,
+        then what the ledger released."""
+        if self.reports.settle():
             self.collect()
-
-    def _prove(self, grant: Grant, *, ended: bool) -> None:
-        self._proofs.append(TransferCompleted.of(grant, 0))
-        if not ended:
-            self._landed.append(str(grant.request))
 
     # ------------------------------------------------------------------ releases
 
@@ -268,34 +202,23 @@ class GuardCore:
             hold.read = hold.write = None
             hold.read_reaped = hold.write_failed = False
             if hold.state in _WITHHELD and self.holds.fire(request, "released", hold) is None:
-                self._due[request] = None
+                self.hand_backs.released(request)
                 out.add(request)
         return out
 
     def take_released(self) -> set[str]:
         """The ended requests the ledger released and the engine has not been handed yet (each
         once): the engine frees them now."""
-        if not self._due:
-            return set()
-        released = set(self._due)
-        self._due.clear()
-        for request in released:
-            self.holds.fire(request, "handed_back")
-        self._handed_back += len(released)
-        return released
+        return self.hand_backs.take_released()
 
     def take_fenced(self) -> set[str]:
         """The live requests whose failed load a fence ended: their held receive, for the
         engine to go on as its failure policy says (each once)."""
-        if not self._fenced_due:
-            return set()
-        fenced = [r for r in self._fenced_due if self.holds.fire(r, "handed_back") is None]
-        self._fenced_due.clear()
-        return set(fenced)
+        return self.hand_backs.take_fenced()
 
     def fenced_due(self, request: str) -> bool:
         """Whether the request's held receive is due to the engine (a fence ended its load)."""
-        return request in self._fenced_due
+        return self.hand_backs.is_fenced(request)
 
     def engine_freed(self, request: str) -> None:
         """The engine frees a request the guard holds nothing exposed of, on its own id (or at
@@ -327,7 +250,7 @@ class GuardCore:
                 and self.holds.fire(request, "fenced") is None
             ):
                 live.append(request)
-                self._fenced_due[request] = None
+                self.hand_backs.fenced(request)
         if live:
             for refusal in self.ledger.finish_many(live).refused:
                 self.refusals.refuse(RefusalKind.FINISH_REFUSED, str(refusal.item), refusal.error)
@@ -349,7 +272,12 @@ class GuardCore:
         return self._writes
 
     def counts(self) -> CoreCounts:
-        return CoreCounts(self._handed_back, self._reaped, self._failed, self._fences_applied)
+        return CoreCounts(
+            self.hand_backs.handed_back,
+            self.reports.lease_reaped,
+            self.reports.load_failed_count,
+            self._fences_applied,
+        )
 
     def stats(self) -> LedgerStats:
         return self.ledger.stats()
@@ -389,8 +317,7 @@ class GuardCore:
         state = self.holds.state(request) or "handed_back"
         if state == "releasable" and not len(block_ids):
             # Released at once (its grant was closed already): the engine frees it now.
-            self._due.pop(request, None)
-            self.holds.fire(request, "handed_back")  # (remembered: the guard released it)
+            self.hand_backs.handed_at_once(request)
             return "handed_back"
         return state
 
@@ -405,9 +332,3 @@ class GuardCore:
             hold.read_step, hold.read_reaped = self.holds.step, False
         except KVLifetimeError as e:
             self.refusals.refuse(RefusalKind.EXPOSED_BLOCK_REUSED, request, e)
-
-    def _expire(self, grant: Grant) -> None:
-        try:
-            self.ledger.apply(LeaseExpired.of(grant))
-        except KVLifetimeError as e:
-            self.refusals.refuse(RefusalKind.EVIDENCE_REFUSED, str(grant.request), e)

@@ -223,9 +223,9 @@ class ConnectorGuard:
         core.flush()
         for request in dict.fromkeys([*failed_recving, *core.open_writes(invalid_block_ids)]):
             if request in core.holds:
-                core.load_failed(request)
+                core.reports.load_failed(request)
         for request in lease_reaped:
-            core.lease_expired(request)
+            core.reports.lease_expired(request)
         recving: set[str] = set()
         passed: set[str] = set()  # ids of vLLM's own business, passed on unchanged
         sends = (
@@ -336,7 +336,7 @@ class ConnectorGuard:
         if hold is None:
             return True  # a request vLLM holds that the guard never saw: vLLM's own
         before = hold.state
-        fire = core.load_landed if receive else core.reads_done
+        fire = core.reports.load_landed if receive else core.reports.reads_done
         passed = fire(request) is None
         return passed and (not guard_decides or before == "loading")
 
