@@ -30,6 +30,7 @@ MODULES = (
     "kvlifetime.ledger.counters",
     "kvlifetime.ledger.engine_counts",
     "kvlifetime.ledger.events",
+    "kvlifetime.ledger.grant_table",
     "kvlifetime.ledger.ledger_counts",
     "kvlifetime.ledger.proofs",
     "kvlifetime.ledger.records",

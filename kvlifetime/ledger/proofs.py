@@ -40,7 +40,7 @@ def apply(table: RequestTable, blocks: BlockCounts, ev: Evidence) -> list[Transi
     if isinstance(ev, GrantEvidence) or (isinstance(ev, AccessRevoked) and ev.grant_id is not None):
         gid = ev.grant_id
         assert gid is not None  # AccessRevoked about one grant names it
-        rec = table.grants.get(gid.serial) if gid.incarnation == table.incarnation else None
+        rec = table.grants.records.get(gid.serial) if gid.incarnation == table.incarnation else None
         if rec is None or ev.request != rec.grant.request or ev.peer != rec.peer:
             rec = _grant_record(table, ev)  # raises the precise error
         if rec.fence_only:
@@ -51,7 +51,7 @@ def apply(table: RequestTable, blocks: BlockCounts, ev: Evidence) -> list[Transi
         if changed:
             _proven(table, blocks, rec, ev, out)
     elif isinstance(ev, AccessRevoked | PeerLost):
-        recs = list(table.by_peer.get(ev.peer, {}).values())
+        recs = list(table.grants.by_peer.get(ev.peer, {}).values())
         for rec in recs:
             rec.check(ev)  # every check before any change: all or nothing
         changed = False
@@ -110,9 +110,9 @@ def _grant_record(table: RequestTable, ev: GrantEvidence | AccessRevoked) -> Gra
             f"(this one is {table.incarnation})",
             evidence=ev,
         )
-    rec = table.grants.get(gid.serial)
+    rec = table.grants.records.get(gid.serial)
     if rec is None:
-        if gid.serial < table.next_serial:
+        if gid.serial < table.grants.next_serial:
             raise StaleEvidence(
                 f"{ev.kind} is about grant {gid}, whose request was already released",
                 evidence=ev,

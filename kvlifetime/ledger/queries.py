@@ -117,7 +117,11 @@ class _Queries:
         inputs.instance(gid, GrantId, "grant")
         with self._lock:
             table = self._table
-            rec = table.grants.get(gid.serial) if gid.incarnation == self.incarnation else None
+            rec = (
+                table.grants.records.get(gid.serial)
+                if gid.incarnation == self.incarnation
+                else None
+            )
             if rec is None:
                 raise errors.UnknownGrant(f"no live grant {gid}")
             return rec.copy()
@@ -222,7 +226,7 @@ class _Queries:
                 timed=tuple(table.timed),
                 recently_released=tuple(table.recently_released),
                 next_slot=table.next_slot,
-                next_serial=table.next_serial,
+                next_serial=table.grants.next_serial,
                 clock=table.clock,
                 pending_events=len(table.pending),
                 sizes=table.sizes() | self._blocks.sizes(),
@@ -248,6 +252,6 @@ class _Queries:
                 sharers,
                 generation,
                 table.fingerprint(),
-                table.next_serial,
+                table.grants.next_serial,
                 table.unsafe_releases,
             )

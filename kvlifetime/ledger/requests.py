@@ -32,11 +32,10 @@ from kvlifetime.grant import (
     Grant,
     PeerId,
     RequestKey,
-    make_grant,
-    make_grant_id,
 )
 from kvlifetime.ledger.batch import views
 from kvlifetime.ledger.events import Event, enabled, note, note_released
+from kvlifetime.ledger.grant_table import GrantTable
 from kvlifetime.ledger.records import GrantRecord, RequestRecord
 from kvlifetime.ledger.snapshot import copy_slots
 from kvlifetime.ledger.transitions import advance, fire
@@ -59,13 +58,11 @@ class RequestTable:
     """The live requests and grants of one ledger (touched only under its lock)."""
 
     __slots__ = (
-        "by_peer",
         "by_slot",
         "checked",
         "clock",
         "grants",
         "incarnation",
-        "next_serial",
         "next_slot",
         "pending",
         "recently_released",
@@ -88,9 +85,7 @@ class RequestTable:
         self.requests: dict[RequestKey, RequestRecord] = {}
         self.by_slot: dict[int, RequestRecord] = {}
         self.next_slot = 0
-        self.next_serial = 1
-        self.grants: dict[int, GrantRecord] = {}  # serial -> record, for live requests
-        self.by_peer: dict[PeerId, dict[int, GrantRecord]] = {}  # open grants per peer
+        self.grants = GrantTable(incarnation)  # the live requests' grants, by serial and peer
         self.releasable: dict[RequestKey, None] = {}  # requests in transfer_quiesced (ordered)
         self.timed: dict[RequestKey, None] = {}  # requests with a deadline somewhere
         self.recently_released: collections.OrderedDict[RequestKey, None] = (
@@ -348,16 +343,7 @@ class RequestTable:
         del self.by_slot[req.slot]
         self.releasable.pop(key, None)
         self.timed.pop(key, None)
-        for serial, rec in req.grants.items():
-            del self.grants[serial]
-            if serial in req.open:
-                # Only force_release forgets an open grant: it was counted while open.
-                if blocks.tracking:
-                    blocks.uncount_open(rec)
-                peer_open = self.by_peer[rec.peer]
-                del peer_open[serial]
-                if not peer_open:
-                    del self.by_peer[rec.peer]
+        self.grants.forget(req, blocks)
         rr = self.recently_released
         rr[key] = None
         if len(rr) > RECENTLY_RELEASED:
@@ -378,36 +364,16 @@ class RequestTable:
         deadline: float | None,
     ) -> Grant:
         """Record a new open grant of ``req`` (every check done, counted per block)."""
-        request = req.key
-        serial = self.next_serial
-        self.next_serial = serial + 1
-        generations.flags.writeable = False
-        g = make_grant(
-            make_grant_id(self.incarnation, serial), request, peer, arr, generations, access
-        )
-        rec = GrantRecord(g, req, deadline)
-        req.grants[serial] = rec
-        req.open[serial] = rec
-        self.grants[serial] = rec
-        peer_open = self.by_peer.get(peer)
-        if peer_open is None:
-            peer_open = self.by_peer[peer] = {}
-        peer_open[serial] = rec
+        g = self.grants.open(req, peer, arr, generations, access, deadline)
         if deadline is not None:
-            self.timed[request] = None
+            self.timed[req.key] = None
         if enabled():
             self.pending.append(("info", "grant_opened", g.describe()))
         return g
 
     def close(self, rec: GrantRecord) -> None:
         """``rec`` is proven over: no longer open (it stays among its request's grants)."""
-        rec.is_open = False
-        serial = rec.grant.id.serial
-        del rec.req.open[serial]
-        peer_open = self.by_peer[rec.peer]
-        del peer_open[serial]
-        if not peer_open:
-            del self.by_peer[rec.peer]
+        self.grants.close(rec)
 
     # ------------------------------------------------------------------ deadlines
 
@@ -445,37 +411,25 @@ class RequestTable:
         """An independent copy: each record copied once (``RequestRecord.copy``), every map
         rebuilt over the copies; every other field by its kind (``snapshot.copy_slots``)."""
         requests = {key: req.copy() for key, req in self.requests.items()}
-        grants: dict[int, GrantRecord] = {}
-        by_peer: dict[PeerId, dict[int, GrantRecord]] = {}
-        for req in requests.values():
-            if self.checked:
+        if self.checked:
+            for req in requests.values():
                 req.machine = _lifecycle(req, start=req.state)
-            grants.update(req.grants)
-            for serial, rec in req.open.items():
-                by_peer.setdefault(rec.peer, {})[serial] = rec
         return copy_slots(
             self,
             requests=requests,
             by_slot={req.slot: req for req in requests.values()},
-            grants=grants,
-            by_peer=by_peer,
+            grants=self.grants.rebuilt(requests),
             pending=[],
         )
 
     def sizes(self) -> dict[str, int]:
         """Entries of each map (``BlockLedger.inspect``)."""
-        return {
+        out = {
             name: len(getattr(self, name))
-            for name in (
-                "requests",
-                "by_slot",
-                "grants",
-                "by_peer",
-                "releasable",
-                "timed",
-                "recently_released",
-            )
+            for name in ("requests", "by_slot", "releasable", "timed", "recently_released")
         }
+        out["grants"], out["by_peer"] = len(self.grants.records), len(self.grants.by_peer)
+        return out
 
     def fingerprint(self) -> tuple[Any, ...]:
         """The observable state of every live request (grant serials included), sorted."""
