@@ -34,9 +34,11 @@ MODULES = (
     "kvlifetime.ledger.ledger_counts",
     "kvlifetime.ledger.proofs",
     "kvlifetime.ledger.records",
+    "kvlifetime.ledger.request_rows",
     "kvlifetime.ledger.requests",
     "kvlifetime.ledger.restart",
     "kvlifetime.ledger.snapshot",
+    "kvlifetime.ledger.step_rows",
     "kvlifetime.ledger.transitions",
     # The verifier's step and what it reads: the environment's values and their ledger view
     # (state, rebuild), the events, the step and its policies, the keys, the stubborn sets,

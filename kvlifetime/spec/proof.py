@@ -154,3 +154,130 @@ class GrantProof:
             f"GrantProof(cancel_received={self.cancel_received}, last_seq={self.last_seq}, "
             f"through_seq={self.through_seq}, revoked={self.revoked}, suspect={self.suspect!r})"
         )
+
+
+# --------------------------------------------------------------------------- many grants at once
+
+# The same rules over columns: one flat list per fact, one entry per grant row, for the
+# step-columnar ledger (``ledger.step_rows``), where a step's work is a loop of a few list
+# operations per grant and no object is made. ``ProofColumns`` must agree with ``GrantProof``
+# row by row (``tests/test_proof_columns.py`` holds them to it).
+
+CANCEL, STOPPED, QUIESCED, COMPLETED, REVOKED, LEASE, LOST = range(1, 8)
+"""Claim codes: CancelReceived, SchedulingStopped, TransferQuiesced, TransferCompleted,
+AccessRevoked, LeaseExpired, PeerLost."""
+CODE_OF: dict[type[Evidence], int] = {
+    CancelReceived: CANCEL,
+    SchedulingStopped: STOPPED,
+    TransferQuiesced: QUIESCED,
+    TransferCompleted: COMPLETED,
+    AccessRevoked: REVOKED,
+    LeaseExpired: LEASE,
+    PeerLost: LOST,
+}
+SUSPECTS: tuple[str | None, ...] = (None, "deadline", "lease_expired", "peer_lost")
+"""A grant's ``suspect``, by code (0: none)."""
+NO_SEQ = -1
+"""``last_seq`` not proven."""
+
+
+class ProofColumns:
+    """``GrantProof`` of many grants: ``cancel``, ``last_seq`` (``NO_SEQ``: not proven),
+    ``through``, ``revoked``, ``suspect`` (a code of ``SUSPECTS``), one entry per row."""
+
+    __slots__ = ("cancel", "last_seq", "revoked", "suspect", "through")
+
+    def __init__(self) -> None:
+        self.cancel: list[bool] = []
+        self.last_seq: list[int] = []
+        self.through: list[int] = []
+        self.revoked: list[bool] = []
+        self.suspect: list[int] = []
+
+    def add(self) -> int:
+        """A new row, nothing proven; returns it."""
+        self.cancel.append(False)
+        self.last_seq.append(NO_SEQ)
+        self.through.append(0)
+        self.revoked.append(False)
+        self.suspect.append(0)
+        return len(self.cancel) - 1
+
+    def reset(self, row: int) -> None:
+        """Nothing proven about ``row`` (reused for a new grant)."""
+        self.cancel[row] = False
+        self.last_seq[row] = NO_SEQ
+        self.through[row] = 0
+        self.revoked[row] = False
+        self.suspect[row] = 0
+
+    # ----------------------------------------------------------------- derived facts
+
+    def closed(self, row: int) -> bool:
+        if self.revoked[row]:
+            return True
+        last = self.last_seq[row]
+        return last != NO_SEQ and self.through[row] >= last
+
+    def scheduling_stopped(self, row: int) -> bool:
+        return self.revoked[row] or self.last_seq[row] != NO_SEQ
+
+    def cancel_acknowledged(self, row: int) -> bool:
+        return self.cancel[row] or self.revoked[row] or self.last_seq[row] != NO_SEQ
+
+    def proof(self, row: int) -> GrantProof:
+        """Row ``row`` as a ``GrantProof`` (built when asked: logs, queries, replay)."""
+        p = GrantProof.__new__(GrantProof)
+        p.cancel_received = self.cancel[row]
+        last = self.last_seq[row]
+        p.last_seq = None if last == NO_SEQ else last
+        p.through_seq = self.through[row]
+        p.revoked = self.revoked[row]
+        p.suspect = SUSPECTS[self.suspect[row]]
+        return p
+
+    # ----------------------------------------------------------------- accumulation
+
+    def contradicts(self, row: int, code: int, seq: int) -> bool:
+        """``GrantProof.check``: a claim of ``code`` with ``seq`` contradicts what is proven
+        (a different ``last_seq``). Mutates nothing."""
+        if code not in (STOPPED, COMPLETED):
+            return False
+        last = self.last_seq[row]
+        return last != NO_SEQ and last != seq
+
+    def record(self, row: int, code: int, seq: int) -> bool:
+        """``GrantProof.record`` of one claim ``code`` (with ``seq``: ``last_seq`` or
+        ``through_seq``) on ``row`` (checked): whether anything new was proven."""
+        if code in (STOPPED, COMPLETED):
+            changed = self.last_seq[row] == NO_SEQ or not self.cancel[row]
+            self.cancel[row] = True
+            self.last_seq[row] = seq
+            if code == COMPLETED and seq > self.through[row]:
+                self.through[row] = seq
+                changed = True
+            return changed
+        if code == QUIESCED:
+            if seq > self.through[row]:
+                self.through[row] = seq
+                return True
+            return False
+        if code == CANCEL:
+            changed = not self.cancel[row]
+            self.cancel[row] = True
+            return changed
+        if code == REVOKED:
+            changed = not self.revoked[row]
+            self.revoked[row] = True
+            return changed
+        if code in (LEASE, LOST):
+            return self.mark_suspect(row, 2 if code == LEASE else 3)
+        return False
+
+    def mark_suspect(self, row: int, reason: int) -> bool:
+        """``GrantProof.mark_suspect``: the first reason sticks; never once closed. Returns
+        whether the suspect changed."""
+        if self.suspect[row] == 0 and not self.closed(row):
+            self.suspect[row] = reason
+            return True
+        return False

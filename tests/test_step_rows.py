@@ -1,0 +1,193 @@
+"""``StepRows`` (the step-columnar ledger's requests and grants, issue 32) held to the
+object-per-request ``BlockLedger`` step by step: the same requests and grants, the same evidence
+in the same batches, the same ends, expiries and collects; after each step the same state for
+every live request, the same open grants, the same refusals, the same transitions per request
+and the same releases in the same order."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvlifetime.errors import ContradictoryEvidence, IllegalTransition
+from kvlifetime.evidence import (
+    AccessRevoked,
+    CancelReceived,
+    Evidence,
+    LeaseExpired,
+    PeerLost,
+    SchedulingStopped,
+    TransferCompleted,
+    TransferQuiesced,
+)
+from kvlifetime.grant import Access, Grant
+from kvlifetime.ledger import BlockLedger
+from kvlifetime.ledger.request_rows import EVENTS, STATES, Moves
+from kvlifetime.ledger.step_rows import StepRows
+from kvlifetime.spec.proof import CODE_OF
+
+_CLASS = {code: cls for cls, code in CODE_OF.items()}
+
+
+def _evidence(code: int, g: Grant, seq: int) -> Evidence:
+    cls = _CLASS[code]
+    if cls in (SchedulingStopped, TransferCompleted, TransferQuiesced):
+        return cls.of(g, seq)
+    if cls is AccessRevoked:
+        return AccessRevoked.of(g, fence="f")
+    if cls is PeerLost:
+        return PeerLost(g.peer)
+    if cls is LeaseExpired:
+        return LeaseExpired.of(g)
+    return CancelReceived.of(g)
+
+
+op = st.one_of(
+    st.tuples(st.just("admit"), st.integers(1, 3), st.sampled_from([None, 5.0, 10.0])),
+    st.tuples(st.just("grant"), st.integers(0, 30)),
+    st.tuples(
+        st.just("prove"),
+        st.integers(1, 7),
+        st.lists(st.tuples(st.integers(0, 60), st.integers(0, 3)), min_size=1, max_size=6),
+    ),
+    st.tuples(
+        st.just("end"),
+        st.sampled_from(["rejected", "finished"]),
+        st.lists(st.integers(0, 30), min_size=1, max_size=4),
+    ),
+    st.tuples(st.just("expire"), st.sampled_from([4.0, 6.0, 11.0])),
+    st.tuples(st.just("collect")),
+)
+
+
+class Pair:
+    """The object ledger and the columns, driven alike."""
+
+    def __init__(self) -> None:
+        self.led = BlockLedger(4096, counts="engine")
+        self.cols = StepRows()
+        self.keys: list[str] = []  # every request ever admitted, in order
+        self.grants: list[tuple[Grant, int]] = []  # every grant ever made: (object, row)
+        self.block = 0
+
+    def live(self) -> list[str]:
+        return [k for k in self.keys if k in self.cols.slot_of]
+
+    def admit(self, n: int, deadline: float | None) -> None:
+        keys = [f"r{len(self.keys) + i}" for i in range(n)]
+        slots = self.cols.admit(keys, deadline)
+        for key in keys:
+            self.led.acquire(key, [self.block], deadline=deadline)
+            self.block += 1
+        self.keys += keys
+        assert len(slots) == n
+
+    def grant(self, pick: int) -> None:
+        live = [k for k in self.live() if self.led.state(k).value == "admitted"]
+        if not live:
+            return
+        key = live[pick % len(live)]
+        peer = f"p{len(self.grants)}"  # one peer per grant: PeerLost names one grant
+        g = self.led.grant(key, peer, self.led.blocks_of(key), Access.READ)
+        (row,) = self.cols.grant([self.cols.slot_of[key]])
+        self.grants.append((g, row))
+
+    def prove(self, code: int, picks: list[tuple[int, int]]) -> None:
+        live = set(self.live())
+        usable = [(g, r) for g, r in self.grants if g.request in live]
+        if not usable:
+            return
+        chosen: dict[int, tuple[Grant, int, int]] = {}
+        for pick, seq in picks:
+            g, r = usable[pick % len(usable)]
+            chosen.setdefault(r, (g, r, seq))  # distinct grants in one batch
+        items = list(chosen.values())
+        outcome = self.led.apply_many([_evidence(code, g, seq) for g, _, seq in items])
+        moves: Moves = []
+        refused = self.cols.prove([r for _, r, _ in items], code, [s for _, _, s in items], moves)
+        assert all(isinstance(x.error, ContradictoryEvidence) for x in outcome.refused)
+        assert refused == [x.position for x in outcome.refused]
+        self.same_moves(outcome.transitions, moves)
+
+    def end(self, event: str, picks: list[int]) -> None:
+        live = self.live()
+        if not live:
+            return
+        keys = list(dict.fromkeys(live[p % len(live)] for p in picks))
+        refused_obj = []
+        fired: list[Any] = []
+        for key in keys:
+            try:
+                fired += self.led.reject(key) if event == "rejected" else self.led.finish(key)
+            except IllegalTransition:
+                refused_obj.append(key)
+        moves: Moves = []
+        refused = self.cols.end(keys, event, moves)
+        assert [keys[i] for i in refused] == refused_obj
+        self.same_moves(fired, moves)
+
+    def expire(self, now: float) -> None:
+        assert self.led.expire(now) == self.cols.expire(now, [])
+
+    def collect(self) -> None:
+        assert list(self.led.collect_releasable()) == self.cols.collect([])
+
+    def same_moves(self, fired: Any, moves: Moves) -> None:
+        obj: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        for t in fired:
+            obj[t.request].append((t.event, t.target))
+        got: dict[Hashable, list[tuple[str, str]]] = defaultdict(list)
+        for slot, event, target in moves:
+            got[self.cols.key_of[slot]].append((EVENTS[event], STATES[target]))
+        assert dict(got) == dict(obj)
+
+    def check(self) -> None:
+        live = self.led._table.requests  # (the object ledger's own table: what it holds)
+        assert sorted(self.live()) == sorted(live)
+        for key in self.live():
+            assert self.cols.state(key) == self.led.state(key).value, key
+            assert len(self.cols.open_rows(key)) == len(self.led.open_grants(key)), key
+        for slot, reason in self.cols.quarantine_reason.items():
+            key = str(self.cols.key_of[slot])
+            if self.cols.state(key) == "quarantined":
+                assert live[key].quarantine_reason == reason, key
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(op, max_size=40))
+def test_the_columns_step_as_the_ledger_does(ops: list[tuple[Any, ...]]) -> None:
+    pair = Pair()
+    for o in ops:
+        name, *args = o
+        getattr(pair, name)(*args)
+        pair.check()
+
+
+def test_a_step_of_many_requests_releases_them_in_the_order_they_were_proven() -> None:
+    pair = Pair()
+    pair.admit(3, None)
+    for i in range(3):
+        pair.grant(i)
+    pair.end("finished", [0, 1, 2])
+    code = CODE_OF[TransferCompleted]
+    pair.prove(code, [(2, 1), (0, 1), (1, 1)])  # the third request's grant first
+    pair.check()
+    assert pair.cols.collect([]) == ["r2", "r0", "r1"]
+
+
+@pytest.mark.parametrize("n", [1, 64])
+def test_rows_and_slots_are_reused_after_a_release(n: int) -> None:
+    cols = StepRows()
+    for round_ in range(3):
+        keys = [f"r{round_}-{i}" for i in range(n)]
+        rows = cols.grant(cols.admit(keys))
+        moves: Moves = []
+        assert cols.end(keys, "finished", moves) == []
+        assert cols.prove(rows, CODE_OF[TransferCompleted], [0] * n, moves) == []
+        assert cols.collect(moves) == keys
+    assert len(cols.key_of) == n and len(cols.grant_req) == n  # reused, not grown
