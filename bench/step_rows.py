@@ -1,5 +1,5 @@
-"""The step-columnar request and grant rows (``StepRows``, issue 32) beside ``BlockLedger`` on
-the same steps: µs per request of the ledger's request and grant work, the ratio per round.
+"""The step-columnar rows (``StepRows``, issue 32) beside ``BlockLedger`` on the same steps: µs
+per request of the ledger's work, the ratio per round.
 
 ``python -m bench.step_rows [--requests 1024 --per-step 16 --rounds 9 --out FILE]``
 
@@ -8,10 +8,9 @@ requests end and expose their blocks to a remote reader (a READ grant each), fin
 transfers complete (one ``TransferCompleted`` each), then the released ones are collected. The
 ledger side makes what its API makes (``acquire_and_grant_many``, ``finish_many``, the evidence
 objects and ``apply_many``, ``collect_releasable``); the rows side takes the same requests as
-keys and rows as handles (``admit`` + ``grant``, ``end``, ``prove``, ``collect``), no object per
-request. Only the request and grant lifecycle: the rows do not track blocks yet (the ledger's
-per-block counts are in its figure), so this is the share of today's ledger work the new
-representation takes over first, not the whole. Interleaved rounds, alternating order,
+keys and grants as handles (``acquire_and_grant_many``, ``end``, ``prove``, ``collect``), no
+object per request (transitions as tuples of ints). Both keep the engine's per-block counts
+(holders, open grants, generations) over 16 blocks a request. Interleaved rounds, alternating order,
 collector off; the median per-round ratio with its range. A benchmark: it measures, it asserts
 only that both released every request.
 """
@@ -30,6 +29,7 @@ import numpy as np
 from kvlifetime.evidence import TransferCompleted
 from kvlifetime.grant import Access
 from kvlifetime.ledger import BlockLedger
+from kvlifetime.ledger.block_rows import READ
 from kvlifetime.ledger.step_rows import StepRows
 from kvlifetime.spec.proof import COMPLETED
 
@@ -57,15 +57,16 @@ def run_ledger(n: int, per_step: int) -> float:
 
 
 def run_rows(n: int, per_step: int) -> float:
-    rows_ = StepRows()
+    rows_ = StepRows(n * BLOCKS)
     released = 0
     t0 = time.perf_counter()
     for start in range(0, n, per_step):
         keys = [f"r{i}" for i in range(start, min(n, start + per_step))]
-        rows = rows_.grant(rows_.admit(keys))
+        allids = np.arange(start * BLOCKS, (start + len(keys)) * BLOCKS, dtype=np.int64)
+        rows = rows_.acquire_and_grant_many(keys, allids, [BLOCKS] * len(keys), READ)
         moves: list[tuple[int, int, int]] = []
         rows_.end(keys, "finished", moves)
-        rows_.prove(rows, COMPLETED, [0] * len(rows), moves)
+        rows_.prove([r for r in rows if isinstance(r, int)], COMPLETED, [0] * len(rows), moves)
         released += len(rows_.collect(moves))
     dt = time.perf_counter() - t0
     assert released == n

@@ -26,6 +26,7 @@ from pathlib import Path
 MODULES = (
     "kvlifetime.spec.proof",
     "kvlifetime.ledger.batch",
+    "kvlifetime.ledger.block_rows",
     "kvlifetime.ledger.blocks",
     "kvlifetime.ledger.counters",
     "kvlifetime.ledger.engine_counts",

@@ -11,8 +11,8 @@ codes; objects are built only when someone asks.
 Values are trusted (the library's own handles and codes); validation stays at the facade.
 Part of the step-columnar ledger being built (issue 32): the object-per-request ledger
 (``requests.py``, ``records.py``) is what it is held to, step by step
-(``tests/test_step_rows.py``); the facade moves onto it once it carries every call (blocks,
-shared holds, fences, restart, snapshots are not here yet).
+(``tests/test_step_rows.py``); the facade moves onto it once it carries every call (the
+ledger's own counts, fences, restart, snapshots are not here yet).
 """
 
 from __future__ import annotations
@@ -20,6 +20,16 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 
+import numpy as np
+
+from kvlifetime.errors import (
+    BlockUnavailable,
+    IllegalTransition,
+    KVLifetimeError,
+    UnknownRequest,
+)
+from kvlifetime.grant import BlockIds
+from kvlifetime.ledger.block_rows import READ, WRITE, BlockRows
 from kvlifetime.ledger.request_rows import (
     CODE,
     EVENT_CODE,
@@ -38,14 +48,19 @@ _QUIESCED = CODE["transfer_quiesced"]
 _QUARANTINED = CODE["quarantined"]
 _RELEASED = EVENT_CODE["released"]
 _DEADLINE = SUSPECTS.index("deadline")
+_NO_BLOCKS = np.empty(0, dtype=np.int64)
+_NO_BLOCKS.flags.writeable = False
 
 
 class StepRows:
-    """The requests and grants of one ledger, as columns (the engine's counts: holds are the
-    engine's business; blocks are not tracked here yet)."""
+    """The requests, grants and blocks of one ledger, as columns (the engine's counts)."""
 
-    def __init__(self) -> None:
+    def __init__(self, num_blocks: int = 0) -> None:
         self.requests = RequestRows()
+        self.blocks = BlockRows(num_blocks)
+        self.held: dict[int, list[BlockIds]] = {}  # slot -> its hold batches
+        self.grant_blocks: list[BlockIds] = []  # per grant row
+        self.grant_access: list[int] = []
         self.proofs = ProofColumns()
         self.slot_of: dict[Hashable, int] = {}
         self.key_of: list[Hashable] = []
@@ -82,8 +97,104 @@ class StepRows:
             self.admitted += 1
             self.slot_of[key] = slot
             self.grants_of[slot] = []
+            self.held[slot] = []
             out.append(slot)
         return out
+
+    def _running_or_new(self, key: Hashable, event: str) -> int | None:
+        slot = self.slot_of.get(key)
+        if slot is not None and self.requests.state[slot] != _ADMITTED:
+            raise IllegalTransition("request", key, STATES[self.requests.state[slot]], event)
+        return slot
+
+    def acquire(self, key: Hashable, arr: BlockIds, deadline: float | None = None) -> None:
+        """``key`` holds ``arr`` (admitted here if new): refused (nothing changed) where a
+        block is unsettled or already held by it, or where it has ended."""
+        slot = self._running_or_new(key, "acquire")
+        self.blocks.check_hold(arr, self.held[slot] if slot is not None else ())
+        if slot is None:
+            (slot,) = self.admit([key], deadline)
+        elif deadline is not None:
+            self.deadline[slot] = deadline
+        self.blocks.hold(arr)
+        self.held[slot].append(arr)
+
+    def acquire_and_grant(
+        self, key: Hashable, arr: BlockIds, access: int, deadline: float | None = None
+    ) -> int:
+        """``acquire`` then a grant over ``arr``, all or nothing; the grant's handle. A write
+        grant also refused where another request holds a block or an open grant covers it."""
+        slot = self._running_or_new(key, "acquire")
+        if access == WRITE and len(arr):
+            self.blocks.check_write_on_hold(arr)
+        self.blocks.check_hold(arr, self.held[slot] if slot is not None else ())
+        self.acquire(key, arr, deadline)
+        return self._open(self.slot_of[key], arr, access)
+
+    def acquire_and_grant_many(
+        self, keys: Sequence[Hashable], allids: BlockIds, lens: Sequence[int], access: int
+    ) -> list[int | KVLifetimeError]:
+        """``acquire_and_grant`` of each request of ``keys`` over its part of ``allids``
+        (``lens[i]`` ids each, in order), each granted or refused on its own, in order: the
+        handles, or the typed refusals. Where every request is new and no block repeats, the
+        step's blocks are checked, held and counted in one call each."""
+        blocks = self.blocks
+        fresh = (
+            not any(k in self.slot_of for k in keys)
+            and len(set(keys)) == len(keys)
+            and len(np.unique(allids)) == len(allids)
+            and blocks.fresh_allowed(allids, access)
+        )
+        if not fresh:
+            out: list[int | KVLifetimeError] = []
+            start = 0
+            for key, n in zip(keys, lens, strict=True):
+                part = allids[start : start + n]
+                start += n
+                try:
+                    out.append(self.acquire_and_grant(key, part, access))
+                except KVLifetimeError as e:
+                    out.append(e)
+            return out
+        blocks.hold(allids)
+        blocks.count_open(allids, access)
+        slots = self.admit(keys)
+        rows = self.grant(slots)
+        start = 0
+        for slot, row, n in zip(slots, rows, lens, strict=True):
+            part = allids[start : start + n]
+            start += n
+            self.held[slot].append(part)
+            self.grant_blocks[row] = part
+            self.grant_access[row] = access
+        return list(rows)
+
+    def grant_on(self, key: Hashable, arr: BlockIds, access: int) -> int:
+        """A grant over blocks ``key`` holds; its handle. Refused (nothing changed): an
+        unknown or ended request, a block it does not hold, the engine's per-block rules."""
+        slot = self.slot_of.get(key)
+        if slot is None:
+            raise UnknownRequest(key)
+        if self.requests.state[slot] != _ADMITTED:
+            raise IllegalTransition("request", key, STATES[self.requests.state[slot]], "grant")
+        held = self.held[slot]
+        allheld = np.concatenate(held) if held else np.empty(0, dtype=np.int64)
+        if not np.isin(arr, allheld, assume_unique=True).all():
+            raise BlockUnavailable(f"request {key!r} does not hold some of these blocks")
+        own = [
+            self.grant_blocks[r]
+            for r in self.grants_of[slot]
+            if self.grant_open[r] and self.grant_access[r] == WRITE
+        ]
+        self.blocks.check_grant(arr, access, own)
+        return self._open(slot, arr, access)
+
+    def _open(self, slot: int, arr: BlockIds, access: int) -> int:
+        (row,) = self.grant([slot])
+        self.grant_blocks[row] = arr
+        self.grant_access[row] = access
+        self.blocks.count_open(arr, access)
+        return row
 
     def state(self, key: Hashable) -> str:
         return STATES[self.requests.state[self.slot_of[key]]]
@@ -101,10 +212,14 @@ class StepRows:
                 proofs.reset(row)
                 self.grant_req[row] = slot
                 self.grant_open[row] = True
+                self.grant_blocks[row] = _NO_BLOCKS
+                self.grant_access[row] = READ
             else:
                 row = proofs.add()
                 self.grant_req.append(slot)
                 self.grant_open.append(True)
+                self.grant_blocks.append(_NO_BLOCKS)
+                self.grant_access.append(READ)
             self.grants_of[slot].append(row)
             counters[OPEN][slot] += 1
             counters[UNCANCELLED][slot] += 1
@@ -126,6 +241,7 @@ class StepRows:
         req = self.requests
         counters = req.counters
         refused = []
+        closed: list[tuple[BlockIds, int]] = []  # uncounted in one write at the end
         for i, row in enumerate(rows):
             seq = seqs[i]
             if proofs.contradicts(row, code, seq):
@@ -150,10 +266,13 @@ class StepRows:
                 # Closed: acknowledged and stopped already; it counts no more.
                 self.grant_open[row] = False
                 counters[OPEN][slot] -= 1
+                closed.append((self.grant_blocks[row], self.grant_access[row]))
                 if now_suspect:
                     counters[SUSPECT][slot] -= 1
             if req.state[slot] != _ADMITTED:
                 self._advance(slot, out)
+        if closed:
+            self.blocks.uncount_many(closed)
         return refused
 
     def expire(self, now: float, out: Moves) -> list[Hashable]:
@@ -194,18 +313,19 @@ class StepRows:
             self._advance(slot, out)
         return refused
 
-    def collect(self, out: Moves) -> list[Hashable]:
-        """Release every request in transfer_quiesced, in the order they reached it; forget
-        it and its grants."""
+    def collect(self, out: Moves) -> dict[Hashable, BlockIds]:
+        """Release every request in transfer_quiesced, in the order they reached it: the
+        blocks each held; it and its grants are forgotten."""
         if not self.releasable:
-            return []
+            return {}
         slots = list(self.releasable)
         self.releasable.clear()
-        released = []
-        for slot in slots:
+        released: dict[Hashable, BlockIds] = {}
+        freed = self.blocks.let_go_many([self.held.pop(slot) for slot in slots])
+        for slot, blocks in zip(slots, freed, strict=True):
             self.requests.fire(slot, _RELEASED, out)
             key = self.key_of[slot]
-            released.append(key)
+            released[key] = blocks
             del self.slot_of[key]
             self.free_rows += self.grants_of.pop(slot)
             self.quarantine_reason.pop(slot, None)

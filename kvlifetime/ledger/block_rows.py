@@ -1,0 +1,157 @@
+"""BlockRows: the per-block state of the step-columnar ledger, by the engine's counts, read and
+written through block-id arrays only (no request or grant record).
+
+The same per-block arrays and rules as ``EngineCounts`` (``counts="engine"``; its docstring has
+why each is kept): ``sharers`` (how many requests hold the block), ``unsettled`` / ``readers``
+(open write / read grants covering it), ``generation`` (bumped when its last holder lets go).
+A request's holds are the arrays it was given (its hold batches); a grant is its blocks and its
+access. Each rule is one or two numpy calls over a whole array of ids.
+
+Part of the step-columnar ledger being built (issue 32): held to ``EngineCounts`` under
+``BlockLedger(counts="engine")`` by ``tests/test_step_rows.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from kvlifetime.errors import BlockUnavailable
+from kvlifetime.grant import BlockIds
+
+READ, WRITE = 0, 1
+"""Access codes of a grant."""
+
+
+class BlockRows:
+    """Per-block holders, open grants and generations of one pool (the engine's counts)."""
+
+    __slots__ = ("generation", "readers", "sharers", "unsettled")
+
+    def __init__(self, num_blocks: int) -> None:
+        self.sharers = np.zeros(num_blocks, dtype=np.int64)
+        self.unsettled = np.zeros(num_blocks, dtype=np.int64)
+        self.readers = np.zeros(num_blocks, dtype=np.int64)
+        self.generation = np.zeros(num_blocks, dtype=np.uint32)
+
+    def check_hold(self, arr: BlockIds, held: Sequence[BlockIds]) -> None:
+        """A hold of ``arr`` by a request holding ``held``: refused where an open write grant
+        covers a block (its content is unsettled) or the request holds one already."""
+        writes = self.unsettled.take(arr)
+        if np.count_nonzero(writes):
+            raise BlockUnavailable(
+                f"blocks {arr[writes > 0][:16].tolist()} are not settled: an open write grant "
+                "may still change them: not held by another request"
+            )
+        if (
+            held
+            and np.count_nonzero(self.sharers.take(arr))
+            and any(np.isin(arr, h, assume_unique=True).any() for h in held)
+        ):
+            raise BlockUnavailable("the request already holds some of these blocks")
+
+    def check_write_on_hold(self, arr: BlockIds) -> None:
+        """A write grant with the hold (``acquire_and_grant``): no other holder, no open grant."""
+        if np.count_nonzero(self.sharers.take(arr)):
+            raise BlockUnavailable("a write grant on blocks another request holds")
+        if np.count_nonzero(self.readers.take(arr)):
+            raise BlockUnavailable("a write grant on blocks an open grant covers")
+
+    def check_grant(self, arr: BlockIds, access: int, own_writes: Sequence[BlockIds]) -> None:
+        """A grant on blocks the request holds: a write grant only where it alone holds them
+        and no open grant covers them; a read grant not where another request's open write
+        grant covers them (``own_writes``: the blocks of the request's own open write
+        grants)."""
+        writes = self.unsettled.take(arr)
+        if access == WRITE:
+            others = self.sharers.take(arr) > 1
+            if np.count_nonzero(others):
+                raise BlockUnavailable(
+                    f"a write grant on blocks another request holds: {arr[others][:16].tolist()}"
+                )
+            covered = (writes != 0) | (self.readers.take(arr) != 0)
+            if np.count_nonzero(covered):
+                raise BlockUnavailable(
+                    f"a write grant on blocks an open grant covers: {arr[covered][:16].tolist()}"
+                )
+        elif np.count_nonzero(writes):
+            own = np.zeros(len(arr), dtype=np.int64)
+            for blocks in own_writes:
+                own += np.isin(arr, blocks, assume_unique=True)
+            foreign = writes > own
+            if foreign.any():
+                raise BlockUnavailable(
+                    "a read grant on blocks another request's open write grant covers: "
+                    f"{arr[foreign][:16].tolist()}"
+                )
+
+    def fresh_allowed(self, allids: BlockIds, access: int) -> bool:
+        """New requests may each hold and be granted their part of ``allids`` (distinct): no
+        open write grant on any block; for write grants, no holder and no open grant at all."""
+        if np.count_nonzero(self.unsettled.take(allids)):
+            return False
+        return access != WRITE or not (
+            np.count_nonzero(self.sharers.take(allids))
+            or np.count_nonzero(self.readers.take(allids))
+        )
+
+    def hold(self, arr: BlockIds) -> None:
+        self.sharers[arr] += 1
+
+    def count_open(self, arr: BlockIds, access: int) -> None:
+        (self.unsettled if access == WRITE else self.readers)[arr] += 1
+
+    def uncount_open(self, arr: BlockIds, access: int) -> None:
+        (self.unsettled if access == WRITE else self.readers)[arr] -= 1
+
+    def uncount_many(self, closed: Sequence[tuple[BlockIds, int]]) -> None:
+        """``uncount_open`` of many grants (blocks, access), one write per access: a block in
+        several of them is taken off as many times."""
+        for access in (READ, WRITE):
+            arrs = [b for b, a in closed if a == access and len(b)]
+            if not arrs:
+                continue
+            counts = self.unsettled if access == WRITE else self.readers
+            ids = arrs[0] if len(arrs) == 1 else np.concatenate(arrs)
+            if len(arrs) > 1 and len(np.unique(ids)) != len(ids):
+                uniq, times = np.unique(ids, return_counts=True)
+                counts[uniq] -= times
+            else:
+                counts[ids] -= 1
+
+    def let_go_many(self, helds: Sequence[Sequence[BlockIds]]) -> list[BlockIds]:
+        """``let_go`` of many released requests, in one pass where no block of theirs has a
+        second holder (the common case: one gather tells)."""
+        results = [
+            h[0] if len(h) == 1 else (np.concatenate(h) if h else np.empty(0, np.int64))
+            for h in helds
+        ]
+        if len(results) > 1:
+            allh = np.concatenate(results)
+            if not len(allh) or int(self.sharers.take(allh).max()) == 1:
+                self.sharers[allh] = 0
+                self.generation[allh] += 1
+                return results
+        return [self.let_go(h) for h in helds]
+
+    def let_go(self, held: Sequence[BlockIds]) -> BlockIds:
+        """A released request's holds dropped; every block it held is returned (the engine
+        may drop its own references). A block no request holds any more: generation bumped."""
+        if not held:
+            return np.empty(0, dtype=np.int64)
+        ids = held[0] if len(held) == 1 else np.concatenate(held)
+        self.sharers[ids] -= 1  # a request holds a block once
+        gone = ids[self.sharers.take(ids) == 0]
+        self.generation[gone] += 1
+        return ids
+
+    def open_access(self, arr: BlockIds) -> npt.NDArray[np.uint8]:
+        """Per block: 0 no open grant, 1 only read grants, 2 an open write grant."""
+        out: npt.NDArray[np.uint8] = (self.readers.take(arr) != 0).astype(np.uint8)
+        out[self.unsettled.take(arr) != 0] = 2
+        return out
+
+
+__all__ = ["READ", "WRITE", "BlockRows"]
