@@ -34,7 +34,7 @@ from kvlifetime.evidence import (
 )
 from kvlifetime.grant import Access, Grant
 from kvlifetime.ledger import BlockLedger
-from kvlifetime.ledger.block_rows import READ, WRITE
+from kvlifetime.ledger.block_rows import READ, WRITE, BlockRows
 from kvlifetime.ledger.request_rows import EVENTS, STATES, Moves
 from kvlifetime.ledger.step_rows import StepRows
 from kvlifetime.spec.proof import CODE_OF
@@ -265,3 +265,10 @@ def test_a_step_of_new_requests_is_granted_as_one_by_one() -> None:
     # A write grant over a block "a" holds: refused on its own, the others granted.
     out = many.acquire_and_grant_many(["d", "e"], _ids([9, 1]), [1, 1], WRITE)
     assert isinstance(out[0], int) and isinstance(out[1], BlockUnavailable)
+
+
+def test_distinct_tells_a_repeat_anywhere() -> None:
+    rows = BlockRows(8)
+    assert rows.distinct(_ids([0, 3, 5])) and rows.distinct(_ids([]))
+    assert not rows.distinct(_ids([0, 3, 0])) and not rows.distinct(_ids([7, 1, 2, 1]))
+    assert rows.distinct(_ids([1, 2]))  # an earlier call's stamps do not matter

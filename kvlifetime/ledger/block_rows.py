@@ -28,13 +28,21 @@ READ, WRITE = 0, 1
 class BlockRows:
     """Per-block holders, open grants and generations of one pool (the engine's counts)."""
 
-    __slots__ = ("generation", "readers", "sharers", "unsettled")
+    __slots__ = ("generation", "readers", "scratch", "sharers", "unsettled")
 
     def __init__(self, num_blocks: int) -> None:
         self.sharers = np.zeros(num_blocks, dtype=np.int64)
         self.unsettled = np.zeros(num_blocks, dtype=np.int64)
         self.readers = np.zeros(num_blocks, dtype=np.int64)
         self.generation = np.zeros(num_blocks, dtype=np.uint32)
+        self.scratch = np.zeros(num_blocks, dtype=np.int64)  # for ``distinct``
+
+    def distinct(self, ids: BlockIds) -> bool:
+        """No id repeats in ``ids`` (each position stamps its block; a repeat overwrites an
+        earlier stamp): three passes, no sort."""
+        at = np.arange(len(ids), dtype=np.int64)
+        self.scratch[ids] = at
+        return not np.count_nonzero(self.scratch.take(ids) != at)
 
     def check_hold(self, arr: BlockIds, held: Sequence[BlockIds]) -> None:
         """A hold of ``arr`` by a request holding ``held``: refused where an open write grant
@@ -114,12 +122,10 @@ class BlockRows:
             if not arrs:
                 continue
             counts = self.unsettled if access == WRITE else self.readers
-            ids = arrs[0] if len(arrs) == 1 else np.concatenate(arrs)
-            if len(arrs) > 1 and len(np.unique(ids)) != len(ids):
-                uniq, times = np.unique(ids, return_counts=True)
-                counts[uniq] -= times
+            if len(arrs) == 1:
+                counts[arrs[0]] -= 1  # a grant's blocks are distinct
             else:
-                counts[ids] -= 1
+                np.subtract.at(counts, np.concatenate(arrs), 1)  # repeats taken off each time
 
     def let_go_many(self, helds: Sequence[Sequence[BlockIds]]) -> list[BlockIds]:
         """``let_go`` of many released requests, in one pass where no block of theirs has a

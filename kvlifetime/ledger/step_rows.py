@@ -142,7 +142,7 @@ class StepRows:
         fresh = (
             not any(k in self.slot_of for k in keys)
             and len(set(keys)) == len(keys)
-            and len(np.unique(allids)) == len(allids)
+            and blocks.distinct(allids)
             and blocks.fresh_allowed(allids, access)
         )
         if not fresh:
