@@ -57,10 +57,21 @@ def _evidence(code: int, g: Grant, seq: int) -> Evidence:
 
 blocks = st.lists(st.integers(0, 11), min_size=1, max_size=4, unique=True).map(sorted)
 access = st.sampled_from([Access.READ, Access.WRITE])
+peers = st.sampled_from(["pa", "pb", "pc"])  # shared: PeerLost and fences name several grants
 op = st.one_of(
     st.tuples(st.just("acquire"), st.integers(0, 40), blocks, st.sampled_from([None, 5.0, 10.0])),
-    st.tuples(st.just("acquire_and_grant"), st.integers(0, 40), blocks, access),
-    st.tuples(st.just("grant"), st.integers(0, 30), st.integers(1, 4), access),
+    st.tuples(st.just("acquire_and_grant"), st.integers(0, 40), blocks, access, peers),
+    st.tuples(
+        st.just("grant"),
+        st.integers(0, 30),
+        st.integers(1, 4),
+        access,
+        peers,
+        st.sampled_from([None, 3.0, 7.0]),
+    ),
+    st.tuples(st.just("revoke_peer"), peers),
+    st.tuples(st.just("force_release"), st.integers(0, 30)),
+    st.tuples(st.just("set_deadline"), st.integers(0, 30), st.sampled_from([None, 5.0, 8.0])),
     st.tuples(
         st.just("prove"),
         st.integers(1, 7),
@@ -118,27 +129,25 @@ class Pair:
             lambda: self.cols.acquire(key, arr, deadline),
         )
 
-    def acquire_and_grant(self, pick: int, ids: list[int], acc: Access) -> None:
+    def acquire_and_grant(self, pick: int, ids: list[int], acc: Access, peer: str) -> None:
         key, arr = self._key(pick), _ids(ids)
-        peer = f"p{len(self.grants)}"  # one peer per grant: PeerLost names one grant
         g, row = self.both(
             lambda: self.led.acquire_and_grant(key, arr, peer, acc),
-            lambda: self.cols.acquire_and_grant(key, arr, _ACCESS[acc]),
+            lambda: self.cols.acquire_and_grant(key, arr, _ACCESS[acc], None, peer),
         )
         if not isinstance(g, type):
             self.grants.append((g, row))
 
-    def grant(self, pick: int, n: int, acc: Access) -> None:
+    def grant(self, pick: int, n: int, acc: Access, peer: str, deadline: float | None) -> None:
         live = self.live()
         if not live:
             return
         key = live[pick % len(live)]
         held = self.led.blocks_of(key)
         arr = _ids(sorted(held.tolist())[:n]) if len(held) else _ids([0])
-        peer = f"p{len(self.grants)}"
         g, row = self.both(
-            lambda: self.led.grant(key, peer, arr, acc),
-            lambda: self.cols.grant_on(key, arr, _ACCESS[acc]),
+            lambda: self.led.grant(key, peer, arr, acc, deadline=deadline),
+            lambda: self.cols.grant_on(key, arr, _ACCESS[acc], peer, deadline),
         )
         if not isinstance(g, type):
             self.grants.append((g, row))
@@ -148,17 +157,52 @@ class Pair:
         usable = [(g, r) for g, r in self.grants if g.request in live]
         if not usable:
             return
+        if code == CODE_OF[PeerLost]:  # about a peer: every open grant of it
+            g, _ = usable[picks[0][0] % len(usable)]
+            outcome = self.led.apply_many([PeerLost(g.peer)])
+            moves: Moves = []
+            self.cols.prove_peer(g.peer, code, None, moves)
+            assert not outcome.refused
+            self.same_moves(outcome.transitions, moves)
+            return
         chosen: dict[int, tuple[Grant, int, int]] = {}
         for pick, seq in picks:
             g, r = usable[pick % len(usable)]
             chosen.setdefault(r, (g, r, seq))  # distinct grants in one batch
         items = list(chosen.values())
         outcome = self.led.apply_many([_evidence(code, g, seq) for g, _, seq in items])
-        moves: Moves = []
-        refused = self.cols.prove([r for _, r, _ in items], code, [s for _, _, s in items], moves)
+        moves = []
+        refused = self.cols.prove(
+            [r for _, r, _ in items], code, [s for _, _, s in items], moves, fence="f"
+        )
         assert all(isinstance(x.error, ContradictoryEvidence) for x in outcome.refused)
         assert refused == [x.position for x in outcome.refused]
         self.same_moves(outcome.transitions, moves)
+
+    def revoke_peer(self, peer: str) -> None:
+        fired = self.led.apply(AccessRevoked(peer, fence=f"fence-{peer}"))
+        moves: Moves = []
+        self.cols.prove_peer(peer, CODE_OF[AccessRevoked], f"fence-{peer}", moves)
+        self.same_moves(fired, moves)
+
+    def force_release(self, pick: int) -> None:
+        live = self.live()
+        if not live:
+            return
+        key = live[pick % len(live)]
+        a, b = self.both(
+            lambda: self.led.force_release(key, "test"),
+            lambda: self.cols.force_release(key, []),
+        )
+        if not isinstance(a, type):
+            assert sorted(a.tolist()) == sorted(b.tolist())
+
+    def set_deadline(self, pick: int, deadline: float | None) -> None:
+        live = self.live()
+        if live:
+            key = live[pick % len(live)]
+            self.led.set_deadline(key, deadline)
+            self.cols.set_deadline(key, deadline)
 
     def end(self, event: str, picks: list[int]) -> None:
         live = self.live()
@@ -202,6 +246,10 @@ class Pair:
         for key in self.live():
             assert self.cols.state(key) == self.led.state(key).value, key
             assert len(self.cols.open_rows(key)) == len(self.led.open_grants(key)), key
+        assert self.led.stats().unsafe_releases == self.cols.unsafe_releases
+        for key in self.live():
+            fenced = self.cols.fenced_by.get(self.cols.slot_of[key])
+            assert live[key].fenced_by == fenced, key
         counts, rows = self.led._blocks, self.cols.blocks
         for name in ("sharers", "unsettled", "readers", "generation"):
             assert getattr(counts, name).tolist() == getattr(rows, name).tolist(), name
@@ -211,8 +259,8 @@ class Pair:
                 assert live[key].quarantine_reason == reason, key
 
 
-@settings(max_examples=1000, deadline=None)
-@given(st.lists(op, max_size=40))
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(op, max_size=60))
 def test_the_columns_step_as_the_ledger_does(ops: list[tuple[Any, ...]]) -> None:
     pair = Pair()
     for o in ops:
@@ -224,7 +272,7 @@ def test_the_columns_step_as_the_ledger_does(ops: list[tuple[Any, ...]]) -> None
 def test_a_step_of_many_requests_releases_them_in_the_order_they_were_proven() -> None:
     pair = Pair()
     for i in range(3):
-        pair.acquire_and_grant(99, [i], Access.READ)  # three new requests
+        pair.acquire_and_grant(99, [i], Access.READ, "pa")  # three new requests
     pair.end("finished", [0, 1, 2])
     code = CODE_OF[TransferCompleted]
     pair.prove(code, [(2, 1), (0, 1), (1, 1)])  # the third request's grant first
@@ -272,3 +320,26 @@ def test_distinct_tells_a_repeat_anywhere() -> None:
     assert rows.distinct(_ids([0, 3, 5])) and rows.distinct(_ids([]))
     assert not rows.distinct(_ids([0, 3, 0])) and not rows.distinct(_ids([7, 1, 2, 1]))
     assert rows.distinct(_ids([1, 2]))  # an earlier call's stamps do not matter
+
+
+def test_an_overdue_ended_request_is_quarantined_by_expire_on_both() -> None:
+    pair = Pair()
+    pair.acquire(99, [0], 5.0)  # r0: a request-wide deadline
+    pair.grant(0, 1, Access.READ, "pa", None)
+    pair.acquire(99, [1], None)  # r1: its grant's own deadline
+    pair.grant(1, 1, Access.READ, "pb", 3.0)
+    pair.acquire(99, [2], None)  # r2: a deadline set later
+    pair.grant(2, 1, Access.READ, "pc", None)
+    pair.set_deadline(2, 4.0)
+    pair.end("rejected", [0, 1, 2])
+    moves: Moves = []
+    assert pair.cols.expire(6.0, moves) == pair.led.expire(6.0) == ["r0", "r1", "r2"]
+    pair.check()
+    assert {pair.cols.quarantine_reason[pair.cols.slot_of[k]] for k in ["r0", "r1", "r2"]} == {
+        "deadline"
+    }
+    # The fence ends it: released on both, in the same order.
+    for peer in ("pc", "pa", "pb"):
+        pair.revoke_peer(peer)
+    pair.check()
+    pair.collect()

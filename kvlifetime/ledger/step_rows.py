@@ -41,12 +41,13 @@ from kvlifetime.ledger.request_rows import (
     Moves,
     RequestRows,
 )
-from kvlifetime.spec.proof import SUSPECTS, ProofColumns
+from kvlifetime.spec.proof import REVOKED, SUSPECTS, ProofColumns
 
 _ADMITTED = CODE["admitted"]
 _QUIESCED = CODE["transfer_quiesced"]
 _QUARANTINED = CODE["quarantined"]
 _RELEASED = EVENT_CODE["released"]
+_FORCE = EVENT_CODE["force_released"]
 _DEADLINE = SUSPECTS.index("deadline")
 _NO_BLOCKS = np.empty(0, dtype=np.int64)
 _NO_BLOCKS.flags.writeable = False
@@ -61,13 +62,17 @@ class StepRows:
         self.held: dict[int, list[BlockIds]] = {}  # slot -> its hold batches
         self.grant_blocks: list[BlockIds] = []  # per grant row
         self.grant_access: list[int] = []
+        self.grant_peer: list[Hashable] = []
+        self.grant_deadline: list[float] = []  # inf: only the request's deadline applies
+        self.by_peer: dict[Hashable, dict[int, None]] = {}  # open grants per peer, in order
         self.proofs = ProofColumns()
         self.slot_of: dict[Hashable, int] = {}
         self.key_of: list[Hashable] = []
         self.free_slots: list[int] = []
         self.deadline: list[float] = []  # per request slot (inf: none)
-        self.admission: list[int] = []  # per slot: its request's admission number
-        self.admitted = 0
+        self.timed: dict[int, None] = {}  # slots with a deadline somewhere, in that order
+        self.fenced_by: dict[int, str] = {}  # slot -> the fence whose revocation closed a grant
+        self.unsafe_releases = 0
         self.grant_req: list[int] = []  # per grant row: its request's slot
         self.grant_open: list[bool] = []
         self.grants_of: dict[int, list[int]] = {}  # slot -> its rows, in grant order
@@ -88,13 +93,12 @@ class StepRows:
                 req.reset(slot)
                 self.key_of[slot] = key
                 self.deadline[slot] = dl
-                self.admission[slot] = self.admitted
             else:
                 slot = req.add()
                 self.key_of.append(key)
                 self.deadline.append(dl)
-                self.admission.append(self.admitted)
-            self.admitted += 1
+            if deadline is not None:
+                self.timed[slot] = None
             self.slot_of[key] = slot
             self.grants_of[slot] = []
             self.held[slot] = []
@@ -116,11 +120,17 @@ class StepRows:
             (slot,) = self.admit([key], deadline)
         elif deadline is not None:
             self.deadline[slot] = deadline
+            self.timed[slot] = None
         self.blocks.hold(arr)
         self.held[slot].append(arr)
 
     def acquire_and_grant(
-        self, key: Hashable, arr: BlockIds, access: int, deadline: float | None = None
+        self,
+        key: Hashable,
+        arr: BlockIds,
+        access: int,
+        deadline: float | None = None,
+        peer: Hashable = None,
     ) -> int:
         """``acquire`` then a grant over ``arr``, all or nothing; the grant's handle. A write
         grant also refused where another request holds a block or an open grant covers it."""
@@ -129,10 +139,15 @@ class StepRows:
             self.blocks.check_write_on_hold(arr)
         self.blocks.check_hold(arr, self.held[slot] if slot is not None else ())
         self.acquire(key, arr, deadline)
-        return self._open(self.slot_of[key], arr, access)
+        return self._open(self.slot_of[key], arr, access, peer, None)
 
     def acquire_and_grant_many(
-        self, keys: Sequence[Hashable], allids: BlockIds, lens: Sequence[int], access: int
+        self,
+        keys: Sequence[Hashable],
+        allids: BlockIds,
+        lens: Sequence[int],
+        access: int,
+        peer: Hashable = None,
     ) -> list[int | KVLifetimeError]:
         """``acquire_and_grant`` of each request of ``keys`` over its part of ``allids``
         (``lens[i]`` ids each, in order), each granted or refused on its own, in order: the
@@ -152,7 +167,7 @@ class StepRows:
                 part = allids[start : start + n]
                 start += n
                 try:
-                    out.append(self.acquire_and_grant(key, part, access))
+                    out.append(self.acquire_and_grant(key, part, access, None, peer))
                 except KVLifetimeError as e:
                     out.append(e)
             return out
@@ -160,6 +175,7 @@ class StepRows:
         blocks.count_open(allids, access)
         slots = self.admit(keys)
         rows = self.grant(slots)
+        peer_open = self.by_peer.setdefault(peer, {})
         start = 0
         for slot, row, n in zip(slots, rows, lens, strict=True):
             part = allids[start : start + n]
@@ -167,9 +183,18 @@ class StepRows:
             self.held[slot].append(part)
             self.grant_blocks[row] = part
             self.grant_access[row] = access
+            self.grant_peer[row] = peer
+            peer_open[row] = None
         return list(rows)
 
-    def grant_on(self, key: Hashable, arr: BlockIds, access: int) -> int:
+    def grant_on(
+        self,
+        key: Hashable,
+        arr: BlockIds,
+        access: int,
+        peer: Hashable = None,
+        deadline: float | None = None,
+    ) -> int:
         """A grant over blocks ``key`` holds; its handle. Refused (nothing changed): an
         unknown or ended request, a block it does not hold, the engine's per-block rules."""
         slot = self.slot_of.get(key)
@@ -187,12 +212,19 @@ class StepRows:
             if self.grant_open[r] and self.grant_access[r] == WRITE
         ]
         self.blocks.check_grant(arr, access, own)
-        return self._open(slot, arr, access)
+        return self._open(slot, arr, access, peer, deadline)
 
-    def _open(self, slot: int, arr: BlockIds, access: int) -> int:
+    def _open(
+        self, slot: int, arr: BlockIds, access: int, peer: Hashable, deadline: float | None
+    ) -> int:
         (row,) = self.grant([slot])
         self.grant_blocks[row] = arr
         self.grant_access[row] = access
+        self.grant_peer[row] = peer
+        self.by_peer.setdefault(peer, {})[row] = None
+        if deadline is not None:
+            self.grant_deadline[row] = deadline
+            self.timed[slot] = None
         self.blocks.count_open(arr, access)
         return row
 
@@ -214,12 +246,16 @@ class StepRows:
                 self.grant_open[row] = True
                 self.grant_blocks[row] = _NO_BLOCKS
                 self.grant_access[row] = READ
+                self.grant_peer[row] = None
+                self.grant_deadline[row] = math.inf
             else:
                 row = proofs.add()
                 self.grant_req.append(slot)
                 self.grant_open.append(True)
                 self.grant_blocks.append(_NO_BLOCKS)
                 self.grant_access.append(READ)
+                self.grant_peer.append(None)
+                self.grant_deadline.append(math.inf)
             self.grants_of[slot].append(row)
             counters[OPEN][slot] += 1
             counters[UNCANCELLED][slot] += 1
@@ -232,62 +268,114 @@ class StepRows:
 
     # ------------------------------------------------------------------ evidence
 
-    def prove(self, rows: Sequence[int], code: int, seqs: Sequence[int], out: Moves) -> list[int]:
+    def prove(
+        self,
+        rows: Sequence[int],
+        code: int,
+        seqs: Sequence[int],
+        out: Moves,
+        fence: str | None = None,
+    ) -> list[int]:
         """Claim ``code`` (with ``seqs[i]``) about each of ``rows`` (grants of live requests),
         in order, as one piece of evidence each: the request transitions it fired go into
         ``out``. Returns the positions refused (a claim contradicting what is proven: nothing
         changed). A closed grant is checked, never changed."""
-        proofs = self.proofs
-        req = self.requests
-        counters = req.counters
         refused = []
         closed: list[tuple[BlockIds, int]] = []  # uncounted in one write at the end
         for i, row in enumerate(rows):
-            seq = seqs[i]
-            if proofs.contradicts(row, code, seq):
+            if self.proofs.contradicts(row, code, seqs[i]):
                 refused.append(i)
-                continue
-            if not self.grant_open[row]:
-                continue
-            acked = proofs.cancel_acknowledged(row)
-            stopped = proofs.scheduling_stopped(row)
-            suspect = proofs.suspect[row] != 0
-            if not proofs.record(row, code, seq):
-                continue
-            slot = self.grant_req[row]
-            if not acked and proofs.cancel_acknowledged(row):
-                counters[UNCANCELLED][slot] -= 1
-            if not stopped and proofs.scheduling_stopped(row):
-                counters[RUNNING][slot] -= 1
-            now_suspect = proofs.suspect[row] != 0
-            if now_suspect and not suspect:
-                counters[SUSPECT][slot] += 1
-            if proofs.closed(row):
-                # Closed: acknowledged and stopped already; it counts no more.
-                self.grant_open[row] = False
-                counters[OPEN][slot] -= 1
-                closed.append((self.grant_blocks[row], self.grant_access[row]))
-                if now_suspect:
-                    counters[SUSPECT][slot] -= 1
-            if req.state[slot] != _ADMITTED:
-                self._advance(slot, out)
+            else:
+                self._record(row, code, seqs[i], fence, out, closed)
         if closed:
             self.blocks.uncount_many(closed)
         return refused
 
+    def prove_peer(self, peer: Hashable, code: int, fence: str | None, out: Moves) -> None:
+        """A claim about every open grant of ``peer`` (``PeerLost``, an ``AccessRevoked`` of
+        the peer's fence), in grant order."""
+        open_rows = self.by_peer.get(peer)
+        if not open_rows:
+            return
+        closed: list[tuple[BlockIds, int]] = []
+        for row in list(open_rows):
+            self._record(row, code, 0, fence, out, closed)
+        if closed:
+            self.blocks.uncount_many(closed)
+
+    def _record(
+        self,
+        row: int,
+        code: int,
+        seq: int,
+        fence: str | None,
+        out: Moves,
+        closed: list[tuple[BlockIds, int]],
+    ) -> None:
+        """One checked claim about ``row``: its facts, its request's counters, a close, the
+        request's proof chain."""
+        if not self.grant_open[row]:
+            return  # a closed grant of a live request: checked, never changed
+        proofs = self.proofs
+        acked = proofs.cancel_acknowledged(row)
+        stopped = proofs.scheduling_stopped(row)
+        suspect = proofs.suspect[row] != 0
+        if not proofs.record(row, code, seq):
+            return
+        slot = self.grant_req[row]
+        counters = self.requests.counters
+        if not acked and proofs.cancel_acknowledged(row):
+            counters[UNCANCELLED][slot] -= 1
+        if not stopped and proofs.scheduling_stopped(row):
+            counters[RUNNING][slot] -= 1
+        now_suspect = proofs.suspect[row] != 0
+        if now_suspect and not suspect:
+            counters[SUSPECT][slot] += 1
+        if proofs.closed(row):
+            # Closed: acknowledged and stopped already; it counts no more.
+            self._close(row)
+            counters[OPEN][slot] -= 1
+            closed.append((self.grant_blocks[row], self.grant_access[row]))
+            if now_suspect:
+                counters[SUSPECT][slot] -= 1
+            if code == REVOKED and fence is not None:
+                self.fenced_by[slot] = fence
+        if self.requests.state[slot] != _ADMITTED:
+            self._advance(slot, out)
+
+    def _close(self, row: int) -> None:
+        self.grant_open[row] = False
+        peer_open = self.by_peer.get(self.grant_peer[row])
+        if peer_open is not None:
+            peer_open.pop(row, None)
+            if not peer_open:
+                del self.by_peer[self.grant_peer[row]]
+
+    def set_deadline(self, key: Hashable, deadline: float | None) -> None:
+        """The request-wide deadline (None: none); ``UnknownRequest`` for a key not live."""
+        slot = self.slot_of.get(key)
+        if slot is None:
+            raise UnknownRequest(key)
+        self.deadline[slot] = math.inf if deadline is None else deadline
+        if deadline is not None:
+            self.timed[slot] = None
+
     def expire(self, now: float, out: Moves) -> list[Hashable]:
-        """Every open grant of a request whose deadline is ``<= now`` becomes suspect
-        ("deadline"); the ended requests this quarantined are returned, in admission order."""
+        """Every open grant whose deadline (its own, else its request's) is ``<= now`` becomes
+        suspect ("deadline"); the ended requests this quarantined are returned, in the order
+        they got a deadline. A request with nothing left to time out stops being looked at."""
         proofs = self.proofs
         counters = self.requests.counters
         state = self.requests.state
         newly = []
-        for slot in sorted(self.slot_of.values(), key=self.admission.__getitem__):
-            if self.deadline[slot] > now:
-                continue
+        for slot in list(self.timed):
             marked = False
             for row in self.grants_of[slot]:
-                if self.grant_open[row] and proofs.mark_suspect(row, _DEADLINE):
+                if not self.grant_open[row] or proofs.suspect[row]:
+                    continue
+                dl = self.grant_deadline[row]
+                if (dl if dl != math.inf else self.deadline[slot]) <= now:
+                    proofs.mark_suspect(row, _DEADLINE)
                     counters[SUSPECT][slot] += 1
                     marked = True
             if marked and state[slot] != _ADMITTED:
@@ -295,6 +383,10 @@ class StepRows:
                 self._advance(slot, out)
                 if any(t[2] == _QUARANTINED for t in out[before:]):
                     newly.append(self.key_of[slot])
+            if state[slot] != _ADMITTED and (
+                not counters[OPEN][slot] or state[slot] in (_QUARANTINED, _QUIESCED)
+            ):
+                del self.timed[slot]
         return newly
 
     # ------------------------------------------------------------------ ends and releases
@@ -324,13 +416,44 @@ class StepRows:
         freed = self.blocks.let_go_many([self.held.pop(slot) for slot in slots])
         for slot, blocks in zip(slots, freed, strict=True):
             self.requests.fire(slot, _RELEASED, out)
-            key = self.key_of[slot]
-            released[key] = blocks
-            del self.slot_of[key]
-            self.free_rows += self.grants_of.pop(slot)
-            self.quarantine_reason.pop(slot, None)
-            self.free_slots.append(slot)
+            released[self.key_of[slot]] = blocks
+            self._forget(slot)
         return released
+
+    def force_release(self, key: Hashable, out: Moves) -> BlockIds:
+        """UNSAFE unless every grant is closed: release ``key`` with its grants as they are
+        (counted in ``unsafe_releases`` when one is open). ``UnknownRequest`` for a key not
+        live, ``IllegalTransition`` where the table has no such release (a running request)."""
+        slot = self.slot_of.get(key)
+        if slot is None:
+            raise UnknownRequest(key)
+        if self.requests.state[slot] == _QUIESCED:
+            self.requests.fire(slot, _RELEASED, out)
+        else:
+            if self.requests.fire(slot, _FORCE, out) != 1:
+                state = STATES[self.requests.state[slot]]
+                raise IllegalTransition("request", key, state, "force_released")
+            self.unsafe_releases += 1
+        self.releasable.pop(slot, None)
+        still_open = [r for r in self.grants_of[slot] if self.grant_open[r]]
+        if still_open:
+            self.blocks.uncount_many(
+                [(self.grant_blocks[r], self.grant_access[r]) for r in still_open]
+            )
+            for row in still_open:
+                self._close(row)
+        blocks = self.blocks.let_go(self.held.pop(slot))
+        self._forget(slot)
+        return blocks
+
+    def _forget(self, slot: int) -> None:
+        """A released request and its grants are gone; its slot and rows are reused."""
+        del self.slot_of[self.key_of[slot]]
+        self.free_rows += self.grants_of.pop(slot)
+        self.quarantine_reason.pop(slot, None)
+        self.timed.pop(slot, None)
+        self.fenced_by.pop(slot, None)
+        self.free_slots.append(slot)
 
     def _advance(self, slot: int, out: Moves) -> None:
         before = len(out)
