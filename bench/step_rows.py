@@ -73,12 +73,59 @@ def run_rows(n: int, per_step: int) -> float:
     return dt
 
 
+def memory(live: int) -> dict[str, float]:
+    """Bytes held with ``live`` requests each holding 16 blocks under one open READ grant (the
+    grants ended, unproven: what a guard holds for a slow reader), per open grant and per block:
+    ``tracemalloc``'s count of what building them allocated and kept, the per-block arrays
+    apart (their size over the number of blocks)."""
+    import tracemalloc
+
+    n = live * BLOCKS
+    out: dict[str, float] = {}
+    for name in ("ledger", "rows"):
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        keys = [f"r{i}" for i in range(live)]
+        allids = np.arange(n, dtype=np.int64)
+        if name == "ledger":
+            led = BlockLedger(n, counts="engine")
+            blocks = led._blocks
+            per_block = sum(
+                getattr(blocks, a).nbytes for a in ("sharers", "unsettled", "readers", "generation")
+            )
+            items = [
+                (k, allids[i * BLOCKS : (i + 1) * BLOCKS], PEER, Access.READ)
+                for i, k in enumerate(keys)
+            ]
+            led.acquire_and_grant_many(items)
+            led.finish_many(keys)
+            held: object = (led, items)
+        else:
+            rows = StepRows(n)
+            b = rows.blocks
+            per_block = sum(
+                getattr(b, a).nbytes
+                for a in ("sharers", "unsettled", "readers", "generation", "scratch")
+            )
+            rows.acquire_and_grant_many(keys, allids, [BLOCKS] * live, READ, PEER)
+            rows.end(keys, "finished", [])
+            held = rows
+        used = tracemalloc.get_traced_memory()[0] - base
+        tracemalloc.stop()
+        out[f"{name}_bytes_per_block"] = per_block / n
+        out[f"{name}_bytes_per_open_grant"] = (used - per_block - allids.nbytes) / live
+        del held
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=1024)
     ap.add_argument("--per-step", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--live", type=int, default=10_000, help="live requests for the memory figure")
     args = ap.parse_args()
     n, k = args.requests, args.per_step
     run_ledger(n, k), run_rows(n, k)  # warm up
@@ -106,6 +153,14 @@ def main() -> None:
         f"  ledger / rows: {float(np.median(ratios)):.2f}x "
         f"[{min(ratios):.2f}-{max(ratios):.2f}]  (the guard's whole target: <= 3 us/request)"
     )
+    mem = memory(args.live)
+    print(
+        f"  memory, {args.live} live requests with an open grant over {BLOCKS} blocks each: "
+        f"BlockLedger {mem['ledger_bytes_per_open_grant']:.0f} B per open grant (with its "
+        f"request) and {mem['ledger_bytes_per_block']:.0f} B per block; StepRows "
+        f"{mem['rows_bytes_per_open_grant']:.0f} B and {mem['rows_bytes_per_block']:.0f} B "
+        "(targets: <= 64 B per open grant, <= 16 B per block)"
+    )
     if args.out:
         args.out.write_text(
             json.dumps(
@@ -117,6 +172,7 @@ def main() -> None:
                     "ratio": float(np.median(ratios)),
                     "ratio_min": min(ratios),
                     "ratio_max": max(ratios),
+                    **mem,
                 },
                 indent=2,
             )

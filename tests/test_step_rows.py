@@ -343,3 +343,25 @@ def test_an_overdue_ended_request_is_quarantined_by_expire_on_both() -> None:
         pair.revoke_peer(peer)
     pair.check()
     pair.collect()
+
+
+def test_the_holder_limit_is_kept_as_the_ledger_keeps_it() -> None:
+    """A block at the holder limit is held by no one more: ``HolderLimit``, nothing changed,
+    on both (a limit of 2 here; the real one is the uint16 counter's)."""
+    from kvlifetime.errors import HolderLimit
+    from kvlifetime.ledger.engine_counts import EngineCounts
+
+    led = BlockLedger(8, counts="engine")
+    led._blocks = EngineCounts(8, max_sharers=2)  # (the ledger's own counts, limited)
+    cols = StepRows(8, max_sharers=2)
+    for key in ("a", "b"):
+        led.acquire(key, [3])
+        cols.acquire(key, _ids([3]))
+    with pytest.raises(HolderLimit):
+        led.acquire("c", [3])
+    with pytest.raises(HolderLimit):
+        cols.acquire("c", _ids([3]))
+    assert led._blocks.sharers.tolist() == cols.blocks.sharers.tolist()
+    assert "c" not in cols.slot_of
+    out = cols.acquire_and_grant_many(["c", "d"], _ids([3, 4]), [1, 1], READ)
+    assert isinstance(out[0], HolderLimit) and isinstance(out[1], int)

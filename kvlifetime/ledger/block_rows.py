@@ -18,8 +18,10 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from kvlifetime.errors import BlockUnavailable
+from kvlifetime.errors import BlockUnavailable, HolderLimit
 from kvlifetime.grant import BlockIds
+from kvlifetime.ledger.blocks import MAX_SHARERS
+from kvlifetime.ledger.counters import Counts, counted
 
 READ, WRITE = 0, 1
 """Access codes of a grant."""
@@ -28,19 +30,35 @@ READ, WRITE = 0, 1
 class BlockRows:
     """Per-block holders, open grants and generations of one pool (the engine's counts)."""
 
-    __slots__ = ("generation", "readers", "scratch", "sharers", "unsettled")
+    __slots__ = (
+        "generation",
+        "holds",
+        "max_sharers",
+        "open_reads",
+        "open_writes",
+        "readers",
+        "scratch",
+        "sharers",
+        "unsettled",
+    )
 
-    def __init__(self, num_blocks: int) -> None:
-        self.sharers = np.zeros(num_blocks, dtype=np.int64)
-        self.unsettled = np.zeros(num_blocks, dtype=np.int64)
-        self.readers = np.zeros(num_blocks, dtype=np.int64)
+    def __init__(self, num_blocks: int, max_sharers: int = MAX_SHARERS) -> None:
+        # 12 bytes a block: uint16 holders, uint8 open write and read grants (widened before a
+        # count could wrap: ``counters.counted``), uint32 generations, and an int32 scratch.
+        self.sharers = np.zeros(num_blocks, dtype=np.uint16)
+        self.unsettled: Counts = np.zeros(num_blocks, dtype=np.uint8)
+        self.readers: Counts = np.zeros(num_blocks, dtype=np.uint8)
         self.generation = np.zeros(num_blocks, dtype=np.uint32)
-        self.scratch = np.zeros(num_blocks, dtype=np.int64)  # for ``distinct``
+        self.scratch = np.zeros(num_blocks, dtype=np.int32)  # for ``distinct``
+        self.max_sharers = max_sharers  # at most MAX_SHARERS (the sharers dtype's limit)
+        self.holds = 0  # live hold batches: below max_sharers no block can be at the limit
+        self.open_writes = 0  # open write / read grants counted (bound every block's count)
+        self.open_reads = 0
 
     def distinct(self, ids: BlockIds) -> bool:
         """No id repeats in ``ids`` (each position stamps its block; a repeat overwrites an
         earlier stamp): three passes, no sort."""
-        at = np.arange(len(ids), dtype=np.int64)
+        at = np.arange(len(ids), dtype=np.int32)
         self.scratch[ids] = at
         return not np.count_nonzero(self.scratch.take(ids) != at)
 
@@ -53,6 +71,9 @@ class BlockRows:
                 f"blocks {arr[writes > 0][:16].tolist()} are not settled: an open write grant "
                 "may still change them: not held by another request"
             )
+        top = self.max_sharers
+        if self.holds >= top and int(self.sharers.take(arr).max(initial=0)) >= top:
+            raise HolderLimit(f"some of blocks {arr[:16].tolist()} already have {top} holders")
         if (
             held
             and np.count_nonzero(self.sharers.take(arr))
@@ -100,19 +121,30 @@ class BlockRows:
         open write grant on any block; for write grants, no holder and no open grant at all."""
         if np.count_nonzero(self.unsettled.take(allids)):
             return False
+        top = self.max_sharers
+        if self.holds >= top and int(self.sharers.take(allids).max(initial=0)) >= top:
+            return False  # (each item then says which block is at the limit)
         return access != WRITE or not (
             np.count_nonzero(self.sharers.take(allids))
             or np.count_nonzero(self.readers.take(allids))
         )
 
-    def hold(self, arr: BlockIds) -> None:
+    def hold(self, arr: BlockIds, batches: int = 1) -> None:
+        """``batches`` requests hold their (distinct) parts of ``arr``."""
         self.sharers[arr] += 1
+        self.holds += batches
 
-    def count_open(self, arr: BlockIds, access: int) -> None:
-        (self.unsettled if access == WRITE else self.readers)[arr] += 1
+    def count_open(self, arr: BlockIds, access: int, grants: int = 1) -> None:
+        """``grants`` more open grants of ``access`` over ``arr`` (distinct ids)."""
+        if access == WRITE:
+            self.unsettled = counted(self.unsettled, arr, self.open_writes)
+            self.open_writes += grants
+        else:
+            self.readers = counted(self.readers, arr, self.open_reads)
+            self.open_reads += grants
 
     def uncount_open(self, arr: BlockIds, access: int) -> None:
-        (self.unsettled if access == WRITE else self.readers)[arr] -= 1
+        self.uncount_many([(arr, access)])
 
     def uncount_many(self, closed: Sequence[tuple[BlockIds, int]]) -> None:
         """``uncount_open`` of many grants (blocks, access), one write per access: a block in
@@ -125,7 +157,13 @@ class BlockRows:
             if len(arrs) == 1:
                 counts[arrs[0]] -= 1  # a grant's blocks are distinct
             else:
-                np.subtract.at(counts, np.concatenate(arrs), 1)  # repeats taken off each time
+                # Repeats taken off each time; a one of the array's own dtype keeps ufunc.at on
+                # its fast path (a Python int: 15 us for 256 ids against 1.7).
+                np.subtract.at(counts, np.concatenate(arrs), counts.dtype.type(1))
+            if access == WRITE:
+                self.open_writes -= len(arrs)
+            else:
+                self.open_reads -= len(arrs)
 
     def let_go_many(self, helds: Sequence[Sequence[BlockIds]]) -> list[BlockIds]:
         """``let_go`` of many released requests, in one pass where no block of theirs has a
@@ -139,6 +177,7 @@ class BlockRows:
             if not len(allh) or int(self.sharers.take(allh).max()) == 1:
                 self.sharers[allh] = 0
                 self.generation[allh] += 1
+                self.holds -= sum(len(h) for h in helds)
                 return results
         return [self.let_go(h) for h in helds]
 
@@ -148,6 +187,7 @@ class BlockRows:
         if not held:
             return np.empty(0, dtype=np.int64)
         ids = held[0] if len(held) == 1 else np.concatenate(held)
+        self.holds -= len(held)
         self.sharers[ids] -= 1  # a request holds a block once
         gone = ids[self.sharers.take(ids) == 0]
         self.generation[gone] += 1

@@ -30,6 +30,7 @@ from kvlifetime.errors import (
 )
 from kvlifetime.grant import BlockIds
 from kvlifetime.ledger.block_rows import READ, WRITE, BlockRows
+from kvlifetime.ledger.blocks import MAX_SHARERS
 from kvlifetime.ledger.request_rows import (
     CODE,
     EVENT_CODE,
@@ -56,9 +57,9 @@ _NO_BLOCKS.flags.writeable = False
 class StepRows:
     """The requests, grants and blocks of one ledger, as columns (the engine's counts)."""
 
-    def __init__(self, num_blocks: int = 0) -> None:
+    def __init__(self, num_blocks: int = 0, max_sharers: int = MAX_SHARERS) -> None:
         self.requests = RequestRows()
-        self.blocks = BlockRows(num_blocks)
+        self.blocks = BlockRows(num_blocks, max_sharers)
         self.held: dict[int, list[BlockIds]] = {}  # slot -> its hold batches
         self.grant_blocks: list[BlockIds] = []  # per grant row
         self.grant_access: list[int] = []
@@ -171,8 +172,8 @@ class StepRows:
                 except KVLifetimeError as e:
                     out.append(e)
             return out
-        blocks.hold(allids)
-        blocks.count_open(allids, access)
+        blocks.hold(allids, len(keys))
+        blocks.count_open(allids, access, len(keys))
         slots = self.admit(keys)
         rows = self.grant(slots)
         peer_open = self.by_peer.setdefault(peer, {})
