@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from kvlifetime.errors import (
     BlockUnavailable,
     ContradictoryEvidence,
-    IllegalTransition,
+    InsufficientEvidence,
     KVLifetimeError,
 )
 from kvlifetime.evidence import (
@@ -72,6 +72,7 @@ op = st.one_of(
     st.tuples(st.just("revoke_peer"), peers),
     st.tuples(st.just("force_release"), st.integers(0, 30)),
     st.tuples(st.just("set_deadline"), st.integers(0, 30), st.sampled_from([None, 5.0, 8.0])),
+    st.tuples(st.just("release"), st.integers(0, 40)),
     st.tuples(
         st.just("prove"),
         st.integers(1, 7),
@@ -93,7 +94,7 @@ class Pair:
     """The object ledger and the columns, driven alike."""
 
     def __init__(self) -> None:
-        self.led = BlockLedger(16, counts="engine")
+        self.led = BlockLedger(16, counts="engine", incarnation="rows")
         self.cols = StepRows(16)
         self.keys: list[str] = []  # every request key ever used, in order of first use
         self.grants: list[tuple[Grant, int]] = []  # every grant ever made: (object, row)
@@ -136,6 +137,7 @@ class Pair:
             lambda: self.cols.acquire_and_grant(key, arr, _ACCESS[acc], None, peer),
         )
         if not isinstance(g, type):
+            assert g.id.serial == self.cols.grant_serial[row]  # the same serials, in order
             self.grants.append((g, row))
 
     def grant(self, pick: int, n: int, acc: Access, peer: str, deadline: float | None) -> None:
@@ -186,10 +188,9 @@ class Pair:
         self.same_moves(fired, moves)
 
     def force_release(self, pick: int) -> None:
-        live = self.live()
-        if not live:
+        if not self.keys:
             return
-        key = live[pick % len(live)]
+        key = self.keys[pick % len(self.keys)]
         a, b = self.both(
             lambda: self.led.force_release(key, "test"),
             lambda: self.cols.force_release(key, []),
@@ -205,21 +206,31 @@ class Pair:
             self.cols.set_deadline(key, deadline)
 
     def end(self, event: str, picks: list[int]) -> None:
-        live = self.live()
-        if not live:
+        if not self.keys:
             return
-        keys = list(dict.fromkeys(live[p % len(live)] for p in picks))
+        # Any key ever used: live ones, and released ones (DoubleRelease on both).
+        keys = list(dict.fromkeys(self.keys[p % len(self.keys)] for p in picks))
         refused_obj = []
         fired: list[Any] = []
-        for key in keys:
+        for i, key in enumerate(keys):
             try:
                 fired += self.led.reject(key) if event == "rejected" else self.led.finish(key)
-            except IllegalTransition:
-                refused_obj.append(key)
+            except KVLifetimeError as e:
+                refused_obj.append((i, type(e)))
         moves: Moves = []
         refused = self.cols.end(keys, event, moves)
-        assert [keys[i] for i in refused] == refused_obj
+        assert [(i, type(e)) for i, e in refused] == refused_obj
         self.same_moves(fired, moves)
+
+    def release(self, pick: int) -> None:
+        if not self.keys:
+            return
+        key = self.keys[pick % len(self.keys)]
+        a, b = self.both(lambda: self.led.release(key), lambda: self.cols.release(key, []))
+        if a is InsufficientEvidence:
+            assert self.led.unproven(key) == self.cols.unproven(key)
+        elif not isinstance(a, type):
+            assert sorted(a.tolist()) == sorted(b.tolist())
 
     def expire(self, now: float) -> None:
         assert self.led.expire(now) == self.cols.expire(now, [])

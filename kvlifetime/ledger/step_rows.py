@@ -24,7 +24,9 @@ import numpy as np
 
 from kvlifetime.errors import (
     BlockUnavailable,
+    DoubleRelease,
     IllegalTransition,
+    InsufficientEvidence,
     KVLifetimeError,
     UnknownRequest,
 )
@@ -42,6 +44,7 @@ from kvlifetime.ledger.request_rows import (
     Moves,
     RequestRows,
 )
+from kvlifetime.ledger.requests import RECENTLY_RELEASED
 from kvlifetime.spec.proof import REVOKED, SUSPECTS, ProofColumns
 
 _ADMITTED = CODE["admitted"]
@@ -57,7 +60,9 @@ _NO_BLOCKS.flags.writeable = False
 class StepRows:
     """The requests, grants and blocks of one ledger, as columns (the engine's counts)."""
 
-    def __init__(self, num_blocks: int = 0, max_sharers: int = MAX_SHARERS) -> None:
+    def __init__(
+        self, num_blocks: int = 0, max_sharers: int = MAX_SHARERS, incarnation: str = "rows"
+    ) -> None:
         self.requests = RequestRows()
         self.blocks = BlockRows(num_blocks, max_sharers)
         self.held: dict[int, list[BlockIds]] = {}  # slot -> its hold batches
@@ -74,6 +79,12 @@ class StepRows:
         self.timed: dict[int, None] = {}  # slots with a deadline somewhere, in that order
         self.fenced_by: dict[int, str] = {}  # slot -> the fence whose revocation closed a grant
         self.unsafe_releases = 0
+        self.incarnation = incarnation  # in every grant's label, as in a GrantId
+        self.next_serial = 1  # grant serials: counted up, never reused (handles are)
+        self.grant_serial: list[int] = []  # per grant row
+        self.row_of_serial: dict[int, int] = {}  # serial -> row, for the grants of live requests
+        # Keys released lately: an ending call naming one is DoubleRelease, not UnknownRequest.
+        self.recently_released: dict[Hashable, None] = {}
         self.grant_req: list[int] = []  # per grant row: its request's slot
         self.grant_open: list[bool] = []
         self.grants_of: dict[int, list[int]] = {}  # slot -> its rows, in grant order
@@ -100,11 +111,22 @@ class StepRows:
                 self.deadline.append(dl)
             if deadline is not None:
                 self.timed[slot] = None
+            self.recently_released.pop(key, None)
             self.slot_of[key] = slot
             self.grants_of[slot] = []
             self.held[slot] = []
             out.append(slot)
         return out
+
+    def _ending(self, key: Hashable) -> int:
+        """The slot of ``key`` for a call that ends or lets go of it: ``DoubleRelease`` for a
+        key released lately, ``UnknownRequest`` for one never seen."""
+        slot = self.slot_of.get(key)
+        if slot is None:
+            if key in self.recently_released:
+                raise DoubleRelease(f"request {key!r} was already released")
+            raise UnknownRequest(key)
+        return slot
 
     def _running_or_new(self, key: Hashable, event: str) -> int | None:
         slot = self.slot_of.get(key)
@@ -249,6 +271,7 @@ class StepRows:
                 self.grant_access[row] = READ
                 self.grant_peer[row] = None
                 self.grant_deadline[row] = math.inf
+                self.grant_serial[row] = self.next_serial
             else:
                 row = proofs.add()
                 self.grant_req.append(slot)
@@ -257,6 +280,9 @@ class StepRows:
                 self.grant_access.append(READ)
                 self.grant_peer.append(None)
                 self.grant_deadline.append(math.inf)
+                self.grant_serial.append(self.next_serial)
+            self.row_of_serial[self.next_serial] = row
+            self.next_serial += 1
             self.grants_of[slot].append(row)
             counters[OPEN][slot] += 1
             counters[UNCANCELLED][slot] += 1
@@ -392,19 +418,53 @@ class StepRows:
 
     # ------------------------------------------------------------------ ends and releases
 
-    def end(self, keys: Sequence[Hashable], event: str, out: Moves) -> list[int]:
-        """``event`` (rejected / finished) for each request of ``keys`` (live), then its proof
-        chain (into ``out``). Returns the positions the table refused (nothing changed)."""
+    def end(
+        self, keys: Sequence[Hashable], event: str, out: Moves
+    ) -> list[tuple[int, KVLifetimeError]]:
+        """``event`` (rejected / finished) for each request of ``keys``, then its proof chain
+        (into ``out``). Returns the refused ones, by position, with their typed error (unknown,
+        released lately, or no such row for its state): nothing changed for them."""
         code = EVENT_CODE[event]
         req = self.requests
-        refused = []
+        refused: list[tuple[int, KVLifetimeError]] = []
         for i, key in enumerate(keys):
-            slot = self.slot_of[key]
+            try:
+                slot = self._ending(key)
+            except KVLifetimeError as e:
+                refused.append((i, e))
+                continue
             if req.fire(slot, code, out) != 1:
-                refused.append(i)
+                refused.append((i, IllegalTransition("request", key, self.state(key), event)))
                 continue
             self._advance(slot, out)
         return refused
+
+    def release(self, key: Hashable, out: Moves) -> BlockIds:
+        """Let go of ``key``'s blocks once every grant is closed: ``InsufficientEvidence``
+        (with what is unproven) while one is open, ``IllegalTransition`` while it runs."""
+        slot = self._ending(key)
+        if self.requests.state[slot] != _ADMITTED and self.requests.counters[OPEN][slot]:
+            raise InsufficientEvidence(key, self.unproven(key))
+        if self.requests.fire(slot, _RELEASED, out) != 1:
+            raise IllegalTransition("request", key, self.state(key), "released")
+        self.releasable.pop(slot, None)
+        blocks = self.blocks.let_go(self.held.pop(slot))
+        self._forget(slot)
+        return blocks
+
+    def unproven(self, key: Hashable) -> dict[str, tuple[str, ...]]:
+        """Each open grant of ``key`` (``"incarnation#serial (peer)"``) and the claims it
+        still misses."""
+        return {
+            f"{self.incarnation}#{self.grant_serial[r]} ({self.grant_peer[r]})": tuple(
+                self.proofs.proof(r).unproven()
+            )
+            for r in self.open_rows(key)
+        }
+
+    def blocks_of(self, key: Hashable) -> BlockIds:
+        held = self.held[self.slot_of[key]]
+        return np.concatenate(held) if held else np.empty(0, dtype=np.int64)
 
     def collect(self, out: Moves) -> dict[Hashable, BlockIds]:
         """Release every request in transfer_quiesced, in the order they reached it: the
@@ -425,9 +485,7 @@ class StepRows:
         """UNSAFE unless every grant is closed: release ``key`` with its grants as they are
         (counted in ``unsafe_releases`` when one is open). ``UnknownRequest`` for a key not
         live, ``IllegalTransition`` where the table has no such release (a running request)."""
-        slot = self.slot_of.get(key)
-        if slot is None:
-            raise UnknownRequest(key)
+        slot = self._ending(key)
         if self.requests.state[slot] == _QUIESCED:
             self.requests.fire(slot, _RELEASED, out)
         else:
@@ -449,8 +507,15 @@ class StepRows:
 
     def _forget(self, slot: int) -> None:
         """A released request and its grants are gone; its slot and rows are reused."""
-        del self.slot_of[self.key_of[slot]]
-        self.free_rows += self.grants_of.pop(slot)
+        key = self.key_of[slot]
+        del self.slot_of[key]
+        self.recently_released[key] = None
+        if len(self.recently_released) > RECENTLY_RELEASED:
+            del self.recently_released[next(iter(self.recently_released))]
+        rows = self.grants_of.pop(slot)
+        for row in rows:
+            del self.row_of_serial[self.grant_serial[row]]
+        self.free_rows += rows
         self.quarantine_reason.pop(slot, None)
         self.timed.pop(slot, None)
         self.fenced_by.pop(slot, None)
