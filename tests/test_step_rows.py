@@ -32,7 +32,7 @@ from kvlifetime.evidence import (
     TransferCompleted,
     TransferQuiesced,
 )
-from kvlifetime.grant import Access, Grant
+from kvlifetime.grant import Access, Grant, GrantId
 from kvlifetime.ledger import BlockLedger
 from kvlifetime.ledger.block_rows import READ, WRITE, BlockRows
 from kvlifetime.ledger.request_rows import EVENTS, STATES, Moves
@@ -73,6 +73,7 @@ op = st.one_of(
     st.tuples(st.just("force_release"), st.integers(0, 30)),
     st.tuples(st.just("set_deadline"), st.integers(0, 30), st.sampled_from([None, 5.0, 8.0])),
     st.tuples(st.just("release"), st.integers(0, 40)),
+    st.tuples(st.just("stale"), st.integers(0, 60), st.integers(1, 7)),
     st.tuples(
         st.just("prove"),
         st.integers(1, 7),
@@ -179,6 +180,30 @@ class Pair:
         )
         assert all(isinstance(x.error, ContradictoryEvidence) for x in outcome.refused)
         assert refused == [x.position for x in outcome.refused]
+        self.same_moves(outcome.transitions, moves)
+
+    def stale(self, pick: int, code: int) -> None:
+        """Evidence about any grant ever made (its request maybe released), or about one never
+        issued: the object ledger refuses it or not, with the same error, as the rows' lookup
+        by serial does."""
+        if not self.grants:
+            return
+        g, _ = self.grants[pick % len(self.grants)]
+        if pick % 5 == 0:  # a serial not issued yet, in this ledger's incarnation
+            g = Grant(GrantId("rows", self.cols.next_serial + 3), g.request, g.peer, g.blocks,
+                      g.generations, g.access)  # fmt: skip
+        ev = _evidence(code, g, 0)
+        if isinstance(ev, PeerLost):
+            return  # about a peer, not a grant
+        outcome = self.led.apply_many([ev])
+        (got,) = self.cols.rows_of([g.id.serial], [g.request], [g.peer])
+        if isinstance(got, KVLifetimeError):
+            assert [type(r.error) for r in outcome.refused] == [type(got)]
+            return
+        assert not outcome.refused or isinstance(outcome.refused[0].error, ContradictoryEvidence)
+        moves: Moves = []
+        refused = self.cols.prove([got], code, [0], moves, fence="f")
+        assert refused == [r.position for r in outcome.refused]
         self.same_moves(outcome.transitions, moves)
 
     def revoke_peer(self, peer: str) -> None:
@@ -376,3 +401,17 @@ def test_the_holder_limit_is_kept_as_the_ledger_keeps_it() -> None:
     assert "c" not in cols.slot_of
     out = cols.acquire_and_grant_many(["c", "d"], _ids([3, 4]), [1, 1], READ)
     assert isinstance(out[0], HolderLimit) and isinstance(out[1], int)
+
+
+def test_evidence_about_a_released_grant_is_stale_on_both() -> None:
+    pair = Pair()
+    pair.acquire_and_grant(99, [0], Access.READ, "pa")
+    pair.end("finished", [0])
+    pair.prove(CODE_OF[TransferCompleted], [(0, 0)])
+    pair.collect()
+    assert not pair.live()
+    for code in (CODE_OF[TransferCompleted], CODE_OF[CancelReceived], CODE_OF[AccessRevoked]):
+        pair.stale(1, code)  # the released grant: StaleEvidence on both
+        (got,) = pair.cols.rows_of([1], ["r0"], ["pa"])
+        assert type(got).__name__ == "StaleEvidence"
+    pair.check()

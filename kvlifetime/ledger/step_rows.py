@@ -28,6 +28,8 @@ from kvlifetime.errors import (
     IllegalTransition,
     InsufficientEvidence,
     KVLifetimeError,
+    MismatchedEvidence,
+    StaleEvidence,
     UnknownRequest,
 )
 from kvlifetime.grant import BlockIds
@@ -317,6 +319,26 @@ class StepRows:
         if closed:
             self.blocks.uncount_many(closed)
         return refused
+
+    def rows_of(
+        self, serials: Sequence[int], requests: Sequence[Hashable], peers: Sequence[Hashable]
+    ) -> list[int | KVLifetimeError]:
+        """The handle of each grant a piece of evidence names (its serial, request and peer),
+        or the typed refusal: ``StaleEvidence`` for a grant whose request was released,
+        ``MismatchedEvidence`` for one never issued or one of another request or peer."""
+        out: list[int | KVLifetimeError] = []
+        for serial, request, peer in zip(serials, requests, peers, strict=True):
+            row = self.row_of_serial.get(serial)
+            if row is None:
+                if serial < self.next_serial:
+                    out.append(StaleEvidence(f"grant {serial}: its request was already released"))
+                else:
+                    out.append(MismatchedEvidence(f"grant {serial} was never issued"))
+            elif self.key_of[self.grant_req[row]] != request or self.grant_peer[row] != peer:
+                out.append(MismatchedEvidence(f"grant {serial} is of another request or peer"))
+            else:
+                out.append(row)
+        return out
 
     def prove_peer(self, peer: Hashable, code: int, fence: str | None, out: Moves) -> None:
         """A claim about every open grant of ``peer`` (``PeerLost``, an ``AccessRevoked`` of
