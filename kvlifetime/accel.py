@@ -31,6 +31,8 @@ MODULES = (
     "kvlifetime.ledger.counters",
     "kvlifetime.ledger.engine_counts",
     "kvlifetime.ledger.events",
+    "kvlifetime.ledger.exposure_rows",
+    "kvlifetime.ledger.grant_rows",
     "kvlifetime.ledger.grant_table",
     "kvlifetime.ledger.ledger_counts",
     "kvlifetime.ledger.proofs",

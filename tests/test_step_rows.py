@@ -138,7 +138,7 @@ class Pair:
             lambda: self.cols.acquire_and_grant(key, arr, _ACCESS[acc], None, peer),
         )
         if not isinstance(g, type):
-            assert g.id.serial == self.cols.grant_serial[row]  # the same serials, in order
+            assert g.id.serial == self.cols.grants.serial[row]  # the same serials, in order
             self.grants.append((g, row))
 
     def grant(self, pick: int, n: int, acc: Access, peer: str, deadline: float | None) -> None:
@@ -190,8 +190,8 @@ class Pair:
             return
         g, _ = self.grants[pick % len(self.grants)]
         if pick % 5 == 0:  # a serial not issued yet, in this ledger's incarnation
-            g = Grant(GrantId("rows", self.cols.next_serial + 3), g.request, g.peer, g.blocks,
-                      g.generations, g.access)  # fmt: skip
+            unissued = GrantId("rows", self.cols.grants.next_serial + 3)
+            g = Grant(unissued, g.request, g.peer, g.blocks, g.generations, g.access)
         ev = _evidence(code, g, 0)
         if isinstance(ev, PeerLost):
             return  # about a peer, not a grant
@@ -326,7 +326,7 @@ def test_rows_and_slots_are_reused_after_a_release(n: int) -> None:
         assert cols.end(keys, "finished", moves) == []
         assert cols.prove(rows, CODE_OF[TransferCompleted], [0] * n, moves) == []
         assert list(cols.collect(moves)) == keys
-    assert len(cols.key_of) == n and len(cols.grant_req) == n  # reused, not grown
+    assert len(cols.key_of) == n and len(cols.grants.req) == n  # reused, not grown
 
 
 def _ids(ids: list[int]) -> npt.NDArray[np.int64]:

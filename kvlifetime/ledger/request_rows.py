@@ -1,10 +1,10 @@
 """RequestRows: the request lifecycle of many requests as columns, stepped without objects.
 
-One row per live request (its slot): its state, as a code of the request table's states, and
-four counters over its open grants, kept as grants open, close and learn things: how many are
-open, how many have not had the cancel acknowledged, how many peers still schedule, how many
-are suspect. Each guard of the table is then one comparison of one counter
-(``all_grants_closed``: no open grant; ``quarantine_due``: a suspect one; ...), and a
+One row per live request (its slot, found by its key): its state, as a code of the request
+table's states, its deadline, and four counters over its open grants, kept as grants open,
+close and learn things: how many are open, how many have not had the cancel acknowledged, how
+many peers still schedule, how many are suspect. Each guard of the table is then one comparison
+of one counter (``all_grants_closed``: no open grant; ``quarantine_due``: a suspect one; ...), and a
 transition is a lookup in the table compiled from the specification
 (``spec.table.request_table``): ``fire`` for the calls that end a request (reject, finish,
 release), ``advance`` for the proof chain, in its order, to the end.
@@ -17,6 +17,11 @@ Part of the step-columnar ledger being built (issue 32); held to the per-request
 
 from __future__ import annotations
 
+import math
+from collections.abc import Hashable
+
+from kvlifetime.errors import DoubleRelease, IllegalTransition, UnknownRequest
+from kvlifetime.ledger.requests import RECENTLY_RELEASED
 from kvlifetime.spec.table import request_table
 from kvlifetime.spec.vocabulary import PROOF_CHAIN
 
@@ -61,26 +66,92 @@ Moves = list[tuple[int, int, int]]
 
 
 class RequestRows:
-    """The live requests' states and open-grant counters, by slot."""
+    """The live requests by key and slot: states, open-grant counters, deadlines."""
 
-    __slots__ = ("counters", "state")
+    __slots__ = (
+        "counters",
+        "deadline",
+        "free_slots",
+        "key_of",
+        "recently_released",
+        "slot_of",
+        "state",
+        "timed",
+    )
 
     def __init__(self) -> None:
         self.state: list[int] = []
         self.counters: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
+        self.slot_of: dict[Hashable, int] = {}
+        self.key_of: list[Hashable] = []
+        self.free_slots: list[int] = []
+        self.deadline: list[float] = []  # per slot (inf: none)
+        self.timed: dict[int, None] = {}  # slots with a deadline somewhere, in that order
+        # Keys released lately: an ending call naming one is DoubleRelease, not UnknownRequest.
+        self.recently_released: dict[Hashable, None] = {}
 
-    def add(self) -> int:
-        """A new slot, in the table's initial state with no grant."""
-        self.state.append(CODE[TABLE.initial])
-        for c in self.counters:
-            c.append(0)
-        return len(self.state) - 1
+    def admit(self, key: Hashable, deadline: float | None) -> int:
+        """A new request (``key`` not live), in the table's initial state; its slot."""
+        initial = CODE[TABLE.initial]
+        if self.free_slots:
+            slot = self.free_slots.pop()
+            self.state[slot] = initial
+            for c in self.counters:
+                c[slot] = 0
+            self.key_of[slot] = key
+            self.deadline[slot] = math.inf if deadline is None else deadline
+        else:
+            slot = len(self.state)
+            self.state.append(initial)
+            for c in self.counters:
+                c.append(0)
+            self.key_of.append(key)
+            self.deadline.append(math.inf if deadline is None else deadline)
+        if deadline is not None:
+            self.timed[slot] = None
+        self.recently_released.pop(key, None)
+        self.slot_of[key] = slot
+        return slot
 
-    def reset(self, slot: int) -> None:
-        """``slot`` reused for a new request."""
-        self.state[slot] = CODE[TABLE.initial]
-        for c in self.counters:
-            c[slot] = 0
+    def forget(self, slot: int) -> None:
+        """A released request: its key remembered a while (``ending``), its slot reused."""
+        key = self.key_of[slot]
+        del self.slot_of[key]
+        rr = self.recently_released
+        rr[key] = None
+        if len(rr) > RECENTLY_RELEASED:
+            del rr[next(iter(rr))]
+        self.timed.pop(slot, None)
+        self.free_slots.append(slot)
+
+    def ending(self, key: Hashable) -> int:
+        """The slot of ``key`` for a call that ends or lets go of it: ``DoubleRelease`` for a
+        key released lately, ``UnknownRequest`` for one never seen."""
+        slot = self.slot_of.get(key)
+        if slot is None:
+            if key in self.recently_released:
+                raise DoubleRelease(f"request {key!r} was already released")
+            raise UnknownRequest(key)
+        return slot
+
+    def running_or_new(self, key: Hashable, event: str) -> int | None:
+        """The slot of ``key`` if it runs, None if it is new; ``IllegalTransition`` if ended."""
+        slot = self.slot_of.get(key)
+        if slot is not None and self.state[slot] != CODE[TABLE.initial]:
+            raise IllegalTransition("request", key, STATES[self.state[slot]], event)
+        return slot
+
+    def set_deadline(self, key: Hashable, deadline: float | None) -> None:
+        """The request-wide deadline (None: none); ``UnknownRequest`` for a key not live."""
+        slot = self.slot_of.get(key)
+        if slot is None:
+            raise UnknownRequest(key)
+        self.deadline[slot] = math.inf if deadline is None else deadline
+        if deadline is not None:
+            self.timed[slot] = None
+
+    def state_of(self, key: Hashable) -> str:
+        return STATES[self.state[self.slot_of[key]]]
 
     def _holds(self, slot: int, counter: int, positive: bool) -> bool:
         if counter < 0:
