@@ -1,9 +1,10 @@
 """BlockRows: the per-block state of the step-columnar ledger, by the engine's counts, read and
 written through block-id arrays only (no request or grant record).
 
-The same per-block arrays and rules as ``EngineCounts`` (``counts="engine"``; its docstring has
-why each is kept): ``sharers`` (how many requests hold the block), ``unsettled`` / ``readers``
-(open write / read grants covering it), ``generation`` (bumped when its last holder lets go).
+The same per-block arrays as ``EngineCounts`` (``counts="engine"``; its docstring has why
+each is kept): ``sharers`` (how many requests hold the block), ``unsettled`` / ``readers``
+(open write / read grants covering it), ``generation`` (bumped when its last holder lets go);
+and the same rules, written once: the functions of ``engine_counts`` both call.
 A request's holds are the arrays it was given (its hold batches); a grant is its blocks and its
 access. Each rule is one or two numpy calls over a whole array of ids.
 
@@ -18,10 +19,15 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from kvlifetime.errors import BlockUnavailable, HolderLimit
 from kvlifetime.grant import BlockIds
 from kvlifetime.ledger.blocks import MAX_SHARERS
 from kvlifetime.ledger.counters import Counts, counted
+from kvlifetime.ledger.engine_counts import (
+    fresh_allowed,
+    refuse_grant,
+    refuse_hold,
+    refuse_write_on_hold,
+)
 
 READ, WRITE = 0, 1
 """Access codes of a grant."""
@@ -63,70 +69,21 @@ class BlockRows:
         return not np.count_nonzero(self.scratch.take(ids) != at)
 
     def check_hold(self, arr: BlockIds, held: Sequence[BlockIds]) -> None:
-        """A hold of ``arr`` by a request holding ``held``: refused where an open write grant
-        covers a block (its content is unsettled) or the request holds one already."""
-        writes = self.unsettled.take(arr)
-        if np.count_nonzero(writes):
-            raise BlockUnavailable(
-                f"blocks {arr[writes > 0][:16].tolist()} are not settled: an open write grant "
-                "may still change them: not held by another request"
-            )
-        top = self.max_sharers
-        if self.holds >= top and int(self.sharers.take(arr).max(initial=0)) >= top:
-            raise HolderLimit(f"some of blocks {arr[:16].tolist()} already have {top} holders")
-        if (
-            held
-            and np.count_nonzero(self.sharers.take(arr))
-            and any(np.isin(arr, h, assume_unique=True).any() for h in held)
-        ):
-            raise BlockUnavailable("the request already holds some of these blocks")
+        """A hold of ``arr`` by a request holding ``held`` (``engine_counts.refuse_hold``)."""
+        refuse_hold(self.sharers, self.unsettled, arr, held, self.holds, self.max_sharers)
 
     def check_write_on_hold(self, arr: BlockIds) -> None:
-        """A write grant with the hold (``acquire_and_grant``): no other holder, no open grant."""
-        if np.count_nonzero(self.sharers.take(arr)):
-            raise BlockUnavailable("a write grant on blocks another request holds")
-        if np.count_nonzero(self.readers.take(arr)):
-            raise BlockUnavailable("a write grant on blocks an open grant covers")
+        """A write grant with the hold (``engine_counts.refuse_write_on_hold``)."""
+        refuse_write_on_hold(self.sharers, self.readers, arr)
 
     def check_grant(self, arr: BlockIds, access: int, own_writes: Sequence[BlockIds]) -> None:
-        """A grant on blocks the request holds: a write grant only where it alone holds them
-        and no open grant covers them; a read grant not where another request's open write
-        grant covers them (``own_writes``: the blocks of the request's own open write
-        grants)."""
-        writes = self.unsettled.take(arr)
-        if access == WRITE:
-            others = self.sharers.take(arr) > 1
-            if np.count_nonzero(others):
-                raise BlockUnavailable(
-                    f"a write grant on blocks another request holds: {arr[others][:16].tolist()}"
-                )
-            covered = (writes != 0) | (self.readers.take(arr) != 0)
-            if np.count_nonzero(covered):
-                raise BlockUnavailable(
-                    f"a write grant on blocks an open grant covers: {arr[covered][:16].tolist()}"
-                )
-        elif np.count_nonzero(writes):
-            own = np.zeros(len(arr), dtype=np.int64)
-            for blocks in own_writes:
-                own += np.isin(arr, blocks, assume_unique=True)
-            foreign = writes > own
-            if foreign.any():
-                raise BlockUnavailable(
-                    "a read grant on blocks another request's open write grant covers: "
-                    f"{arr[foreign][:16].tolist()}"
-                )
+        """A grant over held blocks (``engine_counts.refuse_grant``)."""
+        refuse_grant(self.sharers, self.unsettled, self.readers, arr, access == WRITE, own_writes)
 
     def fresh_allowed(self, allids: BlockIds, access: int) -> bool:
-        """New requests may each hold and be granted their part of ``allids`` (distinct): no
-        open write grant on any block; for write grants, no holder and no open grant at all."""
-        if np.count_nonzero(self.unsettled.take(allids)):
-            return False
-        top = self.max_sharers
-        if self.holds >= top and int(self.sharers.take(allids).max(initial=0)) >= top:
-            return False  # (each item then says which block is at the limit)
-        return access != WRITE or not (
-            np.count_nonzero(self.sharers.take(allids))
-            or np.count_nonzero(self.readers.take(allids))
+        """``engine_counts.fresh_allowed``."""
+        return fresh_allowed(
+            self.sharers, self.unsettled, self.readers, allids, access == WRITE, self.max_sharers
         )
 
     def hold(self, arr: BlockIds, batches: int = 1) -> None:

@@ -23,7 +23,111 @@ from kvlifetime.errors import BlockUnavailable, HolderLimit, show
 from kvlifetime.grant import Access, BlockIds, RequestKey
 from kvlifetime.ledger.batch import STEP_VIEWS, Holds, merge, views
 from kvlifetime.ledger.blocks import MAX_SHARERS, BlockCounts, Counts
+from kvlifetime.ledger.counters import Counts as CountArray
 from kvlifetime.ledger.records import RequestRecord
+
+# --------------------------------------------------------------------------- the rules
+# The engine's per-block rules, over the arrays alone: ``EngineCounts`` (under records) and the
+# step-columnar ``BlockRows`` (under rows) both call these, so the rules are written once.
+
+
+def refuse_hold(
+    sharers: npt.NDArray[np.uint16],
+    unsettled: CountArray,
+    arr: BlockIds,
+    held: Sequence[BlockIds],
+    holds: int,
+    max_sharers: int,
+    who: str = "the request",
+) -> None:
+    """A hold of ``arr`` by a request holding ``held``: ``BlockUnavailable`` where an open
+    write grant covers a block (its content is unsettled) or the request holds one already,
+    ``HolderLimit`` where a block has ``max_sharers`` holders (looked at only once there are
+    that many ``holds``)."""
+    writes = unsettled.take(arr)
+    if np.count_nonzero(writes):
+        raise BlockUnavailable(
+            f"blocks {arr[writes > 0][:16].tolist()} are not settled: an open write grant "
+            "may still change them: not held by another request"
+        )
+    holders = sharers.take(arr)
+    # Only blocks someone holds can be held by the request already: O(batch + its own holds).
+    if (
+        held
+        and np.count_nonzero(holders)
+        and any(np.isin(arr, h, assume_unique=True).any() for h in held)
+    ):
+        raise BlockUnavailable(f"{who} already holds some of these blocks")
+    if holds >= max_sharers and int(holders.max(initial=0)) >= max_sharers:
+        raise HolderLimit(
+            f"blocks {arr[holders >= max_sharers][:16].tolist()} already have "
+            f"{max_sharers} holders (the counter's limit): not held by one more"
+        )
+
+
+def refuse_write_on_hold(
+    sharers: npt.NDArray[np.uint16], readers: CountArray, arr: BlockIds
+) -> None:
+    """A write grant taken with its hold: no other holder, no open grant."""
+    if np.count_nonzero(sharers.take(arr)):
+        raise BlockUnavailable("a write grant on blocks another request holds")
+    if np.count_nonzero(readers.take(arr)):
+        raise BlockUnavailable("a write grant on blocks an open grant covers")
+
+
+def refuse_grant(
+    sharers: npt.NDArray[np.uint16],
+    unsettled: CountArray,
+    readers: CountArray,
+    arr: BlockIds,
+    write: bool,
+    own_writes: Sequence[BlockIds],
+) -> None:
+    """A grant over blocks the request holds: a write grant only where it alone holds them and
+    no open grant covers them; a read grant not where another request's open write grant
+    covers them (``own_writes``: the blocks of the request's own open write grants)."""
+    writes = unsettled.take(arr)
+    if write:
+        others = sharers.take(arr) > 1  # the request holds each block of arr
+        if np.count_nonzero(others):
+            raise BlockUnavailable(
+                f"a write grant on blocks another request holds: {arr[others][:16].tolist()}"
+            )
+        covered = (writes != 0) | (readers.take(arr) != 0)
+        if np.count_nonzero(covered):
+            raise BlockUnavailable(
+                f"a write grant on blocks an open grant covers: {arr[covered][:16].tolist()}"
+            )
+    elif np.count_nonzero(writes):
+        # Rare: tell the request's own open write grants from another request's.
+        own = np.zeros(len(arr), dtype=np.int64)
+        for blocks in own_writes:
+            own += np.isin(arr, blocks, assume_unique=True)
+        foreign = writes > own
+        if foreign.any():
+            raise BlockUnavailable(
+                "a read grant on blocks another request's open write grant covers: "
+                f"{arr[foreign][:16].tolist()}"
+            )
+
+
+def fresh_allowed(
+    sharers: npt.NDArray[np.uint16],
+    unsettled: CountArray,
+    readers: CountArray,
+    allids: BlockIds,
+    write: bool,
+    max_sharers: int,
+) -> bool:
+    """New requests may each hold and be granted their part of ``allids`` (distinct): no open
+    write grant on any block, none at the holder limit; for write grants, no holder and no
+    open grant at all."""
+    holders = sharers.take(allids)
+    if np.count_nonzero(unsettled.take(allids)):
+        return False
+    if int(holders.max(initial=0)) >= max_sharers:
+        return False
+    return not write or not (np.count_nonzero(holders) or np.count_nonzero(readers.take(allids)))
 
 
 class EngineCounts(BlockCounts):
@@ -50,32 +154,12 @@ class EngineCounts(BlockCounts):
     ) -> None:
         """Refuse a hold on ``arr`` where an open write grant covers a block (its content is
         unsettled), where ``req`` already holds one, or at the holder limit. Open read grants
-        do not matter, whoever holds the block and whatever its state."""
-        writes = self.unsettled.take(arr)
-        if np.count_nonzero(writes):
-            raise BlockUnavailable(
-                f"blocks {arr[writes > 0][:16].tolist()} are not settled: an open write grant "
-                "may still change them: not held by another request"
-            )
-        holders = self.sharers.take(arr)
-        # Only blocks someone holds can be held by req already: O(batch + its own holds).
-        if (
-            req is not None
-            and req.shared
-            and np.count_nonzero(holders)
-            and np.isin(arr, req.all_blocks(), assume_unique=True).any()
-        ):
-            raise BlockUnavailable(f"request {show(req.key)} already holds some of these blocks")
-        # A block has at most as many holders as there are live holds: below the limit, no
-        # block needs looking at.
-        if (
-            self.shared_holds >= self.max_sharers
-            and int(holders.max(initial=0)) >= self.max_sharers
-        ):
-            raise HolderLimit(
-                f"blocks {arr[holders >= self.max_sharers][:16].tolist()} already have "
-                f"{self.max_sharers} holders (the counter's limit): not held by one more"
-            )
+        do not matter, whoever holds the block and whatever its state (``refuse_hold``)."""
+        held = req.shared if req is not None else ()
+        who = f"request {show(req.key)}" if req is not None else "the request"
+        refuse_hold(
+            self.sharers, self.unsettled, arr, held, self.shared_holds, self.max_sharers, who
+        )
 
     def record_hold(self, req: RequestRecord, arr: BlockIds, shared: bool) -> None:
         self.sharers[arr] += 1
@@ -86,10 +170,7 @@ class EngineCounts(BlockCounts):
         pass  # check_hold marks nothing
 
     def check_write_on_hold(self, arr: BlockIds, shared: bool) -> None:
-        if np.count_nonzero(self.sharers.take(arr)):
-            raise BlockUnavailable("a write grant on blocks another request holds")
-        if np.count_nonzero(self.readers.take(arr)):
-            raise BlockUnavailable("a write grant on blocks an open grant covers")
+        refuse_write_on_hold(self.sharers, self.readers, arr)
 
     def check_hold_many(
         self,
@@ -138,15 +219,8 @@ class EngineCounts(BlockCounts):
                 raise BlockUnavailable(f"request {show(key)} already holds some of these blocks")
 
     def fresh_holds_allowed(self, allids: BlockIds, shared: bool, write: bool) -> bool:
-        # No open write grant on any block, no block at the holder limit; a write grant: no
-        # holder and no open grant at all.
-        holders = self.sharers.take(allids)
-        if np.count_nonzero(self.unsettled.take(allids)):
-            return False
-        if int(holders.max(initial=0)) >= self.max_sharers:
-            return False
-        return not write or not (
-            np.count_nonzero(holders) or np.count_nonzero(self.readers.take(allids))
+        return fresh_allowed(
+            self.sharers, self.unsettled, self.readers, allids, write, self.max_sharers
         )
 
     def record_fresh_holds(
@@ -161,32 +235,13 @@ class EngineCounts(BlockCounts):
         return req.shared
 
     def check_grant(self, req: RequestRecord, arr: BlockIds, access: Access) -> None:
-        """A write grant only on blocks ``req`` alone holds and no open grant covers; a read
-        grant not on blocks another request's open write grant covers."""
-        writes = self.unsettled.take(arr)
-        if access is Access.WRITE:
-            others = self.sharers.take(arr) > 1  # req holds each block of arr
-            if np.count_nonzero(others):
-                raise BlockUnavailable(
-                    f"a write grant on blocks another request holds: {arr[others][:16].tolist()}"
-                )
-            covered = (writes != 0) | (self.readers.take(arr) != 0)
-            if np.count_nonzero(covered):
-                raise BlockUnavailable(
-                    f"a write grant on blocks an open grant covers: {arr[covered][:16].tolist()}"
-                )
-        elif np.count_nonzero(writes):
-            # Rare: tell req's own open write grants from another request's.
-            own = np.zeros(len(arr), dtype=np.int64)
-            for rec in req.open.values():
-                if rec.grant.access is Access.WRITE:
-                    own += np.isin(arr, rec.grant.blocks, assume_unique=True)
-            foreign = writes > own
-            if foreign.any():
-                raise BlockUnavailable(
-                    f"a read grant on blocks another request's open write grant covers: "
-                    f"{arr[foreign][:16].tolist()}"
-                )
+        """``refuse_grant``, the request's own open write grants told apart."""
+        own = (
+            [rec.grant.blocks for rec in req.open.values() if rec.grant.access is Access.WRITE]
+            if np.count_nonzero(self.unsettled.take(arr))
+            else []
+        )
+        refuse_grant(self.sharers, self.unsettled, self.readers, arr, access is Access.WRITE, own)
 
     # ------------------------------------------------------------------ no free list
 
