@@ -88,7 +88,7 @@ def prefill(spent: Spent, inflight: int, batches: int, n: int) -> None:
             t3 = _cpu()
             g.freed(k)
             t4 = _cpu()
-            assert ok and ended
+            assert ok and ended is True  # (a Refusal is data, and truthy)
             spent["tracks+room_shared_with"] += t1 - t0
             spent["drained"] += t2 - t1
             spent["ended"] += t3 - t2

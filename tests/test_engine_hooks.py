@@ -199,3 +199,42 @@ def test_sglang_facts_name_the_deferred_tuple_as_the_handlers_read_it() -> None:
     assert layout_fact.layout[facts_v0_5_23.DEFERRED_DEADLINE] == "deadline"
     entry = ("req", 1.0, 5.0, 7, 2)
     assert facts_v0_5_23.without_deadline(entry) == ("req", 1.0, float("inf"), 7, 2)
+
+
+def test_the_unpacks_probe_reads_cpython_313s_paired_stores() -> None:
+    """CPython 3.13 stores two unpacked names at once (``STORE_FAST_STORE_FAST``): the layout
+    read is the same as 3.11's one store each."""
+    from types import SimpleNamespace as I
+
+    head = [I(opname="LOAD_ATTR", arg=0, argval="entries"), I(opname="GET_ITER", arg=None,
+            argval=None), I(opname="FOR_ITER", arg=9, argval=9)]  # fmt: skip
+    py313 = [
+        *head,
+        I(opname="UNPACK_SEQUENCE", arg=3, argval=3),
+        I(opname="STORE_FAST_STORE_FAST", arg=0, argval=("request", "_")),
+        I(opname="STORE_FAST", arg=2, argval="deadline"),
+    ]
+    assert engine_facts.unpacked(py313, "entries") == {("request", "_", "deadline")}
+    short = [*head, I(opname="UNPACK_SEQUENCE", arg=3, argval=3),
+             I(opname="STORE_FAST", arg=0, argval="request"), I(opname="POP_TOP", arg=None,
+             argval=None)]  # fmt: skip
+    assert engine_facts.unpacked(short, "entries") == set()
+    assert engine_facts.unpacked(py313, "other") == set()
+
+
+def test_a_hook_target_must_be_the_classs_own() -> None:
+    """A row's target inherited from a base class is refused at the facts check (it could not
+    be replaced and put back exactly), as ``Patches.apply`` refuses it."""
+
+    class Child(Engine):
+        pass
+
+    sys.modules[HERE].Child = Child  # type: ignore[attr-defined]
+    try:
+        row = Hook(f"{HERE}:Child", "step", "before", "test", "skip_odd")
+        assert not engine_facts.holds(row.fact)
+        assert engine_facts.holds(Hook(f"{HERE}:Engine", "step", "before", "t", "x").fact)
+        with pytest.raises(AttributeError):
+            Patches().apply([row], Handlers())
+    finally:
+        del sys.modules[HERE].Child

@@ -1098,3 +1098,18 @@ def test_a_refused_signal_comes_back_as_data_of_the_core_kind() -> None:
     assert isinstance(stale, Refusal) and stale.kind is RefusalKind.STALE
     with pytest.raises(StaleEvidence):
         accepted(stale)
+
+
+def test_a_deadline_of_infinity_is_none_and_the_acks_still_release_it() -> None:
+    """SGLang's deferred-release timeout may be set to infinity: the hold has no deadline (it
+    was refused once, and the lifecycle stayed live with its pages held for good)."""
+    import math
+
+    g = decode()
+    key = publish(g, ranks=(0, 1))
+    g.armed(key, 1)
+    assert g.held(key, deadline=math.inf) is False
+    assert g.lifecycle(key)["phase"] == "held" and g.tick(1e12) == []
+    assert g.acked(7, 0, 1) is True and not g.releasable(key)
+    assert g.acked(7, 1, 1) is True and g.releasable(key)
+    assert g.stats().refused == {}

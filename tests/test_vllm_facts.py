@@ -223,3 +223,26 @@ def test_scheduler_hooks_of_a_caller_that_is_no_scheduler() -> None:
         return facts_v0_33.scheduler_hooks(kv_cache_manager)
 
     assert bind_kv_cache_manager(object()) is None
+
+
+def test_the_binding_scheduler_is_the_one_whose_connector_binds() -> None:
+    """The Scheduler is found from the frames of the bind call; a connector nested in another
+    (a MultiConnector's child) is not the scheduler's own and gets none (driven by hand)."""
+    kvm, outer, inner = object(), object(), object()
+
+    class Scheduler:
+        def __init__(self, connector: object) -> None:
+            self.kv_cache_manager = kvm
+            self.requests: dict[str, object] = {}
+            self.connector = connector
+
+        def bind(self, binding: object) -> object:
+            return _wrapper_frame(binding)
+
+    def _wrapper_frame(binding: object) -> object:  # (the hook's wrapper, a frame between)
+        return facts_v0_33._binding_scheduler(kvm, binding)
+
+    own = Scheduler(outer)
+    assert own.bind(outer) is own
+    assert own.bind(inner) is None  # nested: the scheduler binds the outer connector
+    assert facts_v0_33._binding_scheduler(kvm, None) is None  # no scheduler in these frames

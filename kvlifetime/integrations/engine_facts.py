@@ -14,7 +14,7 @@ from __future__ import annotations
 import dis
 import importlib
 import inspect
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 MEMBER = "member"
@@ -24,6 +24,9 @@ FIELD = "field"
 (or a base class's), or, when ``Fact.method`` is given, in that method (set up there)."""
 CALLS = "calls"
 """Named in the body of ``Fact.method`` (a call the engine makes there, at that point)."""
+DEFINED = "defined"
+"""Defined by the class itself (in its own ``__dict__``, not inherited): what a hook replaces
+and later puts back must be the class's own."""
 UNPACKS = "unpacks"
 """``Fact.method`` unpacks the items of the attribute ``Fact.name`` into exactly the names of
 ``Fact.layout``, in that order (``for decode_req, _, deadline, _, acks in self.entries``): the
@@ -37,7 +40,7 @@ class Fact(NamedTuple):
     """``module:Class``, or ``module`` for a module-level name."""
     name: str
     how: str
-    """``MEMBER``, ``FIELD``, ``CALLS`` or ``UNPACKS``."""
+    """``MEMBER``, ``DEFINED``, ``FIELD``, ``CALLS`` or ``UNPACKS``."""
     mirrors: str
     """The engine code it mirrors, and which function of the integration uses it."""
     method: str = ""
@@ -74,6 +77,10 @@ def holds(fact: Fact) -> bool:
         owner = resolve(fact.where)
         if fact.how == MEMBER:
             return hasattr(owner, fact.name)
+        if fact.how == DEFINED:
+            return (
+                fact.name in vars(owner) if isinstance(owner, type) else hasattr(owner, fact.name)
+            )
         if fact.how == FIELD and fact.method:
             return _stores(getattr(owner, fact.method), fact.name)
         if fact.how == FIELD:
@@ -113,7 +120,13 @@ def _names_in(function: Any) -> set[str]:
 def _unpacked_from(function: Any, attribute: str) -> set[tuple[str, ...]]:
     """Every ``UNPACK_SEQUENCE`` of ``function`` that follows a load of ``attribute`` (within
     the same loop header), as the names its items are stored into."""
-    code = list(_instructions(function))
+    return unpacked(list(_instructions(function)), attribute)
+
+
+def unpacked(code: Sequence[Any], attribute: str) -> set[tuple[str, ...]]:
+    """``_unpacked_from`` over instructions (anything with ``opname``, ``arg``, ``argval``).
+    The stores that follow an unpack are read as CPython writes them: one name each
+    (``STORE_FAST``, ``STORE_NAME``), or two at once (3.13's ``STORE_FAST_STORE_FAST``)."""
     found: set[tuple[str, ...]] = set()
     for i, ins in enumerate(code):
         if ins.opname != "UNPACK_SEQUENCE":
@@ -122,9 +135,19 @@ def _unpacked_from(function: Any, attribute: str) -> set[tuple[str, ...]]:
         if not any(b.opname in ("LOAD_ATTR", "LOAD_METHOD") and b.argval == attribute
                    for b in before):  # fmt: skip
             continue
-        stores = code[i + 1 : i + 1 + int(ins.arg or 0)]
-        if all(s.opname in ("STORE_FAST", "STORE_NAME") for s in stores):
-            found.add(tuple(str(s.argval) for s in stores))
+        want = int(ins.arg or 0)
+        names: list[str] = []
+        for store in code[i + 1 : i + 1 + want]:
+            if store.opname in ("STORE_FAST", "STORE_NAME"):
+                names.append(str(store.argval))
+            elif store.opname == "STORE_FAST_STORE_FAST":
+                names.extend(str(n) for n in store.argval)
+            else:
+                break
+            if len(names) >= want:
+                break
+        if len(names) == want:
+            found.add(tuple(names))
     return found
 
 
@@ -132,4 +155,15 @@ def _instructions(function: Any) -> Iterator[dis.Instruction]:
     return dis.get_instructions(inspect.unwrap(getattr(function, "__func__", function)))
 
 
-__all__ = ["CALLS", "FIELD", "MEMBER", "UNPACKS", "Fact", "holds", "missing", "resolve"]
+__all__ = [
+    "CALLS",
+    "DEFINED",
+    "FIELD",
+    "MEMBER",
+    "UNPACKS",
+    "Fact",
+    "holds",
+    "missing",
+    "resolve",
+    "unpacked",
+]

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final, Literal, NamedTuple
 
-from kvlifetime.integrations.engine_facts import MEMBER, Fact, resolve
+from kvlifetime.integrations.engine_facts import DEFINED, Fact, resolve
 
 When = Literal["before", "after", "around"]
 
@@ -60,8 +60,8 @@ class Hook(NamedTuple):
 
     @property
     def fact(self) -> Fact:
-        """The engine fact the row relies on: its target exists."""
-        return Fact(self.where, self.name, MEMBER, f"hooked: {self.handler} ({self.event})")
+        """The engine fact the row relies on: its target is the class's own (or the module's)."""
+        return Fact(self.where, self.name, DEFINED, f"hooked: {self.handler} ({self.event})")
 
 
 def wrapper(when: When, original: Callable[..., Any], handler: Callable[..., Any]) -> Any:

@@ -282,7 +282,8 @@ class DecodeCalls(RoomLifecycles):
 
     def held(self, key: str, *, deadline: float, reason: str = "transfer_failed") -> bool | Refusal:
         """SGLang holds a failed transfer's pages (``_defer_release``) until ``deadline`` (its
-        own clock). Returns True when the ledger released it at once (proof already in)."""
+        own clock; ``math.inf``: none, only a proof or a fence ends it). Returns True when the
+        ledger released it at once (proof already in)."""
         return self._end(key, deadline, reason)
 
     def prefill_lost(self, prefill: str) -> list[str] | Refusal:

@@ -21,6 +21,7 @@ ends with (collect what the ledger released, mark what it quarantined, forget wh
 from __future__ import annotations
 
 import collections
+import math
 import threading
 from collections.abc import Iterable
 from typing import Any, Literal
@@ -319,7 +320,8 @@ class RoomLifecycles:
     def _end(self, key: str, deadline: float, reason: str) -> bool | Refusal:
         events: Events = []
         try:
-            deadline = inputs.finite_time(deadline, "deadline")
+            # +inf: no deadline (SGLang's timeout may be set so); only a proof or a fence ends it.
+            due = None if deadline == math.inf else inputs.finite_time(deadline, "deadline")
             reason = inputs.text(reason, "reason")
             with self._lock:
                 if self._repeat(key):
@@ -328,14 +330,16 @@ class RoomLifecycles:
                 if life.phase != "live":
                     self._duplicates += 1
                     return life.phase == "released"
-                self._end_locked(life, deadline, reason, events)
+                self._end_locked(life, due, reason, events)
                 return life.phase == "released"
         except KVLifetimeError as e:
             return self._refuse("end_refused", e, {"key": key})
         finally:
             emit(events)
 
-    def _end_locked(self, life: Lifecycle, deadline: float, reason: str, events: Events) -> None:
+    def _end_locked(
+        self, life: Lifecycle, deadline: float | None, reason: str, events: Events
+    ) -> None:
         led = self.ledger
         proven = len(life.acked) == len(life.grants)
         if proven:

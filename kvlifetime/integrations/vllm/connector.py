@@ -160,7 +160,7 @@ class GuardedConnector(KVConnectorBase_V1):
         self._kvl_null = self._kvl_facts.null_block_id(kv_cache_manager)
         # The Scheduler binding its cache manager (None: a connector driven by hand): its
         # request table is the truth about which ids vLLM holds.
-        hooks = self._kvl_facts.scheduler_hooks(kv_cache_manager)
+        hooks = self._kvl_facts.scheduler_hooks(kv_cache_manager, self)
         if self.guard is not None and hooks is not None:
             self.guard.holds = hooks.requests.__contains__
             self.guard.phase = hooks.phase

@@ -79,6 +79,9 @@ FACTS: tuple[Fact, ...] = (
          "scheduler.py, Scheduler.__init__ ends with connector.bind_kv_cache_manager("
          "self.kv_cache_manager), from its own frame: scheduler_hooks finds the Scheduler there",
          method="__init__"),
+    Fact(_SCHED, "connector", FIELD,
+         "Scheduler.connector: the connector the Scheduler binds (scheduler_hooks: a nested "
+         "connector is not the scheduler's)"),
     Fact(_SCHED, "kv_cache_manager", FIELD,
          "Scheduler.kv_cache_manager: scheduler_hooks tells the binding Scheduler by it"),
     Fact(_SCHED, "requests", FIELD,
@@ -192,12 +195,12 @@ class SchedulerHooks(NamedTuple):
     inner connector is then told of every load at once)."""
 
 
-def scheduler_hooks(kv_cache_manager: Any) -> SchedulerHooks | None:
+def scheduler_hooks(kv_cache_manager: Any, connector: Any = None) -> SchedulerHooks | None:
     """The ``Scheduler`` binding ``kv_cache_manager``, as hooks; None when the caller is no
     such scheduler (a connector driven by hand). Called from the connector's
     ``bind_kv_cache_manager``, which vLLM 0.33's ``Scheduler.__init__`` calls from its own frame:
     the scheduler is the ``self`` of the nearest such frame (no hook passes it)."""
-    owner = _binding_scheduler(kv_cache_manager)
+    owner = _binding_scheduler(kv_cache_manager, connector)
     if owner is None:
         return None
     requests = owner.requests
@@ -210,9 +213,12 @@ def scheduler_hooks(kv_cache_manager: Any) -> SchedulerHooks | None:
     )
 
 
-def _binding_scheduler(kv_cache_manager: Any, depth: int = 8) -> Any:
+def _binding_scheduler(kv_cache_manager: Any, connector: Any = None, depth: int = 8) -> Any:
     """The ``self`` of the nearest calling frame (within ``depth``) that has ``kv_cache_manager``
-    as its ``kv_cache_manager`` and a ``requests`` dict: vLLM's binding ``Scheduler``."""
+    as its ``kv_cache_manager`` and a ``requests`` dict, and ``connector`` (when given) as its
+    own ``connector``: vLLM's ``Scheduler`` binding this very connector. A connector nested in
+    another (a ``MultiConnector``'s child) is not the scheduler's: None, as for one driven by
+    hand (its request table and free path are the outer connector's business)."""
     frame = sys._getframe(1)
     for _ in range(depth):
         frame = frame.f_back  # type: ignore[assignment]
@@ -222,6 +228,8 @@ def _binding_scheduler(kv_cache_manager: Any, depth: int = 8) -> Any:
         if getattr(owner, "kv_cache_manager", None) is kv_cache_manager and isinstance(
             getattr(owner, "requests", None), dict
         ):
+            if connector is not None and getattr(owner, "connector", None) is not connector:
+                return None
             return owner
     return None
 
