@@ -194,11 +194,18 @@ def test_the_vllm_rows_are_methods_of_the_connector_base() -> None:
 
 
 def test_sglang_facts_name_the_deferred_tuple_as_the_handlers_read_it() -> None:
-    (layout_fact,) = [f for f in facts_v0_5_23.FACTS if f.how == UNPACKS]
-    assert layout_fact.layout[facts_v0_5_23.DEFERRED_REQUEST] == "decode_req"
-    assert layout_fact.layout[facts_v0_5_23.DEFERRED_DEADLINE] == "deadline"
+    held, released = (f for f in facts_v0_5_23.FACTS if f.how == UNPACKS)
+    assert held.layout[facts_v0_5_23.DEFERRED_REQUEST] == "decode_req"
+    assert held.layout[facts_v0_5_23.DEFERRED_DEADLINE] == "deadline"
+    assert released.layout[1] == "start_time" and released.layout[3] == "idx"
     entry = ("req", 1.0, 5.0, 7, 2)
     assert facts_v0_5_23.without_deadline(entry) == ("req", 1.0, float("inf"), 7, 2)
+    start, slot = facts_v0_5_23.held_entry(_Req(), 3.0, 9)[1::2][:2]
+    assert (start, slot) == (3.0, 9)  # where the released entry's layout reads them
+
+
+class _Req:
+    kv_receiver = None
 
 
 def test_the_unpacks_probe_reads_cpython_313s_paired_stores() -> None:

@@ -28,9 +28,10 @@ DEFINED = "defined"
 """Defined by the class itself (in its own ``__dict__``, not inherited): what a hook replaces
 and later puts back must be the class's own."""
 UNPACKS = "unpacks"
-"""``Fact.method`` unpacks the items of the attribute ``Fact.name`` into exactly the names of
-``Fact.layout``, in that order (``for decode_req, _, deadline, _, acks in self.entries``): the
-layout of a tuple the engine builds and the integration reads or rewrites by position."""
+"""``Fact.method`` unpacks the items of the attribute (or local) ``Fact.name`` into exactly the
+names of ``Fact.layout``, in that order (``for decode_req, _, deadline, _, acks in
+self.entries``): the layout of a tuple the engine builds and the integration reads or rewrites
+by position."""
 
 
 class Fact(NamedTuple):
@@ -132,8 +133,7 @@ def unpacked(code: Sequence[Any], attribute: str) -> set[tuple[str, ...]]:
         if ins.opname != "UNPACK_SEQUENCE":
             continue
         before = code[max(0, i - 4) : i]
-        if not any(b.opname in ("LOAD_ATTR", "LOAD_METHOD") and b.argval == attribute
-                   for b in before):  # fmt: skip
+        if not any(b.opname in _LOADS and b.argval == attribute for b in before):
             continue
         want = int(ins.arg or 0)
         names: list[str] = []
@@ -149,6 +149,10 @@ def unpacked(code: Sequence[Any], attribute: str) -> set[tuple[str, ...]]:
         if len(names) == want:
             found.add(tuple(names))
     return found
+
+
+# What an unpacked value is loaded by: an attribute (``self.entries``) or a local (``entry``).
+_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "LOAD_FAST", "LOAD_FAST_CHECK"})
 
 
 def _instructions(function: Any) -> Iterator[dis.Instruction]:

@@ -124,6 +124,12 @@ FACTS: tuple[Fact, ...] = (
          "DecodeHooks.deferred sets the deadline to inf, do_release appends such an entry",
          method="resolve_deferred_releases",
          layout=("decode_req", "_", "deadline", "_", "required_acks")),
+    Fact(TRANSFER_QUEUE, "entry", UNPACKS,
+         "decode.py: resolve_deferred_releases unpacks each entry it releases as (decode_req, "
+         "start_time, _, idx, _) and frees through _do_release(decode_req, idx): held_entry puts "
+         "the start time at 1 and the metadata slot at 3",
+         method="resolve_deferred_releases",
+         layout=("decode_req", "start_time", "_", "idx", "_")),
     Fact(f"{_D}:DecodePreallocQueue", "token_to_kv_pool_allocator", FIELD,
          "the KV pool's allocator (its size and page_size): decode_pages"),
     Fact(f"{_D}:DecodePreallocQueue", "scheduler", FIELD,
