@@ -1,10 +1,27 @@
-"""Shared by the harness tests: what a run must leave behind (nothing)."""
+"""Shared by the harness tests: a run with no fault, and what a run must leave behind
+(nothing)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
 from pathlib import Path
+
+from kvlifetime.harness.faults import FaultConfig
+
+QUIET = FaultConfig(
+    p_abort=0.0,
+    p_slow=0.0,
+    p_late=0.0,
+    p_fail=0.0,
+    p_lose=0.0,
+    p_dup=0.0,
+    p_delay=0.0,
+    p_malformed=0.0,
+    p_prefix=0.0,
+    crash=False,
+)
+"""No fault of any kind: every rate 0, no crash."""
 
 
 def live_processes() -> Iterator[tuple[int, int, int, bytes]]:

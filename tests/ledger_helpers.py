@@ -1,4 +1,5 @@
-"""Shared helpers for the BlockLedger tests: whole-state assertions, h11-style."""
+"""Shared helpers for the BlockLedger tests: whole-state assertions, h11-style; evidence made
+from a claim code (``spec.proof.CODE_OF``)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,18 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from kvlifetime.grant import RequestKey
+from kvlifetime.evidence import (
+    AccessRevoked,
+    Evidence,
+    LeaseExpired,
+    PeerLost,
+    SchedulingStopped,
+    TransferCompleted,
+    TransferQuiesced,
+)
+from kvlifetime.grant import Grant, RequestKey
 from kvlifetime.ledger import BlockLedger
+from kvlifetime.spec.proof import CODE_OF
 from kvlifetime.spec.vocabulary import BlockState, RequestState
 
 F = BlockState.FREE
@@ -50,3 +61,21 @@ def assert_whole_state(
     assert st.requests_by_state == expected_reqs
     assert ledger.free_count() == list(blocks).count(BlockState.FREE)
     assert st.open_grants == sum(len(ledger.open_grants(k)) for k in requests)
+
+
+_CLAIM = {code: cls for cls, code in CODE_OF.items()}
+
+
+def evidence_of(code: int, g: Grant, seq: int = 0, fence: str = "f") -> Evidence:
+    """The piece of evidence of claim ``code`` about grant ``g`` (``seq``: its last_seq or
+    through_seq where it has one; ``PeerLost`` names ``g``'s peer)."""
+    cls = _CLAIM[code]
+    if cls in (SchedulingStopped, TransferCompleted, TransferQuiesced):
+        return cls.of(g, seq)
+    if cls is AccessRevoked:
+        return AccessRevoked.of(g, fence=fence)
+    if cls is PeerLost:
+        return PeerLost(g.peer)
+    if cls is LeaseExpired:
+        return LeaseExpired.of(g)
+    return cls.of(g)  # type: ignore[attr-defined,no-any-return]

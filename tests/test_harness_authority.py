@@ -10,13 +10,13 @@ from typing import Any
 
 import attrs
 import pytest
+from harness_helpers import QUIET as HARNESS_QUIET
 from structlog.testing import capture_logs
 
 from kvlifetime.adapters.inproc import InprocTarget
 from kvlifetime.evidence import SchedulingStopped, TransferCompleted, TransferQuiesced
 from kvlifetime.grant import GrantId
 from kvlifetime.harness import wire
-from kvlifetime.harness.faults import FaultConfig
 from kvlifetime.harness.owner import Ending
 from kvlifetime.harness.pull_owner import SourceOwner
 from kvlifetime.harness.push_owner import DecodeWorker
@@ -26,19 +26,7 @@ from kvlifetime.spec.vocabulary import RequestState
 
 BB = 512
 NBLOCKS = 256
-QUIET = FaultConfig(
-    p_abort=0.0,
-    p_slow=0.0,
-    p_late=0.0,
-    p_fail=0.0,
-    p_lose=0.0,
-    p_dup=0.0,
-    p_delay=0.0,
-    p_malformed=0.0,
-    p_prefix=0.0,
-    crash=False,
-    tp_ranks=2,
-)
+QUIET = attrs.evolve(HARNESS_QUIET, tp_ranks=2)
 RANKS = ["prefill-0/rank0", "prefill-0/rank1"]
 NEXT = ["prefill-1/rank0", "prefill-1/rank1"]
 

@@ -14,13 +14,13 @@ from typing import Any
 
 import attrs
 import pytest
+from harness_helpers import QUIET
 from structlog.testing import capture_logs
 
 from kvlifetime.adapters.inproc import InprocTarget
 from kvlifetime.evidence import TransferCompleted
 from kvlifetime.guard import Refusal
 from kvlifetime.harness import pull_owner, push_owner
-from kvlifetime.harness.faults import FaultConfig
 from kvlifetime.harness.loop import run
 from kvlifetime.harness.owner import Ending, Owner
 from kvlifetime.harness.result import RunResult
@@ -135,18 +135,6 @@ def test_frees_without_proof_are_the_hand_backs_the_table_refuses(
 
 BB = 512
 NBLOCKS = 64
-QUIET = FaultConfig(
-    p_abort=0.0,
-    p_slow=0.0,
-    p_late=0.0,
-    p_fail=0.0,
-    p_lose=0.0,
-    p_dup=0.0,
-    p_delay=0.0,
-    p_malformed=0.0,
-    p_prefix=0.0,
-    crash=False,
-)
 PEER = "prefill-0"
 
 

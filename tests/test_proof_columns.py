@@ -8,18 +8,14 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ledger_helpers import evidence_of
 
 from kvlifetime.errors import ContradictoryEvidence
 from kvlifetime.evidence import (
-    AccessRevoked,
     Evidence,
-    PeerLost,
-    SchedulingStopped,
-    TransferCompleted,
-    TransferQuiesced,
 )
 from kvlifetime.grant import Access, Grant, GrantId
-from kvlifetime.spec.proof import CODE_OF, COMPLETED, QUIESCED, STOPPED, GrantProof, ProofColumns
+from kvlifetime.spec.proof import COMPLETED, QUIESCED, STOPPED, GrantProof, ProofColumns
 
 ROWS = 4
 GRANTS = [
@@ -29,19 +25,7 @@ GRANTS = [
 
 
 def _evidence(code: int, row: int, seq: int) -> Evidence:
-    g = GRANTS[row]
-    cls = next(c for c, k in CODE_OF.items() if k == code)
-    if cls is SchedulingStopped:
-        return SchedulingStopped.of(g, seq)
-    if cls is TransferCompleted:
-        return TransferCompleted.of(g, seq)
-    if cls is TransferQuiesced:
-        return TransferQuiesced.of(g, seq)
-    if cls is AccessRevoked:
-        return AccessRevoked.of(g, fence="f")
-    if cls is PeerLost:
-        return PeerLost(g.peer)
-    return cls.of(g)  # type: ignore[attr-defined,no-any-return]
+    return evidence_of(code, GRANTS[row], seq)
 
 
 claims = st.lists(

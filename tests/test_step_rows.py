@@ -15,6 +15,7 @@ import numpy.typing as npt
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ledger_helpers import evidence_of
 
 from kvlifetime.errors import (
     BlockUnavailable,
@@ -25,12 +26,8 @@ from kvlifetime.errors import (
 from kvlifetime.evidence import (
     AccessRevoked,
     CancelReceived,
-    Evidence,
-    LeaseExpired,
     PeerLost,
-    SchedulingStopped,
     TransferCompleted,
-    TransferQuiesced,
 )
 from kvlifetime.grant import Access, Grant, GrantId
 from kvlifetime.ledger import BlockLedger
@@ -38,22 +35,6 @@ from kvlifetime.ledger.block_rows import READ, WRITE, BlockRows
 from kvlifetime.ledger.request_rows import EVENTS, STATES, Moves
 from kvlifetime.ledger.step_rows import StepRows
 from kvlifetime.spec.proof import CODE_OF
-
-_CLASS = {code: cls for cls, code in CODE_OF.items()}
-
-
-def _evidence(code: int, g: Grant, seq: int) -> Evidence:
-    cls = _CLASS[code]
-    if cls in (SchedulingStopped, TransferCompleted, TransferQuiesced):
-        return cls.of(g, seq)
-    if cls is AccessRevoked:
-        return AccessRevoked.of(g, fence="f")
-    if cls is PeerLost:
-        return PeerLost(g.peer)
-    if cls is LeaseExpired:
-        return LeaseExpired.of(g)
-    return CancelReceived.of(g)
-
 
 blocks = st.lists(st.integers(0, 11), min_size=1, max_size=4, unique=True).map(sorted)
 access = st.sampled_from([Access.READ, Access.WRITE])
@@ -173,7 +154,7 @@ class Pair:
             g, r = usable[pick % len(usable)]
             chosen.setdefault(r, (g, r, seq))  # distinct grants in one batch
         items = list(chosen.values())
-        outcome = self.led.apply_many([_evidence(code, g, seq) for g, _, seq in items])
+        outcome = self.led.apply_many([evidence_of(code, g, seq) for g, _, seq in items])
         moves = []
         refused = self.cols.prove(
             [r for _, r, _ in items], code, [s for _, _, s in items], moves, fence="f"
@@ -192,7 +173,7 @@ class Pair:
         if pick % 5 == 0:  # a serial not issued yet, in this ledger's incarnation
             unissued = GrantId("rows", self.cols.grants.next_serial + 3)
             g = Grant(unissued, g.request, g.peer, g.blocks, g.generations, g.access)
-        ev = _evidence(code, g, 0)
+        ev = evidence_of(code, g, 0)
         if isinstance(ev, PeerLost):
             return  # about a peer, not a grant
         outcome = self.led.apply_many([ev])

@@ -91,6 +91,7 @@ class Patches:
 
     def __init__(self) -> None:
         self._saved: list[tuple[Hook, Any, Any]] = []
+        self._originals: dict[tuple[str, str], Any] = {}  # (where, name) -> the engine's own
 
     def apply(self, rows: Iterable[Hook], handlers: object) -> None:
         """Put ``getattr(handlers, row.handler)`` at each row's target (all or, on an error,
@@ -113,19 +114,23 @@ class Patches:
         else:
             patched = wrapper(row.when, saved, handler)
         self._saved.append((row, owner, saved))
+        self._originals[row.where, row.name] = (
+            saved.__func__ if row.kind == "classmethod" else saved
+        )
         setattr(owner, row.name, patched)
 
     def original(self, where: str, name: str) -> Any:
         """The engine's own function a row at (``where``, ``name``) replaced."""
-        for row, _, saved in self._saved:
-            if row.where == where and row.name == name:
-                return saved.__func__ if row.kind == "classmethod" else saved
-        raise LookupError(f"{where}.{name} is not hooked")
+        original = self._originals.get((where, name))
+        if original is None:
+            raise LookupError(f"{where}.{name} is not hooked")
+        return original
 
     def restore(self) -> None:
         for row, owner, saved in reversed(self._saved):
             setattr(owner, row.name, saved)
         self._saved.clear()
+        self._originals.clear()
 
     def points(self) -> Iterator[tuple[Any, str]]:
         """Every (class or module, attribute) replaced."""

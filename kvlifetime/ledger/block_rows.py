@@ -21,8 +21,9 @@ import numpy.typing as npt
 
 from kvlifetime.grant import BlockIds
 from kvlifetime.ledger.blocks import MAX_SHARERS
-from kvlifetime.ledger.counters import Counts, counted
+from kvlifetime.ledger.counters import Counts, counted, take_off
 from kvlifetime.ledger.engine_counts import (
+    drop_holds,
     fresh_allowed,
     refuse_grant,
     refuse_hold,
@@ -110,45 +111,26 @@ class BlockRows:
             arrs = [b for b, a in closed if a == access and len(b)]
             if not arrs:
                 continue
-            counts = self.unsettled if access == WRITE else self.readers
-            if len(arrs) == 1:
-                counts[arrs[0]] -= 1  # a grant's blocks are distinct
-            else:
-                # Repeats taken off each time; a one of the array's own dtype keeps ufunc.at on
-                # its fast path (a Python int: 15 us for 256 ids against 1.7).
-                np.subtract.at(counts, np.concatenate(arrs), counts.dtype.type(1))
+            take_off(self.unsettled if access == WRITE else self.readers, arrs)
             if access == WRITE:
                 self.open_writes -= len(arrs)
             else:
                 self.open_reads -= len(arrs)
 
     def let_go_many(self, helds: Sequence[Sequence[BlockIds]]) -> list[BlockIds]:
-        """``let_go`` of many released requests, in one pass where no block of theirs has a
-        second holder (the common case: one gather tells)."""
+        """Released requests' holds dropped (``engine_counts.drop_holds``); every block each
+        held is returned (the engine may drop its own references)."""
         results = [
             h[0] if len(h) == 1 else (np.concatenate(h) if h else np.empty(0, np.int64))
             for h in helds
         ]
-        if len(results) > 1:
-            allh = np.concatenate(results)
-            if not len(allh) or int(self.sharers.take(allh).max()) == 1:
-                self.sharers[allh] = 0
-                self.generation[allh] += 1
-                self.holds -= sum(len(h) for h in helds)
-                return results
-        return [self.let_go(h) for h in helds]
+        drop_holds(self.sharers, self.generation, results)
+        self.holds -= sum(len(h) for h in helds)
+        return results
 
     def let_go(self, held: Sequence[BlockIds]) -> BlockIds:
-        """A released request's holds dropped; every block it held is returned (the engine
-        may drop its own references). A block no request holds any more: generation bumped."""
-        if not held:
-            return np.empty(0, dtype=np.int64)
-        ids = held[0] if len(held) == 1 else np.concatenate(held)
-        self.holds -= len(held)
-        self.sharers[ids] -= 1  # a request holds a block once
-        gone = ids[self.sharers.take(ids) == 0]
-        self.generation[gone] += 1
-        return ids
+        """``let_go_many`` of one request."""
+        return self.let_go_many([held])[0]
 
     def open_access(self, arr: BlockIds) -> npt.NDArray[np.uint8]:
         """Per block: 0 no open grant, 1 only read grants, 2 an open write grant."""

@@ -9,6 +9,7 @@ so far bounds every block's count.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -71,3 +72,14 @@ def counted(counts: Counts, arr: BlockIds, so_far: int) -> Counts:
         counts = counts.astype(wider)
     counts[arr] += 1
     return counts
+
+
+def take_off(counts: Counts, arrs: Sequence[BlockIds]) -> None:
+    """One grant fewer on the blocks of each of ``arrs`` (each a grant's distinct blocks): a
+    block in several of them is taken off as many times. One write for all: ``subtract.at``
+    with a one of the counter's own dtype, which keeps it on numpy's fast path (with a Python
+    int it takes the generic one: 15 us for 256 ids against 1.7)."""
+    if len(arrs) == 1:
+        counts[arrs[0]] -= 1
+    elif arrs:
+        np.subtract.at(counts, np.concatenate(arrs), counts.dtype.type(1))

@@ -130,6 +130,31 @@ def fresh_allowed(
     return not write or not (np.count_nonzero(holders) or np.count_nonzero(readers.take(allids)))
 
 
+def drop_holds(
+    sharers: npt.NDArray[np.uint16], generation: npt.NDArray[np.uint32], held: Sequence[BlockIds]
+) -> list[BlockIds]:
+    """Each request of ``held`` (its blocks, each once) lets go of them; returns, per request,
+    the blocks no request holds any more, which are not guarded: their generation is bumped.
+    Where no block of them has a second holder (the common case, told by one gather), each
+    drops to no holder in one write for all."""
+    if len(held) > 1:
+        allh = np.concatenate(held)
+        if not len(allh) or int(sharers.take(allh).max()) == 1:
+            sharers[allh] = 0
+            generation[allh] += 1
+            return list(held)
+    gone: list[BlockIds] = []
+    for ids in held:
+        if len(ids):
+            sharers[ids] -= 1  # one request holds a block once
+            ids = ids[sharers.take(ids) == 0]
+        gone.append(ids)
+    unguarded = [g for g in gone if len(g)]
+    if unguarded:
+        generation[unguarded[0] if len(unguarded) == 1 else np.concatenate(unguarded)] += 1
+    return gone
+
+
 class EngineCounts(BlockCounts):
     """Per-block state by the engine's counts: holders and open grants, no owner."""
 
@@ -261,36 +286,12 @@ class EngineCounts(BlockCounts):
         """Drop the holds of ``reqs``; return every block each one held (the engine may drop
         its own references to them). A block no request holds any more is not guarded: its
         generation is bumped."""
-        sharers = self.sharers
-        results: list[BlockIds] = []
-        if len(reqs) > 1:
-            # Many at once (collect_releasable): where no block of theirs has a second holder
-            # (the common case, told by one gather), each drops to no holder: one write for all.
-            results = [req.all_blocks() for req in reqs]
-            allh = np.concatenate(results)
-            if not len(allh) or int(sharers.take(allh).max()) == 1:
-                for req, held in zip(reqs, results, strict=True):
-                    self.shared_holds -= len(req.shared)
-                    if req.fenced_by is not None and len(held):
-                        reclaimed[req.fenced_by] += len(held)
-                sharers[allh] = 0
-                self.generation[allh] += 1
-                return results
-            results = []
-        unguarded: list[BlockIds] = []
-        for req in reqs:
-            held = req.all_blocks()
+        results = [req.all_blocks() for req in reqs]
+        gone = drop_holds(self.sharers, self.generation, results)
+        for req, freed in zip(reqs, gone, strict=True):
             self.shared_holds -= len(req.shared)
-            if len(held):
-                sharers[held] -= 1  # one request holds a block once
-                gone = held[sharers.take(held) == 0]
-                unguarded.append(gone)
-                if req.fenced_by is not None and len(gone):
-                    reclaimed[req.fenced_by] += len(gone)
-            results.append(held)
-        if unguarded:
-            ids = unguarded[0] if len(unguarded) == 1 else np.concatenate(unguarded)
-            self.generation[ids] += 1
+            if req.fenced_by is not None and len(freed):
+                reclaimed[req.fenced_by] += len(freed)
         return results
 
     # ------------------------------------------------------------------ queries

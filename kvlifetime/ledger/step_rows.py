@@ -20,8 +20,6 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 
-import numpy as np
-
 from kvlifetime.errors import (
     IllegalTransition,
     InsufficientEvidence,
@@ -49,8 +47,6 @@ _QUARANTINED = CODE["quarantined"]
 _RELEASED = EVENT_CODE["released"]
 _FORCE = EVENT_CODE["force_released"]
 _DEADLINE = SUSPECTS.index("deadline")
-_NO_BLOCKS = np.empty(0, dtype=np.int64)
-_NO_BLOCKS.flags.writeable = False
 
 
 class StepRows(ExposureRows):

@@ -230,8 +230,11 @@ class DecodeHooks(Installation):
 
     def _free_withheld(self) -> None:
         """The withheld frees the ledger released since: handed back to SGLang now."""
+        released = self.guard.take_released()
+        if not released:
+            return
         release = self.patches.original(facts.TRANSFER_QUEUE, "_release_request")
-        for key in self.guard.take_released():
+        for key in released:
             held = self.withheld.pop(key, None)
             if held is None:
                 continue
