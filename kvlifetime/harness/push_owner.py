@@ -40,7 +40,6 @@ in-process engine. The initiator, prefill, is ``harness.push_initiator``.
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -50,14 +49,14 @@ import numpy.typing as npt
 import structlog
 
 from kvlifetime.adapters.transfer import TargetMemory
-from kvlifetime.errors import BlockUnavailable, KVLifetimeError, UnauthorizedEvidence
+from kvlifetime.errors import KVLifetimeError, UnauthorizedEvidence
 from kvlifetime.evidence import SchedulingStopped, TransferCompleted
 from kvlifetime.grant import Grant, GrantId, RequestKey
 from kvlifetime.guard import Hold, Holds
-from kvlifetime.harness import pattern
 from kvlifetime.harness.arena_watch import ArenaWatch
 from kvlifetime.harness.faults import RequestPlan, chunks
 from kvlifetime.harness.owner import HELD_STATES, Ending, Owner
+from kvlifetime.harness.prefix_cache import PrefixCache
 from kvlifetime.harness.settings import PushSettings
 from kvlifetime.harness.wire import (
     Abort,
@@ -151,7 +150,7 @@ class DecodeWorker(Owner):
         self.reqs: dict[int, _Req] = {}
         self._aborts: dict[int, list[int]] = {}
         self._finishes: dict[int, list[int]] = {}
-        self._prefix_sources: collections.deque[int] = collections.deque(maxlen=64)
+        self.prefix = PrefixCache()
         self.watch = ArenaWatch(cfg, target)
         self.oracle = self.watch.oracle
 
@@ -271,7 +270,7 @@ class DecodeWorker(Owner):
         self.count.kv_bytes += len(r.grant.blocks) * self.cfg.block_bytes
         self._finishes.setdefault(self.now + r.plan.decode_ticks, []).append(key)
         if r.plan.nblocks > 1:
-            self._prefix_sources.append(key)  # its settled blocks may serve a prefix hit
+            self.prefix.lend(key)  # its settled blocks may serve a prefix hit
 
     def _finish(self, key: int) -> None:
         r = self.reqs.get(key)
@@ -353,7 +352,8 @@ class DecodeWorker(Owner):
             if p is None:
                 break
             key = self.next_request
-            shared, shared_words = self._prefix_hit(key, p.prefix)
+            shared, shared_words = self.prefix.hit(key, p.prefix, self.ledger, self._decoding)
+            self.count.prefix_hits += shared is not None
             ids = self.ledger.allocate(key, p.nblocks - (0 if shared is None else len(shared)))
             self.last_admitted = n
             # The grants (one per rank) exist before the addresses leave the process.
@@ -389,31 +389,10 @@ class DecodeWorker(Owner):
                 )
                 out.append(encode(assign))
 
-    def _prefix_hit(
-        self, key: int, k: int
-    ) -> tuple[npt.NDArray[np.int64] | None, npt.NDArray[np.uint64] | None]:
-        """Share the first ``k`` blocks of the most recent request still decoding, as a prefix
-        cache would; the ledger refuses what is not settled (an open write grant, a holder
-        draining or quarantined), and then the request writes all its blocks itself."""
-        src = self._prefix_sources
-        while k and src:
-            e = self.reqs.get(src[-1])
-            if (
-                e is None
-                or e.state != "load_received"  # consumed, decoding
-                or len(e.grant.blocks) < k  # a sharer itself may have written fewer
-            ):
-                src.pop()
-                continue
-            blocks = e.grant.blocks[:k]
-            try:
-                self.ledger.acquire(key, blocks, shared=True)
-            except BlockUnavailable:
-                src.pop()
-                continue
-            self.count.prefix_hits += 1
-            return blocks, pattern.words(src[-1], blocks, e.grant.generations[:k])
-        return None, None
+    def _decoding(self, key: int) -> Grant | None:
+        """The WRITE grant of ``key`` if it consumed its KV and decodes (a prefix may be lent)."""
+        e = self.reqs.get(key)
+        return None if e is None or e.state != "load_received" else e.grant
 
     # ----------------------------------------------------------------- crashes and fences
 
