@@ -137,8 +137,10 @@ class Pair:
             self.grants.append((g, row))
 
     def prove(self, code: int, picks: list[tuple[int, int]]) -> None:
-        live = set(self.live())
-        usable = [(g, r) for g, r in self.grants if g.request in live]
+        # Grants of live requests: by serial (a key released and used again is a new request,
+        # and its old grants are stale: the ``stale`` step drives those).
+        live = self.cols.grants.row_of_serial
+        usable = [(g, r) for g, r in self.grants if g.id.serial in live]
         if not usable:
             return
         if code == CODE_OF[PeerLost]:  # about a peer: every open grant of it
@@ -396,3 +398,16 @@ def test_evidence_about_a_released_grant_is_stale_on_both() -> None:
         (got,) = pair.cols.rows_of([1], ["r0"], ["pa"])
         assert type(got).__name__ == "StaleEvidence"
     pair.check()
+
+
+def test_a_key_used_again_after_its_release_is_a_new_request() -> None:
+    """(Found by the generated runs.) The old request's grant is stale for both, though a live
+    request has its key again: the steps only prove grants live by serial."""
+    pair = Pair()
+    for o in [("acquire", 0, [0], None), ("acquire_and_grant", 0, [0], Access.READ, "pa"),
+              ("revoke_peer", "pa"), ("acquire", 0, [0], None), ("end", "rejected", [1]),
+              ("collect",), ("acquire", 1, [0], None), ("prove", 1, [(0, 0)]),
+              ("stale", 0, CODE_OF[CancelReceived])]:  # fmt: skip
+        getattr(pair, str(o[0]))(*o[1:])
+        pair.check()
+    assert pair.live() == ["r0", "r1", "r2"] and not pair.cols.open_rows("r1")
