@@ -371,20 +371,15 @@ def check(side: str, args: argparse.Namespace, plain: Run, guarded: Run) -> dict
 
 
 _NOT_HOOKS = frozenset({"revoke", "stats"})
-_LEDGER = (
-    "acquire",
-    "grant",
-    "acquire_and_grant",
-    "acquire_and_grant_many",
-    "finish",
-    "finish_many",
-    "reject",
-    "reject_many",
-    "apply",
-    "apply_many",
-    "collect_releasable",
-    "blocks_of",
+_LEDGER = (  # the guard's ledger (``StepLedger``): its step calls and the queries the guard makes
+    "grant_many",
+    "grant_read",
+    "end_many",
+    "prove",
+    "collect",
     "open_access",
+    "is_open",
+    "blocks_under",
 )
 
 

@@ -11,12 +11,12 @@ from collections.abc import Iterable
 import numpy as np
 
 from kvlifetime.guard import GuardCore, RefusalKind
-from kvlifetime.ledger import BlockLedger
+from kvlifetime.ledger import StepLedger
 
 
 class FakeEngine:
     def __init__(self, num_blocks: int = 16) -> None:
-        self.core = GuardCore(BlockLedger(num_blocks, counts="engine"), peer="p", engine="fake")
+        self.core = GuardCore(StepLedger(num_blocks), peer="p", engine="fake")
         self.free = list(range(num_blocks))
         self.blocks: dict[str, list[int]] = {}
         self.finished: set[str] = set()

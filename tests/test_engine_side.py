@@ -99,7 +99,7 @@ def _grant(ledger: BlockLedger, request: str, ids: list[int], access: Access) ->
 
 def test_holds_fire_rows_and_refuse_the_rest_as_data() -> None:
     refusals = Refusals("fake")
-    holds = Holds(refusals)
+    holds: Holds[object] = Holds(refusals)
     seen: list[tuple[str, str, str, str]] = []
     holds.observers.append(lambda *row: seen.append(row))
     holds.admit("a")
@@ -118,7 +118,7 @@ def test_holds_fire_rows_and_refuse_the_rest_as_data() -> None:
     # One the guard handed back (from releasable) is remembered: a repeat is a duplicate.
     b = holds.admit("b")
     holds.fire("b", "aborted")
-    b.read = object()  # type: ignore[assignment]
+    b.read = object()
     holds.fire("b", "read_granted")
     b.read = None
     holds.fire("b", "released")
@@ -149,10 +149,10 @@ def test_holds_fire_rows_and_refuse_the_rest_as_data() -> None:
 def test_a_report_in_the_step_of_the_exposure_is_premature_then_accepted() -> None:
     ledger = BlockLedger(8, counts="engine")
     refusals = Refusals("fake")
-    holds = Holds(refusals)
+    holds: Holds[object] = Holds(refusals)
     hold = holds.admit("r")
     holds.fire("r", "finished")
-    hold.read = _grant(ledger, "r", [1, 2], Access.READ)  # type: ignore[assignment]
+    hold.read = _grant(ledger, "r", [1, 2], Access.READ)
     hold.read_step = holds.step
     assert holds.fire("r", "read_granted") is None
     early = holds.fire("r", "reads_done")
@@ -165,10 +165,10 @@ def test_a_report_in_the_step_of_the_exposure_is_premature_then_accepted() -> No
 
 
 def test_a_readmitted_key_is_a_new_use() -> None:
-    holds = Holds(Refusals("fake"))
+    holds: Holds[object] = Holds(Refusals("fake"))
     k = holds.admit("k")
     holds.fire("k", "aborted")
-    k.read = object()  # type: ignore[assignment]
+    k.read = object()
     holds.fire("k", "read_granted")
     k.read = None
     holds.fire("k", "released")
@@ -193,7 +193,7 @@ def test_a_readmitted_key_is_a_new_use() -> None:
 def test_holds_and_the_spec_machines_walk_together(steps: list[tuple[str, str]]) -> None:
     """A fake engine drives ``Holds`` and one ``EngineSideLifecycle`` per request side by side:
     every row ``Holds`` fires the machine fires too, every refusal the machine refuses too."""
-    holds = Holds(Refusals("fake"))
+    holds: Holds[object] = Holds(Refusals("fake"))
     machines: dict[str, EngineSideLifecycle] = {}
     facts: dict[str, Facts] = {}
     for key, what in steps:
@@ -213,11 +213,11 @@ def test_holds_and_the_spec_machines_walk_together(steps: list[tuple[str, str]])
             continue
         f = facts[key]
         if what == "expose_read":
-            hold.read, hold.read_step = object(), holds.step  # type: ignore[assignment]
+            hold.read, hold.read_step = object(), holds.step
             f.read_open = f.read_this_step = True
             continue
         if what == "expose_write":
-            hold.write = object()  # type: ignore[assignment]
+            hold.write = object()
             f.write_open = True
             continue
         if what == "close":

@@ -2,8 +2,10 @@
 
 Sans-IO and role-agnostic: an integration translates its engine's hooks into these calls and
 this core's answers back into what the engine sees. Each request is a ``Hold`` stepped only by
-the engine-side table (``Holds.fire``); the ledger (``BlockLedger(counts="engine")``: the engine's
-own reference counts stay in charge of its pool) says what is proven. A scheduler step::
+the engine-side table (``Holds.fire``); the ledger (``StepLedger``: the step-columnar ledger, by
+the engine's own reference counts, which stay in charge of its pool) says what is proven. Its
+work is a few batch calls per step over grant handles: no grant, evidence or transition object
+is made per request. A scheduler step::
 
     begin_step()           fences recorded since (any thread) take effect, on earlier steps'
                            grants only
@@ -34,10 +36,10 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 import numpy as np
-import numpy.typing as npt
 import structlog
 
 from kvlifetime.errors import KVLifetimeError
+from kvlifetime.evidence import AccessRevoked
 from kvlifetime.grant import Access
 from kvlifetime.guard.fences import FenceLog, revocations
 from kvlifetime.guard.hand_backs import HandBacks
@@ -45,7 +47,8 @@ from kvlifetime.guard.holds import Hold, Holds
 from kvlifetime.guard.journal import StepJournal
 from kvlifetime.guard.refusals import RefusalKind, Refusals
 from kvlifetime.guard.reports import Reports
-from kvlifetime.ledger import BlockLedger, LedgerStats
+from kvlifetime.ledger import LedgerStats
+from kvlifetime.ledger.step_ledger import StepLedger
 
 _log = structlog.get_logger("kvlifetime.guard")
 
@@ -65,11 +68,11 @@ class CoreCounts:
 class GuardCore:
     """One engine's guard: the holds, the ledger, the step's journal and the fences."""
 
-    def __init__(self, ledger: BlockLedger, *, peer: str, engine: str) -> None:
+    def __init__(self, ledger: StepLedger, *, peer: str, engine: str) -> None:
         self.ledger = ledger
         self.peer = peer
         self.refusals = Refusals(engine)
-        self.holds = Holds(self.refusals)
+        self.holds: Holds[int] = Holds(self.refusals)
         self.journal = StepJournal(ledger, peer, self.holds, self.refusals)
         self.fences = FenceLog()  # recorded from any thread, applied at ``begin_step``
         self.hand_backs = HandBacks(self.holds)  # what the engine is due, each once
@@ -109,7 +112,7 @@ class GuardCore:
         name = self.fences.record(name, step)
         _log.info("guard_fence_recorded", engine=self.refusals.engine, fence=name, step=step)
 
-    def hold(self, request: str) -> Hold:
+    def hold(self, request: str) -> Hold[int]:
         """The request's hold; one at ``running`` for a request the engine holds that the guard
         was not told of (the engine's table is the truth)."""
         return self.holds.get(request) or self.holds.admit(request)
@@ -193,7 +196,7 @@ class GuardCore:
         """What the ledger released: the exposures end; an ended hold becomes ``releasable``
         (its id is due to the engine, ``take_released``)."""
         out: set[str] = set()
-        for key in self.ledger.collect_releasable():
+        for key in self.ledger.collect():
             request = str(key)
             hold = self.holds.get(request)
             if hold is None:
@@ -231,13 +234,12 @@ class GuardCore:
         receive whose grant it closed becomes due. Returns the ended requests released and the
         live ones whose held receive became due."""
         self.flush()
-        revoked = revocations(self.holds, name, step)
-        if not revoked:
+        handles, requests = revocations(self.holds, step)
+        if not handles:
             return set()
         self._fences_applied += 1
-        for refusal in self.ledger.apply_many(revoked).refused:
-            request = str(revoked[refusal.position].request)
-            self.refusals.refuse(RefusalKind.EVIDENCE_REFUSED, request, refusal.error)
+        for i in self.ledger.prove(handles, AccessRevoked, fence=name):
+            self.refusals.refuse(RefusalKind.EVIDENCE_REFUSED, requests[i])
         released = self.collect()
         live: list[str] = []
         for request, hold in self.holds:
@@ -246,21 +248,22 @@ class GuardCore:
             # recovery frees them.
             if (
                 hold.state == "receive_held"
-                and not self.ledger.open_grants(request)
+                and (hold.write is None or not self.ledger.is_open(hold.write))
+                and (hold.read is None or not self.ledger.is_open(hold.read))
                 and self.holds.fire(request, "fenced") is None
             ):
                 live.append(request)
                 self.hand_backs.fenced(request)
         if live:
-            for refusal in self.ledger.finish_many(live).refused:
-                self.refusals.refuse(RefusalKind.FINISH_REFUSED, str(refusal.item), refusal.error)
+            for i, error in self.ledger.end_many(live, aborted=False):
+                self.refusals.refuse(RefusalKind.FINISH_REFUSED, live[i], error)
             self.collect()
         _log.info(
             "guard_fence_applied",
             engine=self.refusals.engine,
             fence=name,
             step=step,
-            grants=len(revoked),
+            grants=len(handles),
         )
         return released | set(live)
 
@@ -287,32 +290,27 @@ class GuardCore:
         bad = np.fromiter(invalid, dtype=np.int64)
         if not len(bad):
             return []
+        under = self.ledger.blocks_under
         return [
             r
             for r, h in self.holds
-            if h.write is not None and not h.write_failed and np.isin(h.write.blocks, bad).any()
+            if h.write is not None and not h.write_failed and np.isin(under(h.write), bad).any()
         ]
 
     # ------------------------------------------------------------------ internals
 
     def _end_loading(
-        self, request: str, hold: Hold, block_ids: Sequence[int], aborted: bool
+        self, request: str, hold: Hold[int], block_ids: Sequence[int], aborted: bool
     ) -> str:
         """``end`` of a hold with a WRITE grant (ended while its load is in flight, or failed):
         done at once, after the journal (rare: an abort during a load)."""
         self.flush()
         if len(block_ids):
-            ids = np.fromiter(block_ids, dtype=np.int64)
-            self._expose_read(request, hold, ids)
+            self._expose_read(request, hold, block_ids)
         if self.holds.fire(request, "aborted" if aborted else "finished") is not None:
             return self.holds.state(request) or "handed_back"
-        try:
-            if aborted:
-                self.ledger.reject(request, reason="aborted")
-            else:
-                self.ledger.finish(request)
-        except KVLifetimeError as e:
-            self.refusals.refuse(RefusalKind.FINISH_REFUSED, request, e)
+        for _, error in self.ledger.end_many([request], aborted=aborted):
+            self.refusals.refuse(RefusalKind.FINISH_REFUSED, request, error)
         self.collect()
         state = self.holds.state(request) or "handed_back"
         if state == "releasable" and not len(block_ids):
@@ -321,14 +319,10 @@ class GuardCore:
             return "handed_back"
         return state
 
-    def _expose_read(self, request: str, hold: Hold, ids: npt.NDArray[np.int64]) -> None:
+    def _expose_read(self, request: str, hold: Hold[int], ids: Sequence[int]) -> None:
         """A READ grant over ``ids`` for a request that holds blocks for its load already."""
         try:
-            held = self.ledger.blocks_of(request)
-            new = np.setdiff1d(ids, held, assume_unique=True)
-            if len(new):
-                self.ledger.acquire(request, new)
-            hold.read = self.ledger.grant(request, self.peer, ids, Access.READ)
+            hold.read = self.ledger.grant_read(request, ids, self.peer)
             hold.read_step, hold.read_reaped = self.holds.step, False
         except KVLifetimeError as e:
             self.refusals.refuse(RefusalKind.EXPOSED_BLOCK_REUSED, request, e)

@@ -3,9 +3,9 @@
 A fence (an operation on the memory owner's side that ends a peer's access, observed complete:
 docs/fencing.md) may be reported by an operator's thread in the middle of a step. It covers
 only the exposures whose ids had left the process when it was recorded, so the log keeps, with
-each fence, the step in progress then; ``revocations`` turns it into ``AccessRevoked`` for
-every open grant of an earlier step, and no other. A fence thus never releases blocks whose
-ids leave in the output of the step it arrived in.
+each fence, the step in progress then; ``revocations`` names the grants it revokes
+(``AccessRevoked``): every open grant of an earlier step, and no other. A fence thus never
+releases blocks whose ids leave in the output of the step it arrived in.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import threading
 
 from kvlifetime import inputs
 from kvlifetime.errors import InvalidField
-from kvlifetime.evidence import AccessRevoked
 from kvlifetime.guard.holds import Holds
 
 
@@ -49,12 +48,16 @@ class FenceLog:
             return len(self._fences)
 
 
-def revocations(holds: Holds, name: str, step: int) -> list[AccessRevoked]:
-    """``AccessRevoked`` (fence ``name``) for every open grant of a hold made before ``step``."""
-    out: list[AccessRevoked] = []
-    for _, hold in holds:
+def revocations(holds: Holds[int], step: int) -> tuple[list[int], list[str]]:
+    """The grants a fence recorded at ``step`` revokes: every open grant of a hold made in an
+    earlier step (their handles), and the request of each."""
+    handles: list[int] = []
+    requests: list[str] = []
+    for request, hold in holds:
         if hold.read is not None and hold.read_step < step:
-            out.append(AccessRevoked.of(hold.read, fence=name))
+            handles.append(hold.read)
+            requests.append(request)
         if hold.write is not None and hold.write_step < step:
-            out.append(AccessRevoked.of(hold.write, fence=name))
-    return out
+            handles.append(hold.write)
+            requests.append(request)
+    return handles, requests

@@ -9,13 +9,15 @@ refuses a second hand-back of it on either channel.
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvlifetime.guard.holds import Holds
 
 
 class HandBacks:
     """What the engine is due and has not been handed yet (the engine's scheduler thread)."""
 
-    def __init__(self, holds: Holds) -> None:
+    def __init__(self, holds: Holds[Any]) -> None:
         self.holds = holds
         self._released: dict[str, None] = {}  # releasable: the engine frees each, once
         self._fenced: dict[str, None] = {}  # fenced: their held receive is due, once

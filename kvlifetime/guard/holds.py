@@ -4,8 +4,10 @@ The one place a guard's view of a request changes: ``Holds.fire(request, event)`
 compiled ``engine`` table of ``kvlifetime.spec`` (docs/engine.md). A row fires, or the signal is
 refused (``Refusal``: counted, logged, nothing changed). No guard keeps a phase of its own.
 
-A hold also carries the request's exposures as the ledger issued them (its READ and WRITE
-``Grant``; the library's own values, not checked again) and the scheduler step in which its READ
+A hold also carries the request's exposures as the ledger issued them (``Hold[E]``: the guard
+core's are grant handles of its ``StepLedger``, the other tables' ``Grant`` objects of a
+``BlockLedger``; the library's own values, not checked again; the table reads only whether
+each is there) and the scheduler step in which its READ
 grant was made: the guards of the table read those (``EngineFacts``). ``handed_back`` is final:
 the hold is deleted and its key remembered a while, so a late or repeated id is told
 (``duplicate_id``) from one never held (``unknown_id``).
@@ -21,27 +23,30 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 import attrs
 
-from kvlifetime.grant import Grant
 from kvlifetime.guard.refusals import Refusal, RefusalKind, Refusals
 from kvlifetime.spec.table import TransitionTable, engine_table
 
 # How many handed-back keys are remembered to tell a duplicate from an unknown id.
 REMEMBERED = 65536
 
+E = TypeVar("E")
+"""What a hold's exposures are: a grant handle (``int``) or a ``Grant``."""
+
 Observer = Callable[[str, str, str, str], None]
 """Called with (request, from state, event, to state) for every row that fires."""
 
 
 @attrs.define(slots=True, eq=False)
-class Hold:
+class Hold(Generic[E]):
     """One request the guard holds. ``state`` changes only through ``Holds.fire``."""
 
     state: str = "running"  # an EngineState value
-    read: Grant | None = None  # the READ grant the ledger tracks (a peer has the block ids)
-    write: Grant | None = None  # the WRITE grant the ledger tracks (a load may land)
+    read: E | None = None  # the READ grant (a peer has the block ids)
+    write: E | None = None  # the WRITE grant (a load may land)
     read_step: int = -1  # the scheduler step whose output carries the READ grant's ids
     write_step: int = -1  # the scheduler step whose metadata carries the WRITE grant's ids
     write_failed: bool = False  # the load was reported failed: no receive proves it landed
@@ -78,14 +83,14 @@ _NO_ROW: dict[tuple[str, str], RefusalKind] = {
 _ENDED_HOLDS = frozenset({"withheld", "quarantined"})
 
 
-class Holds:
+class Holds(Generic[E]):
     """The engine-side state of every request one guard holds, stepped by the engine table."""
 
     def __init__(self, refusals: Refusals, *, table: TransitionTable | None = None) -> None:
         self.table = table if table is not None else engine_table()
         self.refusals = refusals
         self.step = 0  # the scheduler step in progress: how many have ended (``next_step``)
-        self._holds: dict[str, Hold] = {}
+        self._holds: dict[str, Hold[E]] = {}
         self._handed: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._index = self.table.index
         self._guards = self.table.guards
@@ -97,7 +102,7 @@ class Holds:
         self.observers: list[Observer] = []  # each row that fires, for tests and tracing
         self._scratch = _Facts(False, False, False, False, False)  # ``_facts`` fills it
         # The request's hold, or None: the dict's own ``get`` (the hot path: no Python frame).
-        self.get: Callable[[str], Hold | None] = self._holds.get
+        self.get: Callable[[str], Hold[E] | None] = self._holds.get
 
     # ------------------------------------------------------------------ reading
 
@@ -107,7 +112,7 @@ class Holds:
     def __len__(self) -> int:
         return len(self._holds)
 
-    def __iter__(self) -> Iterator[tuple[str, Hold]]:
+    def __iter__(self) -> Iterator[tuple[str, Hold[E]]]:
         return iter(list(self._holds.items()))
 
     def state(self, request: str) -> str | None:
@@ -123,7 +128,7 @@ class Holds:
 
     # ------------------------------------------------------------------ stepping
 
-    def admit(self, request: str) -> Hold:
+    def admit(self, request: str) -> Hold[E]:
         """The engine holds ``request`` (``admitted``): a new hold at ``running``, or the one it
         has. A key handed back earlier is a new use of it: it is forgotten as handed back."""
         hold = self._holds.get(request)
@@ -145,7 +150,7 @@ class Holds:
                 return True
         return False
 
-    def _guarded_target(self, hold: Hold, state: str, event: str) -> str | None:
+    def _guarded_target(self, hold: Hold[E], state: str, event: str) -> str | None:
         """The target of the first row of (state, event) whose guard holds, or None."""
         rows = self._index.get((state, event))
         if rows is None:
@@ -156,7 +161,7 @@ class Holds:
                 return row.target
         return None
 
-    def _facts(self, hold: Hold) -> _Facts:
+    def _facts(self, hold: Hold[E]) -> _Facts:
         """The hold's facts now, in the one ``_Facts`` this table reuses (no allocation)."""
         f = self._scratch
         read = hold.read is not None
@@ -167,7 +172,7 @@ class Holds:
         f.read_reaped = hold.read_reaped
         return f
 
-    def fire(self, request: str, event: str, hold: Hold | None = None) -> Refusal | None:
+    def fire(self, request: str, event: str, hold: Hold[E] | None = None) -> Refusal | None:
         """Step ``request``'s hold on ``event``: None when a row fired, else the refusal (the
         hold unchanged). ``handed_back`` deletes the hold; a key the guard handed back (from
         ``releasable``) is remembered, one the engine freed on its own id (from ``ended``:
@@ -197,7 +202,7 @@ class Holds:
                 self._handed.popitem(last=False)
         return None
 
-    def _kind(self, state: str, event: str, hold: Hold) -> RefusalKind:
+    def _kind(self, state: str, event: str, hold: Hold[E]) -> RefusalKind:
         """Why a signal found no row (or no guard held) for the hold."""
         if event == "reads_done" and hold.read is not None:
             if hold.read_step == self.step:

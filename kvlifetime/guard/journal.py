@@ -2,9 +2,10 @@
 
 The hooks an engine calls per request do no ledger work in the common case: an ended request
 whose block ids go to a remote reader is appended here (request, ids, how it ended), and once
-per step ``flush`` makes the step's READ grants in one ``acquire_and_grant_many`` and ends the
-requests in one ``finish_many`` / ``reject_many``. Each item is granted or refused on its own;
-a refused one's ids must not leave the process (``take_refused``).
+per step ``flush`` makes the step's READ grants in one ``StepLedger.grant_many`` and ends the
+requests in one ``end_many`` per way of ending (grant handles and codes: no object per
+request). Each item is granted or refused on its own; a refused one's ids must not leave the
+process (``take_refused``).
 """
 
 from __future__ import annotations
@@ -12,16 +13,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvlifetime.errors import KVLifetimeError
-from kvlifetime.grant import Access, Grant
+from kvlifetime.grant import Access
 from kvlifetime.guard.holds import Holds
 from kvlifetime.guard.refusals import RefusalKind, Refusals
-from kvlifetime.ledger import BlockLedger
+from kvlifetime.ledger.step_ledger import StepLedger
 
 
 class StepJournal:
     """One guard's journal of the step in progress (the engine's scheduler thread only)."""
 
-    def __init__(self, ledger: BlockLedger, peer: str, holds: Holds, refusals: Refusals) -> None:
+    def __init__(
+        self, ledger: StepLedger, peer: str, holds: Holds[int], refusals: Refusals
+    ) -> None:
         self.ledger = ledger
         self.peer = peer
         self.holds = holds
@@ -59,14 +62,10 @@ class StepJournal:
             holds.fire(request, "read_granted", hold)
             ends[aborted].append(request)
         finished, aborted_ = ends
-        outcomes = []
-        if finished:
-            outcomes.append(self.ledger.finish_many(finished))
-        if aborted_:
-            outcomes.append(self.ledger.reject_many(aborted_, reason="aborted"))
-        for outcome in outcomes:
-            for refusal in outcome.refused:
-                self.refusals.refuse(RefusalKind.FINISH_REFUSED, str(refusal.item), refusal.error)
+        for keys, aborted in ((finished, False), (aborted_, True)):
+            if keys:
+                for i, error in self.ledger.end_many(keys, aborted=aborted):
+                    self.refusals.refuse(RefusalKind.FINISH_REFUSED, keys[i], error)
 
     def take_refused(self) -> list[str]:
         """The requests whose READ grant ``flush`` refused since the last call (each once)."""
@@ -75,13 +74,9 @@ class StepJournal:
 
     def grant_many(
         self, items: Sequence[tuple[str, Sequence[int]]], access: Access
-    ) -> list[Grant | KVLifetimeError]:
-        """A step's grants in one ledger call: for each item its grant, or the typed refusal
-        (each request's holds and grant are all or nothing)."""
+    ) -> list[int | KVLifetimeError]:
+        """A step's grants in one ledger call: for each item its grant's handle, or the typed
+        refusal (each request's holds and grant are all or nothing)."""
         if not items:
             return []
-        peer = self.peer
-        outcome = self.ledger.acquire_and_grant_many([(r, ids, peer, access) for r, ids in items])
-        refused = {r.position: r.error for r in outcome.refused}
-        grants = iter(outcome.grants)
-        return [refused[i] if i in refused else next(grants) for i in range(len(items))]
+        return self.ledger.grant_many(items, self.peer, access)

@@ -3,20 +3,19 @@
 An engine reports that a load landed or failed, that a peer's reads are over, or that a send
 lease was reaped. Each report fires the engine-side table's row first (``Holds.fire``: a report
 the request's state does not allow is a refusal, data); only then does it become evidence:
-``TransferCompleted`` of the grant it proves (queued, applied in one batch at ``settle``), or
-``LeaseExpired`` of one nothing can prove any more (a failed load, a reaped lease).
+``TransferCompleted`` of the grant it proves (its handle queued, proven in one batch at
+``settle``), or ``LeaseExpired`` of one nothing can prove any more (a failed load, a reaped
+lease). No evidence object is built: the claims are the ledger's codes over grant handles.
 """
 
 from __future__ import annotations
 
 import structlog
 
-from kvlifetime.errors import KVLifetimeError
 from kvlifetime.evidence import LeaseExpired, TransferCompleted
-from kvlifetime.grant import Grant
 from kvlifetime.guard.holds import Holds
 from kvlifetime.guard.refusals import Refusal, RefusalKind, Refusals
-from kvlifetime.ledger import BlockLedger
+from kvlifetime.ledger.step_ledger import StepLedger
 
 _log = structlog.get_logger("kvlifetime.guard")
 
@@ -26,11 +25,12 @@ _WITHHELD = frozenset({"withheld", "quarantined"})
 class Reports:
     """One guard's intake of the engine's reports (the engine's scheduler thread)."""
 
-    def __init__(self, ledger: BlockLedger, holds: Holds, refusals: Refusals) -> None:
+    def __init__(self, ledger: StepLedger, holds: Holds[int], refusals: Refusals) -> None:
         self.ledger = ledger
         self.holds = holds
         self.refusals = refusals
-        self._proofs: list[TransferCompleted] = []  # the output's proofs, for ``settle``
+        self._proofs: list[int] = []  # the grants the output proves, for ``settle``
+        self._proven_of: list[str] = []  # the request of each of ``_proofs``
         self._landed: list[str] = []  # running holds whose load landed, for ``settle``
         self.lease_reaped = 0  # reaped leases turned into LeaseExpired on a READ grant
         self.load_failed_count = 0  # failed loads turned into LeaseExpired on a WRITE grant
@@ -42,7 +42,7 @@ class Reports:
         before = hold.state
         refusal = self.holds.fire(request, "load_landed", hold)
         if refusal is None and hold.write is not None and before in ("loading", *_WITHHELD):
-            self._prove(hold.write, ended=before != "loading")
+            self._prove(request, hold.write, ended=before != "loading")
         elif refusal is None and before == "load_failed":
             _log.warning(
                 "guard_receive_held",
@@ -58,7 +58,7 @@ class Reports:
         hold = self.holds.get(request) or self.holds.admit(request)
         refusal = self.holds.fire(request, "reads_done", hold)
         if refusal is None and hold.read is not None:
-            self._prove(hold.read, ended=hold.state != "running")
+            self._prove(request, hold.read, ended=hold.state != "running")
         return refusal
 
     def load_failed(self, request: str) -> Refusal | None:
@@ -71,7 +71,7 @@ class Reports:
         if refusal is None:
             hold.write_failed = True
             self.load_failed_count += 1
-            self._expire(hold.write)
+            self._expire(request, hold.write)
         return refusal
 
     def lease_expired(self, request: str) -> Refusal | None:
@@ -83,7 +83,7 @@ class Reports:
         if refusal is None:
             hold.read_reaped = True
             self.lease_reaped += 1
-            self._expire(hold.read)
+            self._expire(request, hold.read)
         return refusal
 
     def settle(self) -> bool:
@@ -93,21 +93,20 @@ class Reports:
         proofs, self._proofs = self._proofs, []
         landed, self._landed = self._landed, []
         if proofs:
-            for refusal in self.ledger.apply_many(proofs).refused:
-                ev = proofs[refusal.position]
-                self.refusals.refuse(RefusalKind.EVIDENCE_REFUSED, str(ev.request), refusal.error)
+            for i in self.ledger.prove(proofs, TransferCompleted):
+                self.refusals.refuse(RefusalKind.EVIDENCE_REFUSED, self._proven_of[i])
         if landed:
-            for refusal in self.ledger.finish_many(landed).refused:
-                self.refusals.refuse(RefusalKind.FINISH_REFUSED, str(refusal.item), refusal.error)
+            for i, error in self.ledger.end_many(landed, aborted=False):
+                self.refusals.refuse(RefusalKind.FINISH_REFUSED, landed[i], error)
+        self._proven_of = []
         return bool(proofs)
 
-    def _prove(self, grant: Grant, *, ended: bool) -> None:
-        self._proofs.append(TransferCompleted.of(grant, 0))
+    def _prove(self, request: str, handle: int, *, ended: bool) -> None:
+        self._proofs.append(handle)
+        self._proven_of.append(request)
         if not ended:
-            self._landed.append(str(grant.request))
+            self._landed.append(request)
 
-    def _expire(self, grant: Grant) -> None:
-        try:
-            self.ledger.apply(LeaseExpired.of(grant))
-        except KVLifetimeError as e:
-            self.refusals.refuse(RefusalKind.EVIDENCE_REFUSED, str(grant.request), e)
+    def _expire(self, request: str, handle: int) -> None:
+        if self.ledger.prove([handle], LeaseExpired):
+            self.refusals.refuse(RefusalKind.EVIDENCE_REFUSED, request)

@@ -42,7 +42,7 @@ import structlog
 
 from kvlifetime.errors import EvidenceError
 from kvlifetime.evidence import AccessRevoked, PeerLost
-from kvlifetime.grant import RequestKey
+from kvlifetime.grant import Grant, RequestKey
 from kvlifetime.guard import Hold, Holds, Refusal, Refusals
 from kvlifetime.harness.faults import FaultyLink, RequestPlan, plan
 from kvlifetime.harness.series import StateSeries
@@ -179,7 +179,7 @@ class Owner:
         # only ones a run makes are the hand-backs of unproven frees, each already logged by
         # the ledger (``force_released``), and a run's log holds the ledger's events alone.
         self.refusals = Refusals(f"harness-{self.ROLE}", log=False)
-        self.holds = Holds(self.refusals)
+        self.holds: Holds[Grant] = Holds(self.refusals)
 
     # ----------------------------------------------------------------- a direction's part
 
@@ -298,7 +298,7 @@ class Owner:
         self._release(key, self.ledger.force_release(key, reason), proven=proven)
 
     def _hand_back(
-        self, key: RequestKey, hold: Hold, admitted: int, *, proven: bool
+        self, key: RequestKey, hold: Hold[Grant], admitted: int, *, proven: bool
     ) -> Refusal | None:
         """The ledger let go of ``key``'s blocks (admitted at tick ``admitted``): hand them
         back through the engine-side table. Proven (the ledger's verdict): an ended request

@@ -78,7 +78,7 @@ class _Src:
     words: npt.NDArray[np.uint64]  # the grant's words, one per block
     admitted: int
     last_news: int
-    hold: Hold  # its engine-side state (``Owner.holds``, the only place it changes)
+    hold: Hold[Grant]  # its engine-side state (``Owner.holds``, the only place it changes)
     queries: int = 0
     stopped_at: int | None = None  # SchedulingStopped's last_seq, once seen
     outcome: Ending | None = None  # how its reads ended, as far as prefill can tell

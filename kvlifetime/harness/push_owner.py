@@ -81,7 +81,7 @@ class _Req:
     plan: RequestPlan
     grant: Grant
     admitted: int  # tick
-    hold: Hold  # its engine-side state (``Owner.holds``, the only place it changes)
+    hold: Hold[Grant]  # its engine-side state (``Owner.holds``, the only place it changes)
     ended: Ending | None = None  # why the owner ended it early (the table says only that it did)
     last_news: int = 0  # tick of the last message about it (or of the last query)
     queries: int = 0
@@ -418,7 +418,7 @@ class DecodeWorker(Owner):
         self.count.lost_to_restart += len(self.reqs)
         self.reqs.clear()
         # The engine side is lost with the process: a new table of holds (refusals counted on).
-        observers, self.holds = self.holds.observers, Holds(self.refusals)
+        observers, self.holds = self.holds.observers, Holds[Grant](self.refusals)
         self.holds.observers = observers
         self._aborts.clear()
         self._finishes.clear()

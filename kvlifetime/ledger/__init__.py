@@ -19,13 +19,17 @@ only the ones above it in this list, and no two import each other):
 - ``proofs``: evidence applied to the table; ``restart``: a ledger started over an arena a
   previous incarnation may still reach;
 - ``queries`` (the read side: queries, statistics, introspection, snapshots) and ``facade``
-  (the calls that change the ledger): ``BlockLedger``.
+  (the calls that change the ledger): ``BlockLedger``;
+- the step-columnar ledger (issue 32): ``request_rows``, ``grant_rows``, ``block_rows`` (the
+  columns), ``exposure_rows`` and ``step_rows`` (the rules over them, a step's calls at a
+  time), and ``step_ledger``: ``StepLedger``, what a guard steps once per scheduler step.
 
 ``from kvlifetime.ledger import BlockLedger`` (and every name below) is the public path.
 """
 
 from kvlifetime.ledger.blocks import COUNTS, FREE, ORPHANED, Counts
 from kvlifetime.ledger.facade import BlockLedger
+from kvlifetime.ledger.step_ledger import StepLedger
 from kvlifetime.ledger.values import (
     BatchOutcome,
     LedgerInternals,
@@ -48,5 +52,6 @@ __all__ = [
     "QuarantineInfo",
     "Refusal",
     "RequestInternals",
+    "StepLedger",
     "Transition",
 ]

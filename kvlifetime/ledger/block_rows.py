@@ -117,20 +117,19 @@ class BlockRows:
             else:
                 self.open_reads -= len(arrs)
 
-    def let_go_many(self, helds: Sequence[Sequence[BlockIds]]) -> list[BlockIds]:
-        """Released requests' holds dropped (``engine_counts.drop_holds``); every block each
-        held is returned (the engine may drop its own references)."""
+    def let_go_many(
+        self, helds: Sequence[Sequence[BlockIds]]
+    ) -> tuple[list[BlockIds], list[BlockIds]]:
+        """Released requests' holds dropped (``engine_counts.drop_holds``). Returns, per
+        request, every block it held (the engine may drop its own references) and those no
+        request holds any more (unguarded from now on)."""
         results = [
             h[0] if len(h) == 1 else (np.concatenate(h) if h else np.empty(0, np.int64))
             for h in helds
         ]
-        drop_holds(self.sharers, self.generation, results)
+        gone = drop_holds(self.sharers, self.generation, results)
         self.holds -= sum(len(h) for h in helds)
-        return results
-
-    def let_go(self, held: Sequence[BlockIds]) -> BlockIds:
-        """``let_go_many`` of one request."""
-        return self.let_go_many([held])[0]
+        return results, gone
 
     def open_access(self, arr: BlockIds) -> npt.NDArray[np.uint8]:
         """Per block: 0 no open grant, 1 only read grants, 2 an open write grant."""

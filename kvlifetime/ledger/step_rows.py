@@ -17,6 +17,7 @@ ledger's own counts, fences, restart, snapshots are not here yet).
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Hashable, Sequence
 
@@ -62,6 +63,8 @@ class StepRows(ExposureRows):
         self.unsafe_releases = 0
         self.releasable: dict[int, None] = {}  # slots in transfer_quiesced, in arrival order
         self.quarantine_reason: dict[int, str] = {}
+        # fence -> blocks unguarded by releases a fence made possible; only grows
+        self.reclaimed: collections.Counter[str] = collections.Counter()
 
     # ------------------------------------------------------------------ evidence
 
@@ -208,9 +211,21 @@ class StepRows(ExposureRows):
         if self.requests.fire(slot, _RELEASED, out) != 1:
             raise IllegalTransition("request", key, self.state(key), "released")
         self.releasable.pop(slot, None)
-        blocks = self.blocks.let_go(self.held.pop(slot))
+        blocks = self._let_go([slot])[0]
         self._forget(slot)
         return blocks
+
+    def _let_go(self, slots: Sequence[int]) -> list[BlockIds]:
+        """The holds of released ``slots`` dropped; every block each held. The blocks a
+        fenced one leaves unguarded are counted as the fence's (``reclaimed``)."""
+        held, gone = self.blocks.let_go_many([self.held.pop(slot) for slot in slots])
+        fenced_by = self.fenced_by
+        if fenced_by:
+            for slot, freed in zip(slots, gone, strict=True):
+                fence = fenced_by.get(slot)
+                if fence is not None and len(freed):
+                    self.reclaimed[fence] += len(freed)
+        return held
 
     def unproven(self, key: Hashable) -> dict[str, tuple[str, ...]]:
         """Each open grant of ``key`` (``"incarnation#serial (peer)"``) and the claims it
@@ -228,7 +243,7 @@ class StepRows(ExposureRows):
         slots = list(self.releasable)
         self.releasable.clear()
         released: dict[Hashable, BlockIds] = {}
-        freed = self.blocks.let_go_many([self.held.pop(slot) for slot in slots])
+        freed = self._let_go(slots)
         for slot, blocks in zip(slots, freed, strict=True):
             self.requests.fire(slot, _RELEASED, out)
             released[self.key_of[slot]] = blocks
@@ -254,7 +269,7 @@ class StepRows(ExposureRows):
             self.blocks.uncount_many([(g.blocks[r], g.access[r]) for r in still_open])
             for row in still_open:
                 g.close(row)
-        blocks = self.blocks.let_go(self.held.pop(slot))
+        blocks = self._let_go([slot])[0]
         self._forget(slot)
         return blocks
 

@@ -69,7 +69,9 @@ class Lifecycle:
     acked: set[int] = attrs.field(factory=set)  # ranks (chunks) whose grant is proven over
     # Its state of the engine-side lifecycle (kvlifetime.spec, docs/engine.md), stepped only by
     # the guard's ``Holds``; ``phase`` is SGLang's coarse view of it.
-    hold: Hold = attrs.field(init=False)  # set once, by ``RoomLifecycles._add``, before any use
+    hold: Hold[Grant] = attrs.field(
+        init=False
+    )  # set once, by ``RoomLifecycles._add``, before any use
     # SGLang's coarse view of the hold's state, set by ``_fire`` only (never assigned apart):
     # live (SGLang runs it) -> held (ended, unreleased: waiting for proof, or quarantined) ->
     # released (SGLang may free its pages).
@@ -191,7 +193,7 @@ class RoomLifecycles:
         # Every lifecycle's engine-side state, stepped by the spec's table (kvlifetime.guard).
         # (Refusals counted only: a table refusal is counted as ``table_refused`` in the
         # guard's own counter, and nothing is logged under the guard's lock.)
-        self._holds = Holds(Refusals(f"sglang-{self.role}", log=False))
+        self._holds: Holds[Grant] = Holds(Refusals(f"sglang-{self.role}", log=False))
         if ledger_blocks is not None:
             self.bind(ledger_blocks)
 

@@ -24,7 +24,8 @@ import numpy as np
 from kvlifetime.errors import KVLifetimeError
 from kvlifetime.grant import Grant
 from kvlifetime.guard import GuardCore, Refusal, RefusalKind
-from kvlifetime.ledger import BlockLedger, LedgerStats
+from kvlifetime.ledger import LedgerStats
+from kvlifetime.ledger.step_ledger import StepLedger
 
 # The (hold state, signal) pairs that are vLLM's own business (nothing exposed): the id passes
 # when vLLM would accept it. Any other is the guard's to decide, through its table (a repeated
@@ -104,7 +105,7 @@ class ConnectorGuard:
         holds: Callable[[str], bool] | None = None,
         phase: Callable[[str], str | None] | None = None,
     ) -> None:
-        self.ledger = BlockLedger(num_blocks, counts="engine", incarnation=incarnation)
+        self.ledger = StepLedger(num_blocks, incarnation=incarnation)
         self.peer = peer
         self.core = GuardCore(self.ledger, peer=peer, engine="vllm")
         # Whether vLLM still holds a request (its scheduler's own table, where the connector
@@ -237,7 +238,7 @@ class ConnectorGuard:
         # A send for a request whose load is exposed proves nothing about the load, even when
         # its receive (processed first) lands it in this very output.
         both = sends & recvs if sends and recvs else ()
-        loading = {r for r in both if (h := core.holds.get(r)) is not None and h.write}
+        loading = {r for r in both if (h := core.holds.get(r)) is not None and h.write is not None}
         for request in recvs:
             if self._signal(request, "load_landed", recving):
                 recving.add(request)
@@ -306,8 +307,14 @@ class ConnectorGuard:
         hold = self.core.holds.get(request)
         if hold is None:
             return None
+        led = self.ledger
         return RequestView(
-            request, hold.state, hold.read, hold.write, hold.read_reaped, hold.write_failed
+            request,
+            hold.state,
+            None if hold.read is None else led.grant(hold.read),
+            None if hold.write is None else led.grant(hold.write),
+            hold.read_reaped,
+            hold.write_failed,
         )
 
     def requests(self) -> Iterator[RequestView]:
