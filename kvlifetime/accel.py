@@ -41,7 +41,6 @@ MODULES = (
     "kvlifetime.ledger.requests",
     "kvlifetime.ledger.restart",
     "kvlifetime.ledger.snapshot",
-    "kvlifetime.ledger.step_ledger",
     "kvlifetime.ledger.step_rows",
     "kvlifetime.ledger.transitions",
     # The verifier's step and what it reads: the environment's values and their ledger view

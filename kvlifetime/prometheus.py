@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from kvlifetime.extras import require
 
 if TYPE_CHECKING:
-    from kvlifetime.ledger import BlockLedger
+    from kvlifetime.ledger import BlockLedger, StepLedger
 
 
 class LedgerCollector:
@@ -28,7 +28,7 @@ class LedgerCollector:
 
     def __init__(
         self,
-        ledger: BlockLedger,
+        ledger: BlockLedger | StepLedger,
         *,
         name: str = "default",
         clock: Callable[[], float] | None = None,

@@ -1,17 +1,21 @@
 """``StepLedger`` (the guard's step-columnar ledger) held to ``BlockLedger(counts="engine")``
-call by call: the guard's calls (a step's grants, READ grants on held blocks, ends, proofs,
-lease expiries, fences, collects), with bad block ids among them; after each call the same
-refusals, the same releases, the same state and open grants for every live request, the same
-statistics."""
+call by call: the guard's step calls (a step's grants, READ grants on held blocks, ends, proofs,
+lease expiries, fences, collects), with bad block ids among them, and ``BlockLedger``'s single
+calls (every kind of evidence from every kind of source, about live, released, never-issued
+and foreign grants; finishes and rejects of any key; deadlines and expiries); after each call
+the same refusals, the same releases, the same state and open grants for every live request,
+the same statistics."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ledger_helpers import evidence_of
 
 from kvlifetime.errors import (
     BlockOutOfRange,
@@ -21,8 +25,10 @@ from kvlifetime.errors import (
     UnknownRequest,
 )
 from kvlifetime.evidence import AccessRevoked, LeaseExpired, TransferCompleted
-from kvlifetime.grant import Access, Grant
+from kvlifetime.grant import Access, Grant, GrantId
 from kvlifetime.ledger import BlockLedger, StepLedger
+from kvlifetime.source import Source
+from kvlifetime.spec.proof import CODE_OF
 from kvlifetime.spec.vocabulary import RequestState
 
 ids = st.one_of(
@@ -46,6 +52,17 @@ op = st.one_of(
         st.sampled_from(["completed", "lease", "revoked"]),
     ),
     st.tuples(st.just("collect")),
+    # BlockLedger's single calls, each a batch of one on the rows
+    st.tuples(
+        st.just("apply"),
+        st.integers(0, 30),
+        st.sampled_from(sorted(CODE_OF.values())),
+        st.integers(0, 3),
+        st.sampled_from(["local", "own", "other", "spoof", "stale", "foreign"]),
+    ),
+    st.tuples(st.just("single_end"), request, st.booleans()),
+    st.tuples(st.just("set_deadline"), request, st.sampled_from([None, 2.0, 5.0])),
+    st.tuples(st.just("expire"), st.sampled_from([1.0, 3.0, 6.0])),
 )
 
 
@@ -127,6 +144,46 @@ class Pair:
         outcome = self.objs.apply_many(evidence)
         assert refused == [r.position for r in outcome.refused]
 
+    def apply(self, pick: int, code: int, seq: int, how: str) -> None:
+        """One piece of evidence about an issued grant (its request maybe released), from the
+        local side, its own peer, a peer speaking for another, a peer about another's grant,
+        about a serial never issued, or from another incarnation: the same refusal type, or
+        none, from both."""
+        if not self.issued:
+            return
+        _, g = self.issued[pick % len(self.issued)]
+        ev = evidence_of(code, g, seq)
+        if how == "own":
+            ev = attrs.evolve(ev, source=Source.peer(g.peer))
+        elif how == "other":  # a peer speaking for another
+            ev = attrs.evolve(ev, source=Source.peer("someone-else"))
+        elif how == "spoof":  # a peer speaking for itself about another peer's grant
+            ev = attrs.evolve(ev, peer="someone-else", source=Source.peer("someone-else"))
+        elif how == "stale" and hasattr(ev, "grant_id") and ev.grant_id is not None:
+            ev = attrs.evolve(ev, grant_id=GrantId("same", 10_000))  # type: ignore[call-arg]
+        elif how == "foreign" and hasattr(ev, "grant_id") and ev.grant_id is not None:
+            ev = attrs.evolve(ev, grant_id=GrantId("elsewhere", g.id.serial))  # type: ignore[call-arg]
+        got = _raised(lambda: self.rows.apply(ev))
+        want = _raised(lambda: self.objs.apply(ev))
+        assert type(got) is type(want), (ev, got, want)
+
+    def single_end(self, key: str, aborted: bool) -> None:
+        if aborted:
+            got = _raised(lambda: self.rows.reject(key, "aborted"))
+            want = _raised(lambda: self.objs.reject(key, "aborted"))
+        else:
+            got = _raised(lambda: self.rows.finish(key))
+            want = _raised(lambda: self.objs.finish(key))
+        assert type(got) is type(want), (got, want)
+
+    def set_deadline(self, key: str, deadline: float | None) -> None:
+        got = _raised(lambda: self.rows.set_deadline(key, deadline))
+        want = _raised(lambda: self.objs.set_deadline(key, deadline))
+        assert type(got) is type(want), (got, want)
+
+    def expire(self, now: float) -> None:
+        assert self.rows.expire(now) == self.objs.expire(now)
+
     def collect(self) -> None:
         got = self.rows.collect()
         want = self.objs.collect_releasable()
@@ -150,8 +207,8 @@ class Pair:
         assert a.open_grants == b.open_grants
         assert a.reclaimed_blocks == b.reclaimed_blocks
         assert a.refused_evidence == b.refused_evidence
-        assert [(q.request, q.blocks, q.reason) for q in a.quarantined] == [
-            (q.request, q.blocks, q.reason) for q in b.quarantined
+        assert [(q.request, q.blocks, q.reason, q.since) for q in a.quarantined] == [
+            (q.request, q.blocks, q.reason, q.since) for q in b.quarantined
         ]
         every = np.arange(16)
         assert rows.open_access(every).tolist() == objs.open_access(every).tolist()
@@ -159,7 +216,15 @@ class Pair:
         assert rows.free_count() == objs.free_count()
 
 
-@settings(max_examples=400, deadline=None)
+def _raised(call: Any) -> BaseException | None:
+    try:
+        call()
+    except Exception as e:
+        return e
+    return None
+
+
+@settings(max_examples=600, deadline=None)
 @given(st.lists(op, min_size=1, max_size=30))
 def test_the_step_ledger_keeps_the_object_ledgers_semantics(ops: list[tuple[Any, ...]]) -> None:
     pair = Pair()

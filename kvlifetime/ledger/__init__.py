@@ -22,7 +22,9 @@ only the ones above it in this list, and no two import each other):
   (the calls that change the ledger): ``BlockLedger``;
 - the step-columnar ledger (issue 32): ``request_rows``, ``grant_rows``, ``block_rows`` (the
   columns), ``exposure_rows`` and ``step_rows`` (the rules over them, a step's calls at a
-  time), and ``step_ledger``: ``StepLedger``, what a guard steps once per scheduler step.
+  time), ``step_queries`` (the read side) and ``step_ledger`` (the step calls, and
+  ``BlockLedger``'s single calls as batches of one): ``StepLedger``, what a guard steps once
+  per scheduler step.
 
 ``from kvlifetime.ledger import BlockLedger`` (and every name below) is the public path.
 """

@@ -1,29 +1,30 @@
 """StepLedger: the step-columnar ledger a guard steps once per scheduler step (the engine's
-counts), with ``BlockLedger``'s read side.
+counts), with ``BlockLedger``'s single calls as batches of one.
 
 A guard's ledger work is a few batches per scheduler step: the step's grants, its ends, the
 proofs of an output, a fence, what was released. Here each is one call over every request or
 grant of the step, on ``StepRows``: grants are integer handles (rows), transitions are codes,
 and no ``Grant``, evidence or ``Transition`` object is made on the way. Objects are built only
-when someone asks: ``grant`` (a handle as a ``Grant``), ``open_grants``, ``stats``, and the log
-events (noted only when structlog is configured, emitted after the lock is let go, like
-``BlockLedger``'s).
+when someone asks (the read side, ``step_queries``: ``grant``, ``open_grants``, ``stats``) and
+for the log events (noted only when structlog is configured, emitted after the lock is let go,
+as ``BlockLedger``'s are).
 
-Two sides, two kinds of values:
+Two kinds of calls, two kinds of values:
 
-- the step calls (``grant_many``, ``grant_read``, ``end_many``, ``prove``, ``collect``) are
-  the guard core's: the requests and handles are the library's own values, taken as they
-  are; the block ids come from the engine and are checked where they enter (``grant_many``:
-  one check of the whole step's ids, each request checked on its own only when that fails);
-- the queries (``state``, ``open_grants``, ``blocks_of``, ``unproven``, ``open_access``,
-  ``block_state``, ``free_count``, ``stats``) are anyone's, from any thread: every argument
-  validated, as ``BlockLedger``'s are.
+- the step calls (``grant_many``, ``grant_read``, ``end_many``, ``prove``, ``collect``) take the
+  library's own values as they are (request keys the guard holds, grant handles it was given);
+  the block ids come from the engine and are checked where they enter (``grant_many``: one
+  check of the whole step's ids; each request's on its own only when that fails);
+- the single calls (``acquire_and_grant``, ``finish``, ``reject``, ``set_deadline``,
+  ``expire``, ``apply``, ``collect_releasable``) are ``BlockLedger``'s, with its validation and
+  its typed errors, each a batch of one through the same rows: an engine's code written against
+  ``BlockLedger(counts="engine")`` runs on this ledger unchanged where it uses them.
 
 The rules are ``StepRows``', held to ``BlockLedger(counts="engine")`` step by step
 (``tests/test_step_rows.py``), and this ledger to it call by call
-(``tests/test_step_ledger.py``). What ``BlockLedger`` has and this one does not (the ledger's
-own counts, shared holds, deadlines and ``expire``, restart, snapshots, the checked mirror) is
-the rest of the facade's move onto rows (issue 32).
+(``tests/test_step_ledger.py``). What ``BlockLedger`` has and this one does not yet (the
+ledger's own counts and its free list, ``after_restart``, snapshots and copies, the checked
+mirror, ``force_release``) is the rest of the facade's move onto rows.
 """
 
 from __future__ import annotations
@@ -39,32 +40,37 @@ import numpy as np
 import numpy.typing as npt
 
 from kvlifetime import errors, inputs
-from kvlifetime.errors import EvidenceError, KVLifetimeError, UnknownRequest
-from kvlifetime.grant import Access, BlockIds, Grant, make_grant_id
+from kvlifetime.errors import (
+    ContradictoryEvidence,
+    EvidenceError,
+    KVLifetimeError,
+    MismatchedEvidence,
+    StaleEvidence,
+    show,
+)
+from kvlifetime.evidence import AccessRevoked, Evidence, GrantEvidence, PeerLost
+from kvlifetime.grant import Access, BlockIds, PeerId, RequestKey
 from kvlifetime.ledger.block_rows import READ, WRITE
-from kvlifetime.ledger.events import Event, emit, enabled, log, started
-from kvlifetime.ledger.request_rows import CODE, EVENTS, STATES, Moves
+from kvlifetime.ledger.events import describe, emit, enabled, log, started
+from kvlifetime.ledger.request_rows import CODE, EVENTS, STATES
+from kvlifetime.ledger.step_queries import StepQueries
 from kvlifetime.ledger.step_rows import StepRows
-from kvlifetime.ledger.values import LedgerStats, QuarantineInfo
+from kvlifetime.provenance import check_grant_peer, check_source
+from kvlifetime.source import SourceKind
 from kvlifetime.spec.proof import CODE_OF
-from kvlifetime.spec.vocabulary import BlockState, RequestState
 
 __all__ = ["StepLedger"]
 
-_ADMITTED = CODE["admitted"]
 _QUARANTINED = CODE["quarantined"]
 _ACCESS = {Access.READ: READ, Access.WRITE: WRITE}
-_ACCESS_OF = {READ: Access.READ, WRITE: Access.WRITE}
 
 
-class StepLedger:
+class StepLedger(StepQueries):
     """The exposures of one engine's KV pool, stepped a scheduler step at a time (the engine's
-    own reference counts decide when a block is free; the ledger guards exposure only)."""
+    own reference counts decide when a block is free; the ledger guards exposure only).
 
-    counts = "engine"
-    OPEN_NONE = 0  # ``open_access`` codes, as ``BlockLedger``'s
-    OPEN_READ = 1
-    OPEN_WRITE = 2
+    Thread safety: every call holds the one lock; evidence may arrive on another thread while
+    the scheduler steps. Logging never runs under it."""
 
     def __init__(self, num_blocks: int, *, incarnation: str | None = None) -> None:
         num_blocks = inputs.count(num_blocks, "num_blocks", 1)
@@ -77,9 +83,11 @@ class StepLedger:
         self.incarnation = incarnation or uuid.uuid4().hex[:16]
         self.rows = StepRows(num_blocks, incarnation=self.incarnation)
         self._lock = threading.Lock()
-        self._moves: Moves = []  # the transitions of the call in progress (under the lock)
-        self._pending: list[Event] = []
-        self.refused_evidence: collections.Counter[str] = collections.Counter()
+        self._moves: list[tuple[int, int, int]] = []  # the call's transitions (under the lock)
+        self._pending = []
+        self.refused_evidence = collections.Counter()  # error kind -> count; only grows
+        self.clock: float | None = None  # the last ``now`` given to ``expire``
+        self.quarantined_since = {}  # key -> the clock when it was quarantined
         started(num_blocks, self.incarnation, "engine")
 
     # =================================================================== the step calls
@@ -140,12 +148,12 @@ class StepLedger:
                 out.append(e)
         return out
 
-    def grant_read(self, key: Hashable, ids: Sequence[int], peer: Hashable) -> int:
+    def grant_read(self, key: Hashable, ids: npt.ArrayLike, peer: Hashable) -> int:
         """A READ grant over ``ids`` for a running request (admitted if new, as by
         ``BlockLedger.acquire``) that may hold some of them already (it holds the rest from now
         on), all or nothing: its handle, or the typed error (an ended request's is
         ``IllegalTransition``)."""
-        arr = inputs.block_ids(list(ids), self.num_blocks)
+        arr = inputs.block_ids(ids, self.num_blocks)
         with self._lock:
             rows = self.rows
             slot = rows.slot_of.get(key)
@@ -156,14 +164,15 @@ class StepLedger:
             return rows.grant_on(key, arr, READ, peer)
 
     def end_many(
-        self, keys: Sequence[Hashable], *, aborted: bool
+        self, keys: Sequence[Hashable], *, aborted: bool, reason: str = "rejected"
     ) -> list[tuple[int, KVLifetimeError]]:
-        """Each request of ``keys`` ended (``rejected`` when ``aborted``, else ``finished``),
-        then its proof chain: the refused ones by position, with their typed error."""
+        """Each request of ``keys`` ended (``rejected`` when ``aborted``, for ``reason``;
+        else ``finished``), then its proof chain: the refused ones by position, with their
+        typed error."""
         event = "rejected" if aborted else "finished"
         with self._lock:
             refused = self.rows.end(keys, event, self._moves)
-            self._note(event)
+            self._note(reason if aborted else event)
         if self._pending:
             self._emit()
         return refused
@@ -177,11 +186,11 @@ class StepLedger:
             rows = self.rows
             refused = rows.prove(handles, code, [0] * len(handles), self._moves, fence)
             for i in refused:
-                e = errors.ContradictoryEvidence(
+                e = ContradictoryEvidence(
                     f"{claim.__name__} contradicts what is proven about grant "
                     f"{rows.grants.label(handles[i])}"
                 )
-                self._refuse(e, claim.__name__, handles[i])
+                self._refuse(e, f"{claim.__name__} of {rows.grants.label(handles[i])}")
             self._note(claim.__name__)
         if self._pending:
             self._emit()
@@ -196,8 +205,9 @@ class StepLedger:
         with self._lock:
             released = rows.collect(self._moves)
             self._note("collect_releasable")
-            if enabled():
-                for key, ids in released.items():
+            for key, ids in released.items():
+                self.quarantined_since.pop(key, None)
+                if enabled():
                     self._pending.append(
                         ("info", "request_released", {"request": key, "blocks": ids.tolist()})
                     )
@@ -205,14 +215,146 @@ class StepLedger:
             self._emit()
         return released
 
+    # =================================================================== single calls
+
+    def acquire_and_grant(
+        self, request: RequestKey, ids: npt.ArrayLike, peer: PeerId, access: Access = Access.READ
+    ) -> int:
+        """``BlockLedger.acquire_and_grant``: ``request`` (new, or running) holds ``ids`` and
+        gets one grant of ``access`` to ``peer`` over them, all or nothing: the handle."""
+        key = inputs.request_key(request)
+        peer = inputs.peer_id(peer)
+        code = _ACCESS[inputs.instance(access, Access, "access")]
+        arr = inputs.block_ids(ids, self.num_blocks)
+        with self._lock:
+            return self.rows.acquire_and_grant(key, arr, code, None, peer)
+
+    def finish(self, request: RequestKey) -> None:
+        """``BlockLedger.finish``: the request completed normally (its typed error raised,
+        nothing changed, where it cannot)."""
+        self._end_one(request, aborted=False, reason="finished")
+
+    def reject(self, request: RequestKey, reason: str = "rejected") -> None:
+        """``BlockLedger.reject``: the request is over, for ``reason``."""
+        self._end_one(request, aborted=True, reason=inputs.text(reason, "reason"))
+
+    def _end_one(self, request: RequestKey, *, aborted: bool, reason: str) -> None:
+        key = inputs.request_key(request)
+        refused = self.end_many([key], aborted=aborted, reason=reason)
+        if refused:
+            raise refused[0][1]
+
+    def set_deadline(self, request: RequestKey, deadline: float | None) -> None:
+        """``BlockLedger.set_deadline``: the request-wide deadline on the caller's clock (None:
+        none); ``UnknownRequest`` for a key not live."""
+        key = inputs.request_key(request)
+        deadline = inputs.optional_time(deadline, "deadline")
+        with self._lock:
+            self.rows.set_deadline(key, deadline)
+
+    def expire(self, now: float) -> list[RequestKey]:
+        """``BlockLedger.expire``: every open grant past its deadline becomes suspect; the ended
+        requests this quarantined, in the order they got a deadline."""
+        now = inputs.finite_time(now, "now")
+        with self._lock:
+            self.clock = now
+            out = self.rows.expire(now, self._moves)
+            self._note("deadline")
+        if self._pending:
+            self._emit()
+        return out  # type: ignore[return-value]  # the keys as they entered
+
+    def collect_releasable(self) -> dict[Hashable, BlockIds]:
+        """``BlockLedger.collect_releasable``: ``collect``."""
+        return self.collect()
+
+    def apply(self, evidence: Evidence) -> None:
+        """``BlockLedger.apply``: one piece of evidence, checked whole before anything changes
+        (who may say it, the grant it names in this incarnation, contradictions). Refused:
+        its typed ``EvidenceError`` raised, counted in ``stats().refused_evidence`` and logged,
+        nothing changed."""
+        try:
+            with self._lock:
+                try:
+                    self._apply(evidence)
+                except EvidenceError as e:
+                    self._refuse(e, describe(evidence))
+                    raise
+        finally:
+            if self._pending:
+                self._emit()
+
+    def _apply(self, ev: Evidence) -> None:
+        # On the type itself: a ``__class__`` property cannot pass a stranger off as evidence.
+        if not issubclass(type(ev), Evidence):
+            raise errors.MalformedEvidence(f"not evidence: {show(ev)}", evidence=ev)
+        if ev.source.kind is not SourceKind.LOCAL:
+            check_source(ev)
+        code = next(CODE_OF[c] for c in type(ev).__mro__ if c in CODE_OF)
+        fence = ev.fence if isinstance(ev, AccessRevoked) else None
+        rows = self.rows
+        if isinstance(ev, GrantEvidence) or (
+            isinstance(ev, AccessRevoked) and ev.grant_id is not None
+        ):
+            row = self._row_of(ev)
+            seq = int(getattr(ev, "last_seq", 0) or getattr(ev, "through_seq", 0))
+            if rows.prove([row], code, [seq], self._moves, fence):
+                raise ContradictoryEvidence(
+                    f"{ev.kind} contradicts what is proven about grant {rows.grants.label(row)}",
+                    evidence=ev,
+                )
+        elif isinstance(ev, AccessRevoked | PeerLost):
+            rows.prove_peer(ev.peer, code, fence, self._moves)
+        else:  # pragma: no cover - every Evidence is one of the above
+            raise errors.MalformedEvidence(f"not evidence: {show(ev)}", evidence=ev)
+        self._note(type(ev).__name__)
+
+    def _row_of(self, ev: GrantEvidence | AccessRevoked) -> int:
+        """The row of the live grant ``ev`` names, or its typed refusal."""
+        gid = ev.grant_id
+        assert gid is not None
+        if gid.incarnation != self.incarnation:
+            raise MismatchedEvidence(
+                f"{ev.kind} is about grant {gid} of another ledger or incarnation "
+                f"(this one is {self.incarnation})",
+                evidence=ev,
+            )
+        g = self.rows.grants
+        row = g.row_of_serial.get(gid.serial)
+        if row is None:
+            if gid.serial < g.next_serial:
+                raise StaleEvidence(
+                    f"{ev.kind} is about grant {gid}, whose request was already released",
+                    evidence=ev,
+                )
+            raise MismatchedEvidence(f"{ev.kind}: grant {gid} was never issued", evidence=ev)
+        check_grant_peer(ev, g.peer[row])  # type: ignore[arg-type]  # a peer id, as it entered
+        request = self.rows.key_of[g.req[row]]
+        if ev.request != request:
+            raise MismatchedEvidence(
+                f"{ev.kind} names request {show(ev.request)}, grant {gid} is of {show(request)}",
+                evidence=ev,
+            )
+        if ev.peer != g.peer[row]:
+            raise MismatchedEvidence(
+                f"{ev.kind} names peer {show(ev.peer)}, grant {gid} is to {show(g.peer[row])}",
+                evidence=ev,
+            )
+        return row
+
+    # =================================================================== log events
+
     def _note(self, cause: str) -> None:
-        """The call's transitions: log events (when structlog is configured); the scratch
-        list emptied."""
+        """The call's transitions: quarantines stamped with the clock, log events (when
+        structlog is configured); the scratch list emptied."""
         moves = self._moves
         if not moves:
             return
+        key_of = self.rows.key_of
+        for slot, _, target in moves:
+            if target == _QUARANTINED:
+                self.quarantined_since[key_of[slot]] = self.clock
         if enabled():
-            key_of = self.rows.key_of
             for slot, event, target in moves:
                 self._pending.append(
                     (
@@ -228,14 +370,14 @@ class StepLedger:
                 )
         moves.clear()
 
-    def _refuse(self, e: EvidenceError, kind: str, handle: int) -> None:
+    def _refuse(self, e: EvidenceError, evidence: object) -> None:
         self.refused_evidence[e.kind] += 1
         if enabled():
             self._pending.append(
                 (
                     "warning",
                     "evidence_refused",
-                    {"error": e.kind, "message": str(e), "evidence": kind, "grant": handle},
+                    {"error": e.kind, "message": str(e), "evidence": evidence},
                 )
             )
 
@@ -244,159 +386,3 @@ class StepLedger:
             events = self._pending.copy()
             self._pending.clear()
         emit(log, events)
-
-    # =================================================================== objects, when asked
-
-    def grant(self, handle: int) -> Grant:
-        """The grant of ``handle`` (a live grant's) as a ``Grant``: built now, for a reader."""
-        g = self.rows.grants
-        with self._lock:
-            blocks = g.blocks[handle]
-            return _grant(
-                make_grant_id(self.incarnation, g.serial[handle]),
-                self.rows.key_of[g.req[handle]],
-                g.peer[handle],
-                blocks,
-                _readonly(self.rows.blocks.generation.take(blocks)),
-                _ACCESS_OF[g.access[handle]],
-            )
-
-    def is_open(self, handle: int) -> bool:
-        return self.rows.grants.open[handle]
-
-    def blocks_under(self, handle: int) -> BlockIds:
-        """The block ids of the grant ``handle`` (read-only)."""
-        return self.rows.grants.blocks[handle]
-
-    # =================================================================== queries
-
-    def _slot(self, request: object) -> int:
-        key = inputs.request_key(request)
-        slot = self.rows.slot_of.get(key)
-        if slot is None:
-            raise UnknownRequest(key)
-        return slot
-
-    def state(self, request: Hashable) -> RequestState:
-        """The request's state; ``UnknownRequest`` if not live."""
-        with self._lock:
-            return RequestState(STATES[self.rows.requests.state[self._slot(request)]])
-
-    def live_requests(self) -> list[Hashable]:
-        with self._lock:
-            return list(self.rows.slot_of)
-
-    def open_grants(self, request: Hashable) -> list[Grant]:
-        """The request's open grants, in grant order (built now)."""
-        with self._lock:
-            self._slot(request)
-            handles = self.rows.open_rows(inputs.request_key(request))
-        return [self.grant(h) for h in handles]
-
-    def blocks_of(self, request: Hashable) -> BlockIds:
-        with self._lock:
-            self._slot(request)
-            return self.rows.blocks_of(inputs.request_key(request))
-
-    def unproven(self, request: Hashable) -> dict[str, tuple[str, ...]]:
-        """Each open grant of ``request`` and the claims it still misses (as
-        ``BlockLedger.unproven``)."""
-        with self._lock:
-            self._slot(request)
-            return self.rows.unproven(inputs.request_key(request))
-
-    def open_access(self, ids: npt.ArrayLike) -> npt.NDArray[np.uint8]:
-        """Per block of ``ids``: ``OPEN_NONE``, ``OPEN_READ`` or ``OPEN_WRITE`` (as
-        ``BlockLedger.open_access``)."""
-        arr = inputs.block_ids(ids, self.num_blocks)
-        with self._lock:
-            return self.rows.blocks.open_access(arr)
-
-    def free_count(self) -> int:
-        """Blocks the ledger does not guard (no request holds them)."""
-        with self._lock:
-            return int(np.count_nonzero(self.rows.blocks.sharers == 0))
-
-    def block_state(self, ids: npt.ArrayLike) -> npt.NDArray[np.uint8]:
-        """The ``BlockState`` code of each block of ``ids`` (as ``BlockLedger.block_state``)."""
-        arr = inputs.block_ids(ids, self.num_blocks)
-        with self._lock:
-            return self._block_states().take(arr)
-
-    def _block_states(self) -> npt.NDArray[np.uint8]:
-        rows = self.rows
-        n = self.num_blocks
-        running = np.zeros(n, dtype=bool)
-        opened = np.zeros(n, dtype=bool)
-        quarantined = np.zeros(n, dtype=bool)
-        state = rows.requests.state
-        g = rows.grants
-        for slot in rows.slot_of.values():
-            if state[slot] == _ADMITTED:
-                for arr in rows.held[slot]:
-                    running[arr] = True
-            for r in rows.grants_of[slot]:
-                if g.open[r]:
-                    opened[g.blocks[r]] = True
-                    if state[slot] == _QUARANTINED:
-                        quarantined[g.blocks[r]] = True
-        held = rows.blocks.sharers > 0
-        out = np.full(n, BlockState.QUIESCED, dtype=np.uint8)
-        out[~held] = BlockState.FREE
-        out[held & running & ~opened] = BlockState.OWNED
-        out[held & running & opened] = BlockState.EXPOSED
-        ended_open = held & ~running & opened
-        out[ended_open & ~quarantined] = BlockState.DRAINING
-        out[ended_open & quarantined] = BlockState.QUARANTINED
-        return out
-
-    def stats(self, now: float | None = None) -> LedgerStats:
-        """The ledger's figures, as ``BlockLedger.stats`` gives them (no deadline is kept here:
-        a quarantine's ``since`` is None)."""
-        inputs.optional_time(now, "now")
-        with self._lock:
-            rows = self.rows
-            counts = np.bincount(self._block_states(), minlength=len(BlockState))
-            state = rows.requests.state
-            by_req = collections.Counter(STATES[state[s]] for s in rows.slot_of.values())
-            g = rows.grants
-            return LedgerStats(
-                num_blocks=self.num_blocks,
-                blocks_by_state={s.label: int(counts[s]) for s in BlockState},
-                requests_by_state={
-                    s.value: by_req.get(s.value, 0)
-                    for s in RequestState
-                    if s is not RequestState.RELEASED
-                },
-                quarantined=tuple(
-                    QuarantineInfo(
-                        key,  # type: ignore[arg-type]  # a request key, as it entered
-                        sum(len(a) for a in rows.held[slot]),
-                        rows.quarantine_reason.get(slot, "deadline"),
-                        None,
-                        None,
-                    )
-                    for key, slot in rows.slot_of.items()
-                    if state[slot] == _QUARANTINED
-                ),
-                unsafe_releases=rows.unsafe_releases,
-                refused_evidence=dict(self.refused_evidence),
-                open_grants=sum(
-                    g.open[r] for s in rows.slot_of.values() for r in rows.grants_of[s]
-                ),
-                reclaimed_blocks=dict(rows.reclaimed),
-            )
-
-
-def _readonly(arr: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    arr.flags.writeable = False
-    return arr
-
-
-def _grant(*fields: Any) -> Grant:
-    """A ``Grant`` from the ledger's own values (checked when they entered), not re-checked."""
-    g = object.__new__(Grant)
-    names = ("id", "request", "peer", "blocks", "generations", "access")
-    for name, value in zip(names, fields, strict=True):
-        object.__setattr__(g, name, value)
-    return g

@@ -28,7 +28,7 @@ addresses to the verdict SGLang gets before it frees them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy.typing as npt
 
@@ -54,10 +54,16 @@ from kvlifetime.integrations.sglang.lifecycles import (
     small_int,
 )
 from kvlifetime.integrations.sglang.tokens import matches, new_token, wire_token
+from kvlifetime.ledger import BlockLedger
 
 
 class DecodeCalls(RoomLifecycles):
     """The decode's calls (``SGLangGuard`` has them; a prefill guard refuses them)."""
+
+    @property
+    def objects(self) -> BlockLedger:
+        """The decode's ledger: a ``BlockLedger`` of the ledger's own counts (``bind``)."""
+        return cast(BlockLedger, self.ledger)
 
     def published(
         self,
@@ -77,7 +83,7 @@ class DecodeCalls(RoomLifecycles):
             prefill = inputs.peer_id(prefill, "prefill")
             rank_list = rank_ids(ranks)
             with self._lock:
-                led = self.ledger
+                led = self.objects
                 key = self._new_key(room)
                 peers = {r: f"sglang-prefill:{prefill}:rank{r}" for r in rank_list}
                 first = rank_list[0]
@@ -235,7 +241,7 @@ class DecodeCalls(RoomLifecycles):
                     )
                 g = life.grants[rank]
                 src = self._source(life.peers[rank])
-                self.ledger.apply(TransferCompleted(g.id, g.request, g.peer, 0, source=src))
+                self.objects.apply(TransferCompleted(g.id, g.request, g.peer, 0, source=src))
                 life.acked.add(rank)
                 if life.phase == "held":
                     self._fire(life, "load_landed")  # one rank's proof; the ledger has the rest
@@ -258,7 +264,7 @@ class DecodeCalls(RoomLifecycles):
                 life = self._life(key)
                 if life.phase != "live":
                     raise UsageError(f"{key}: Success after SGLang ended it ({life.phase})")
-                led = self.ledger
+                led = self.objects
                 # Built once each, from the rank's peer (the prefill reported it): not made
                 # local and then copied with the peer's source.
                 src = self._source
@@ -299,7 +305,7 @@ class DecodeCalls(RoomLifecycles):
                     if life.prefill == prefill and life.phase != "released"
                 ]
                 peers = {p for life in hit for r, p in life.peers.items() if r not in life.acked}
-                led = self.ledger
+                led = self.objects
                 for p in sorted(peers):
                     led.apply(PeerLost(p))
                 for life in hit:

@@ -24,7 +24,7 @@ import collections
 import math
 import threading
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import attrs
 import numpy as np
@@ -32,13 +32,12 @@ import numpy.typing as npt
 
 from kvlifetime import inputs
 from kvlifetime.errors import InvalidField, KVLifetimeError, UnknownRequest
-from kvlifetime.grant import Grant
 from kvlifetime.guard import Hold, Holds, Refusal, Refusals
 from kvlifetime.guard.refusals import kind_of
 from kvlifetime.integrations.sglang.errors import GuardNotBound
 from kvlifetime.integrations.sglang.events import Events, emit, listening, log_refusal
 from kvlifetime.integrations.sglang.tokens import EchoTable
-from kvlifetime.ledger import BlockLedger
+from kvlifetime.ledger import BlockLedger, StepLedger
 from kvlifetime.source import Source
 from kvlifetime.spec.vocabulary import RequestState
 
@@ -52,14 +51,19 @@ _MAX_SMALL = 2**31 - 1  # ranks, slots, generations: SGLang counts them in ints
 _SOURCES = 4096  # peer sources kept (one per prefill rank seen); the cache starts over beyond
 
 
+E = TypeVar("E")
+"""What a lifecycle's grants are: decode's ``Grant`` objects (its ``BlockLedger``), prefill's
+grant handles (its ``StepLedger``)."""
+
+
 @attrs.define(slots=True, eq=False)
-class Lifecycle:
+class Lifecycle(Generic[E]):
     """One use of a room: what was exposed, to whom, and how far it got."""
 
     key: str
     room: int
     prefill: str  # decode: the prefill's bootstrap address; prefill: ""
-    grants: dict[int, Grant]  # decode: rank -> WRITE grant; prefill: chunk -> READ grant
+    grants: dict[int, E]  # decode: rank -> WRITE grant; prefill: chunk -> READ grant handle
     peers: dict[int, str]  # rank (or chunk) -> peer id
     # The pages exposed, each once (the ledger's grant blocks: validated, unique, read-only): an
     # array, not a set of Python ints, so a publish costs nothing per page here.
@@ -69,9 +73,7 @@ class Lifecycle:
     acked: set[int] = attrs.field(factory=set)  # ranks (chunks) whose grant is proven over
     # Its state of the engine-side lifecycle (kvlifetime.spec, docs/engine.md), stepped only by
     # the guard's ``Holds``; ``phase`` is SGLang's coarse view of it.
-    hold: Hold[Grant] = attrs.field(
-        init=False
-    )  # set once, by ``RoomLifecycles._add``, before any use
+    hold: Hold[E] = attrs.field(init=False)  # set by ``RoomLifecycles._add``, before any use
     # SGLang's coarse view of the hold's state, set by ``_fire`` only (never assigned apart):
     # live (SGLang runs it) -> held (ended, unreleased: waiting for proof, or quarantined) ->
     # released (SGLang may free its pages).
@@ -171,9 +173,9 @@ class RoomLifecycles:
             incarnation = inputs.peer_id(incarnation, "incarnation")
         self.drain_timeout = inputs.finite_time(drain_timeout, "drain_timeout")
         self._incarnation = incarnation
-        self._ledger: BlockLedger | None = None
+        self._ledger: BlockLedger | StepLedger | None = None
         self._lock = threading.Lock()
-        self._lives: dict[str, Lifecycle] = {}  # every lifecycle SGLang has not freed
+        self._lives: dict[str, Lifecycle[Any]] = {}  # every lifecycle SGLang has not freed
         self._next = 0  # the last lifecycle number given out
         self._by_gen: dict[int, str] = {}  # armed generation -> live lifecycle
         self._max_gen = 0  # the last generation armed (SGLang's counter starts at 1)
@@ -193,13 +195,14 @@ class RoomLifecycles:
         # Every lifecycle's engine-side state, stepped by the spec's table (kvlifetime.guard).
         # (Refusals counted only: a table refusal is counted as ``table_refused`` in the
         # guard's own counter, and nothing is logged under the guard's lock.)
-        self._holds: Holds[Grant] = Holds(Refusals(f"sglang-{self.role}", log=False))
+        self._holds: Holds[Any] = Holds(Refusals(f"sglang-{self.role}", log=False))
         if ledger_blocks is not None:
             self.bind(ledger_blocks)
 
     @property
-    def ledger(self) -> BlockLedger:
-        """The ledger (``GuardNotBound`` before ``bind``)."""
+    def ledger(self) -> BlockLedger | StepLedger:
+        """The ledger (``GuardNotBound`` before ``bind``): decode's ``BlockLedger`` (the
+        ledger's own counts), prefill's ``StepLedger``."""
         led = self._ledger
         if led is None:
             raise GuardNotBound("the guard's ledger is not sized yet (bind(num_pages))")
@@ -223,8 +226,12 @@ class RoomLifecycles:
             # Decode: several ranks may write the same pages, and a page under an open grant is
             # never free in the ledger's own counts. Prefill: cached prefix pages are shared by
             # requests, as SGLang's radix tree counts them.
-            counts: Literal["ledger", "engine"] = "ledger" if self.role == "decode" else "engine"
-            self._ledger = BlockLedger(n, counts=counts, incarnation=self._incarnation)
+            # Prefill: the step-columnar ledger (the engine's counts; grant handles, no object
+            # per chunk). Decode: the object ledger, for its own counts.
+            if self.role == "decode":
+                self._ledger = BlockLedger(n, counts="ledger", incarnation=self._incarnation)
+            else:
+                self._ledger = StepLedger(n, incarnation=self._incarnation)
 
     # ------------------------------------------------------------------ the table
 
@@ -232,7 +239,7 @@ class RoomLifecycles:
         self._next += 1
         return f"sglang:{room}#{self._next}"
 
-    def _add(self, life: Lifecycle) -> None:
+    def _add(self, life: Lifecycle[Any]) -> None:
         """A new use of a room, exposed at once: decode's pages to the prefill ranks that write
         them (``load_granted``), prefill's to the transfer engine that reads them
         (``read_granted``)."""
@@ -249,7 +256,7 @@ class RoomLifecycles:
             hold.read, hold.read_step = first, self._holds.step - 1
             self._fire(life, "read_granted")
 
-    def _fire(self, life: Lifecycle, event: str) -> None:
+    def _fire(self, life: Lifecycle[Any], event: str) -> None:
         """Step the lifecycle's hold; a row the table refuses is the guard's own inconsistency
         (counted ``table_refused`` in ``stats().refused``), never the engine's."""
         refusal = self._holds.fire(life.key, event, life.hold)
@@ -257,7 +264,7 @@ class RoomLifecycles:
         if refusal is not None:
             self._refused["table_refused"] += 1
 
-    def _life(self, key: object) -> Lifecycle:
+    def _life(self, key: object) -> Lifecycle[Any]:
         if not isinstance(key, str):
             raise InvalidField(f"a lifecycle key is a str, got {inputs._show(key)}")
         life = self._lives.get(key)
@@ -283,7 +290,7 @@ class RoomLifecycles:
             return True
         return False
 
-    def _shared_room(self, life: Lifecycle) -> str | None:
+    def _shared_room(self, life: Lifecycle[Any]) -> str | None:
         """Another lifecycle of the same room the ledger has not released, if any. SGLang's
         prefill counts a room's chunks in one counter (``_staging_outstanding[room]``) that a new
         use of the room resets: while two uses are unreleased, neither an ABORT_ACK (sent when
@@ -293,7 +300,7 @@ class RoomLifecycles:
                 return other
         return None
 
-    def _forget(self, life: Lifecycle) -> None:
+    def _forget(self, life: Lifecycle[Any]) -> None:
         self._fire(life, "handed_back")  # SGLang freed its pages
         uses = self._rooms.get(life.room)
         if uses is not None:
@@ -340,7 +347,7 @@ class RoomLifecycles:
             emit(events)
 
     def _end_locked(
-        self, life: Lifecycle, deadline: float | None, reason: str, events: Events
+        self, life: Lifecycle[Any], deadline: float | None, reason: str, events: Events
     ) -> None:
         led = self.ledger
         proven = len(life.acked) == len(life.grants)

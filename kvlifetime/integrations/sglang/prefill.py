@@ -2,7 +2,8 @@
 first chunk queued to the free SGLang may do once the room is drained.
 
 - ``sending``: ``sender.send(kv_indices)`` queues a chunk: a READ grant over its pages (to the
-  local transfer engine; ``counts="engine"``: cached prefix pages are shared by requests).
+  local transfer engine), on the prefill's ``StepLedger`` (the engine's counts: cached prefix
+  pages are shared by requests; a chunk's grant is an integer handle, no object per chunk).
 - ``drained``: the room's outstanding-chunk count is zero and no more will start (the hooks
   check SGLang's ``_staging_outstanding``, its poisoned rooms and the room's status):
   ``TransferCompleted`` of every grant, a local observation. ``KVPoll.Failed`` proves nothing.
@@ -17,19 +18,25 @@ first chunk queued to the free SGLang may do once the room is drained.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from kvlifetime import inputs
-from kvlifetime.errors import InvalidField, KVLifetimeError, MismatchedEvidence, UsageError
+from kvlifetime.errors import (
+    InvalidField,
+    KVLifetimeError,
+    MismatchedEvidence,
+    StaleEvidence,
+    UsageError,
+)
 from kvlifetime.evidence import LeaseExpired, TransferCompleted
-from kvlifetime.grant import Access
 from kvlifetime.guard import Refusal
 from kvlifetime.integrations.sglang.events import Events, emit, listening
 from kvlifetime.integrations.sglang.lifecycles import Lifecycle, RoomLifecycles, room_id, small_int
 from kvlifetime.integrations.sglang.tokens import TOKEN_CHARS, wire_token
+from kvlifetime.ledger import StepLedger
 
 LOCAL_ENGINE = "sglang-local-transfer-engine"
 """The prefill's peer: its own Mooncake transfer worker reading the source pages."""
@@ -37,6 +44,11 @@ LOCAL_ENGINE = "sglang-local-transfer-engine"
 
 class PrefillCalls(RoomLifecycles):
     """The prefill's calls (``SGLangGuard`` has them; a decode guard refuses them)."""
+
+    @property
+    def rows(self) -> StepLedger:
+        """The prefill's ledger: a ``StepLedger`` (``bind``)."""
+        return cast(StepLedger, self.ledger)
 
     def sending(self, key: str | None, room: int, pages: npt.ArrayLike) -> str | Refusal:
         """``sender.send``: a READ grant over the chunk's source pages to the local transfer
@@ -46,15 +58,16 @@ class PrefillCalls(RoomLifecycles):
         try:
             room = room_id(room)
             with self._lock:
-                led = self.ledger
+                led = self.rows
                 if key is None:
                     new = self._new_key(room)
                     try:
-                        g = led.acquire_and_grant(new, pages, LOCAL_ENGINE, Access.READ)
+                        g = led.acquire_and_grant(new, pages, LOCAL_ENGINE)
                     except KVLifetimeError:
                         self._next -= 1
                         raise
-                    life = Lifecycle(new, room, "", {0: g}, {0: LOCAL_ENGINE}, g.blocks, None)
+                    blocks = led.blocks_under(g)
+                    life = Lifecycle(new, room, "", {0: g}, {0: LOCAL_ENGINE}, blocks, None)
                     self._add(life)
                     if listening():
                         events.append(("sglang_sending", {"key": new, "pages": len(life.pages)}))
@@ -64,11 +77,8 @@ class PrefillCalls(RoomLifecycles):
                     raise InvalidField(f"{key} is of room {life.room}, not {room}")
                 if life.phase != "live":
                     raise UsageError(f"{key}: a chunk sent after SGLang ended it ({life.phase})")
-                arr = inputs.block_ids(pages, led.num_blocks)
-                new_pages = np.setdiff1d(arr, life.pages)
-                if len(new_pages):
-                    led.acquire(key, new_pages)
-                g = led.grant(key, LOCAL_ENGINE, arr, Access.READ)
+                g = led.grant_read(key, pages, LOCAL_ENGINE)
+                new_pages = np.setdiff1d(led.blocks_under(g), life.pages, assume_unique=True)
                 if life.hold.read is None:
                     life.hold.read, life.hold.read_step = g, self._holds.step - 1
                 self._fire(life, "read_granted")
@@ -105,7 +115,7 @@ class PrefillCalls(RoomLifecycles):
                         "released; SGLang's per-room outstanding count cannot tell their chunks "
                         "apart"
                     )
-                self.ledger.apply_many([TransferCompleted.of(g, 0) for g in open_])
+                self.rows.prove(open_, TransferCompleted)
                 life.acked.update(life.grants)
                 self._fire(life, "reads_done")  # observed locally: every chunk's reads ended
                 if life.phase == "live":
@@ -124,10 +134,13 @@ class PrefillCalls(RoomLifecycles):
         try:
             with self._lock:
                 life = self._life(key)
-                led = self.ledger
-                for i, g in life.grants.items():
-                    if i not in life.acked:
-                        led.apply(LeaseExpired.of(g))
+                open_ = [g for i, g in life.grants.items() if i not in life.acked]
+                if open_ and life.phase == "released":
+                    # The ledger released it (a fence): its grants are gone, their handles
+                    # someone else's now.
+                    raise StaleEvidence(f"poisoned for {key}: the ledger already released it")
+                if open_:
+                    self.rows.prove(open_, LeaseExpired)
                 life.suspect = "poisoned"
                 self._quarantined_now(events, "poisoned")
                 return None

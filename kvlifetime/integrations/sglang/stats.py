@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import attrs
 
@@ -34,7 +35,7 @@ class SGLangGuardStats:
 def summarize(
     role: str,
     ledger: LedgerStats | None,
-    lifecycles: Iterable[Lifecycle],
+    lifecycles: Iterable[Lifecycle[Any]],
     *,
     completed: int,
     freed: int,
