@@ -158,7 +158,7 @@ class Pair:
         elif how == "other":  # a peer speaking for another
             ev = attrs.evolve(ev, source=Source.peer("someone-else"))
         elif how == "spoof":  # a peer speaking for itself about another peer's grant
-            ev = attrs.evolve(ev, peer="someone-else", source=Source.peer("someone-else"))
+            ev = attrs.evolve(ev, peer="someone-else", source=Source.peer("someone-else"))  # type: ignore[call-arg]
         elif how == "stale" and hasattr(ev, "grant_id") and ev.grant_id is not None:
             ev = attrs.evolve(ev, grant_id=GrantId("same", 10_000))  # type: ignore[call-arg]
         elif how == "foreign" and hasattr(ev, "grant_id") and ev.grant_id is not None:

@@ -104,34 +104,51 @@ def _proven(
 def _grant_record(table: RequestTable, ev: GrantEvidence | AccessRevoked) -> GrantRecord:
     gid = ev.grant_id
     assert gid is not None
-    if gid.incarnation != table.incarnation:
-        raise MismatchedEvidence(
-            f"{ev.kind} is about grant {gid} of another ledger or incarnation "
-            f"(this one is {table.incarnation})",
-            evidence=ev,
-        )
-    rec = table.grants.records.get(gid.serial)
+    rec = table.grants.records.get(gid.serial) if gid.incarnation == table.incarnation else None
     if rec is None:
-        if gid.serial < table.grants.next_serial:
-            raise StaleEvidence(
-                f"{ev.kind} is about grant {gid}, whose request was already released",
-                evidence=ev,
-            )
-        raise MismatchedEvidence(f"{ev.kind}: grant {gid} was never issued", evidence=ev)
-    g = rec.grant
-    # A peer speaking about another peer's grant is unauthorized, not merely mismatched.
-    check_grant_peer(ev, g.peer)
-    if ev.request != g.request:
-        raise MismatchedEvidence(
-            f"{ev.kind} names request {show(ev.request)}, grant {gid} is of {show(g.request)}",
-            evidence=ev,
-        )
-    if ev.peer != g.peer:
-        raise MismatchedEvidence(
-            f"{ev.kind} names peer {show(ev.peer)}, grant {gid} is to {show(g.peer)}",
-            evidence=ev,
-        )
+        raise not_live(ev, table.incarnation, table.grants.next_serial)
+    check_names(ev, rec.grant.request, rec.grant.peer)
     return rec
+
+
+def not_live(
+    ev: GrantEvidence | AccessRevoked, incarnation: str, next_serial: int
+) -> EvidenceError:
+    """Why ``ev``'s grant is not a live grant of this ledger (``incarnation``; serials below
+    ``next_serial`` were issued): another incarnation's or never issued
+    (``MismatchedEvidence``), or its request was released (``StaleEvidence``). Both ledgers
+    (records and rows) refuse with it."""
+    gid = ev.grant_id
+    assert gid is not None
+    if gid.incarnation != incarnation:
+        return MismatchedEvidence(
+            f"{ev.kind} is about grant {gid} of another ledger or incarnation "
+            f"(this one is {incarnation})",
+            evidence=ev,
+        )
+    if gid.serial < next_serial:
+        return StaleEvidence(
+            f"{ev.kind} is about grant {gid}, whose request was already released", evidence=ev
+        )
+    return MismatchedEvidence(f"{ev.kind}: grant {gid} was never issued", evidence=ev)
+
+
+def check_names(ev: GrantEvidence | AccessRevoked, request: object, peer: str) -> None:
+    """``ev`` about a live grant of ``request`` to ``peer``: refused if a peer speaks about
+    another peer's grant (``UnauthorizedEvidence``: not merely mismatched), or if it names
+    another request or peer (``MismatchedEvidence``). Both ledgers check with it."""
+    check_grant_peer(ev, peer)
+    if ev.request != request:
+        raise MismatchedEvidence(
+            f"{ev.kind} names request {show(ev.request)}, grant {ev.grant_id} is of "
+            f"{show(request)}",
+            evidence=ev,
+        )
+    if ev.peer != peer:
+        raise MismatchedEvidence(
+            f"{ev.kind} names peer {show(ev.peer)}, grant {ev.grant_id} is to {show(peer)}",
+            evidence=ev,
+        )
 
 
 def _check_fence(rec: GrantRecord, ev: GrantEvidence | AccessRevoked) -> None:

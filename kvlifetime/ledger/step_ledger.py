@@ -44,18 +44,17 @@ from kvlifetime.errors import (
     ContradictoryEvidence,
     EvidenceError,
     KVLifetimeError,
-    MismatchedEvidence,
-    StaleEvidence,
     show,
 )
 from kvlifetime.evidence import AccessRevoked, Evidence, GrantEvidence, PeerLost
 from kvlifetime.grant import Access, BlockIds, PeerId, RequestKey
 from kvlifetime.ledger.block_rows import READ, WRITE
 from kvlifetime.ledger.events import describe, emit, enabled, log, started
+from kvlifetime.ledger.proofs import check_names, not_live
 from kvlifetime.ledger.request_rows import CODE, EVENTS, STATES
 from kvlifetime.ledger.step_queries import StepQueries
 from kvlifetime.ledger.step_rows import StepRows
-from kvlifetime.provenance import check_grant_peer, check_source
+from kvlifetime.provenance import check_source
 from kvlifetime.source import SourceKind
 from kvlifetime.spec.proof import CODE_OF
 
@@ -310,36 +309,15 @@ class StepLedger(StepQueries):
         self._note(type(ev).__name__)
 
     def _row_of(self, ev: GrantEvidence | AccessRevoked) -> int:
-        """The row of the live grant ``ev`` names, or its typed refusal."""
+        """The row of the live grant ``ev`` names, or its typed refusal (as the object
+        ledger's: ``proofs.not_live``, ``proofs.check_names``)."""
         gid = ev.grant_id
         assert gid is not None
-        if gid.incarnation != self.incarnation:
-            raise MismatchedEvidence(
-                f"{ev.kind} is about grant {gid} of another ledger or incarnation "
-                f"(this one is {self.incarnation})",
-                evidence=ev,
-            )
         g = self.rows.grants
-        row = g.row_of_serial.get(gid.serial)
+        row = g.row_of_serial.get(gid.serial) if gid.incarnation == self.incarnation else None
         if row is None:
-            if gid.serial < g.next_serial:
-                raise StaleEvidence(
-                    f"{ev.kind} is about grant {gid}, whose request was already released",
-                    evidence=ev,
-                )
-            raise MismatchedEvidence(f"{ev.kind}: grant {gid} was never issued", evidence=ev)
-        check_grant_peer(ev, g.peer[row])  # type: ignore[arg-type]  # a peer id, as it entered
-        request = self.rows.key_of[g.req[row]]
-        if ev.request != request:
-            raise MismatchedEvidence(
-                f"{ev.kind} names request {show(ev.request)}, grant {gid} is of {show(request)}",
-                evidence=ev,
-            )
-        if ev.peer != g.peer[row]:
-            raise MismatchedEvidence(
-                f"{ev.kind} names peer {show(ev.peer)}, grant {gid} is to {show(g.peer[row])}",
-                evidence=ev,
-            )
+            raise not_live(ev, self.incarnation, g.next_serial)
+        check_names(ev, self.rows.key_of[g.req[row]], g.peer[row])  # type: ignore[arg-type]
         return row
 
     # =================================================================== log events
