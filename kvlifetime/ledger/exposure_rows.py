@@ -61,12 +61,17 @@ class ExposureRows:
         block is unsettled or already held by it, or where it has ended."""
         slot = self.requests.running_or_new(key, "acquire")
         self.blocks.check_hold(arr, self.held[slot] if slot is not None else ())
+        self._hold(key, slot, arr, deadline)
+
+    def _hold(self, key: Hashable, slot: int | None, arr: BlockIds, deadline: float | None) -> int:
+        """``acquire`` once checked: ``key`` (at ``slot``, None: new) holds ``arr``; its slot."""
         if slot is None:
             (slot,) = self.admit([key], deadline)
         elif deadline is not None:
             self.requests.set_deadline(key, deadline)
         self.blocks.hold(arr)
         self.held[slot].append(arr)
+        return slot
 
     def acquire_and_grant(
         self,
@@ -82,8 +87,8 @@ class ExposureRows:
         if access == WRITE and len(arr):
             self.blocks.check_write_on_hold(arr)
         self.blocks.check_hold(arr, self.held[slot] if slot is not None else ())
-        self.acquire(key, arr, deadline)
-        return self._open(self.slot_of[key], arr, access, peer, None)
+        slot = self._hold(key, slot, arr, deadline)
+        return self._open(slot, arr, access, peer, None)
 
     def acquire_and_grant_many(
         self,
@@ -92,16 +97,18 @@ class ExposureRows:
         lens: Sequence[int],
         access: int,
         peer: Hashable = None,
+        distinct: bool | None = None,
     ) -> list[int | KVLifetimeError]:
         """``acquire_and_grant`` of each request of ``keys`` over its part of ``allids``
         (``lens[i]`` ids each, in order), each granted or refused on its own, in order: the
         handles, or the typed refusals. Where every request is new and no block repeats, the
-        step's blocks are checked, held and counted in one call each."""
+        step's blocks are checked, held and counted in one call each. ``distinct``: whether
+        no id of ``allids`` repeats, when the caller knows (None: looked at here)."""
         blocks = self.blocks
         fresh = (
             not any(k in self.slot_of for k in keys)
             and len(set(keys)) == len(keys)
-            and blocks.distinct(allids)
+            and (blocks.distinct(allids) if distinct is None else distinct)
             and blocks.fresh_allowed(allids, access)
         )
         if not fresh:

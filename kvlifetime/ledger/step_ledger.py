@@ -62,6 +62,8 @@ __all__ = ["StepLedger"]
 
 _QUARANTINED = CODE["quarantined"]
 _ACCESS = {Access.READ: READ, Access.WRITE: WRITE}
+_NO_IDS = np.empty(0, np.int64)
+_NO_IDS.flags.writeable = False
 
 
 class StepLedger(StepQueries):
@@ -106,33 +108,38 @@ class StepLedger(StepQueries):
         keys = [k for k, _ in items]
         lens = [len(ids) for _, ids in items]
         flat = list(itertools.chain.from_iterable(ids for _, ids in items))
-        allids = self._checked(flat, lens) if flat else np.empty(0, np.int64)
+        allids, distinct = self._checked(flat, lens) if flat else (_NO_IDS, True)
         with self._lock:
             if allids is not None:
-                out = self.rows.acquire_and_grant_many(keys, allids, lens, code, peer)
+                out = self.rows.acquire_and_grant_many(keys, allids, lens, code, peer, distinct)
             else:
                 out = self._grant_each(items, code, peer)
         if self._pending:
             self._emit()
         return out
 
-    def _checked(self, flat: list[Any], lens: list[int]) -> npt.NDArray[np.int64] | None:
+    def _checked(
+        self, flat: list[Any], lens: list[int]
+    ) -> tuple[npt.NDArray[np.int64] | None, bool]:
         """The step's block ids as one read-only array when every one is a plain int in
         range, none repeated within its request (None: some request's are not; each is then
-        checked on its own). Requests may share blocks (a prefix both read)."""
+        checked on its own), and whether no id repeats at all (requests may share blocks: a
+        prefix both read)."""
         if set(map(type, flat)) != {int}:
-            return None
+            return None, False
         arr = np.array(flat, dtype=np.int64)
-        if int(arr.min()) < 0 or int(arr.max()) >= self.num_blocks:
-            return None
-        if not self.rows.blocks.distinct(arr):
+        # Seen as unsigned, a negative id is huge: one reduction checks both ends.
+        if int(np.maximum.reduce(arr.view(np.uint64))) >= self.num_blocks:
+            return None, False
+        distinct = self.rows.blocks.distinct(arr)
+        if not distinct:
             seg = np.repeat(np.arange(len(lens)), lens)
             order = np.lexsort((arr, seg))
             a, s = arr[order], seg[order]
             if np.count_nonzero((a[1:] == a[:-1]) & (s[1:] == s[:-1])):
-                return None
+                return None, False
         arr.flags.writeable = False
-        return arr
+        return arr, distinct
 
     def _grant_each(
         self, items: Sequence[tuple[Hashable, Sequence[int]]], code: int, peer: Hashable
