@@ -17,6 +17,7 @@ Part of the step-columnar ledger being built (issue 32); held to the per-request
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Hashable
 
@@ -88,7 +89,11 @@ class RequestRows:
         self.deadline: list[float] = []  # per slot (inf: none)
         self.timed: dict[int, None] = {}  # slots with a deadline somewhere, in that order
         # Keys released lately: an ending call naming one is DoubleRelease, not UnknownRequest.
-        self.recently_released: dict[Hashable, None] = {}
+        # Ordered, oldest first, dropped from the front in O(1) (a plain dict's first key is
+        # found by skipping the deleted entries before it: O(n) once it is full).
+        self.recently_released: collections.OrderedDict[Hashable, None] = (
+            collections.OrderedDict()
+        )
 
     def admit(self, key: Hashable, deadline: float | None) -> int:
         """A new request (``key`` not live), in the table's initial state; its slot."""
@@ -120,7 +125,7 @@ class RequestRows:
         rr = self.recently_released
         rr[key] = None
         if len(rr) > RECENTLY_RELEASED:
-            del rr[next(iter(rr))]
+            rr.popitem(last=False)
         self.timed.pop(slot, None)
         self.free_slots.append(slot)
 
