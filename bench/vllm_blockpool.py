@@ -22,6 +22,10 @@ counts decide when a block is free; the ledger guards exposure only), a fresh le
 - **the per-step batches** on top of that: a step's ends in one ``finish_many`` and its
   evidence (the transfers that completed) in one ``apply_many`` (each item applied or refused
   on its own; the run checks none was refused).
+- **the abort path** (whole): the same with the step's requests rejected (``reject_many``), their
+  evidence after the rejects, then collected.
+- **the step-columnar ledger** (whole): ``StepLedger`` as the guard steps it, one call per
+  kind per step (``grant_many``, ``end_many``, ``prove``, ``collect``), finished or rejected.
 
 Phases run as a scheduler runs them: every request allocates, then every request ends. The
 variants run interleaved, one of each per round in alternating order, the collector off during
@@ -44,7 +48,7 @@ import numpy as np
 from bench import vllm_common as common
 from kvlifetime.evidence import TransferCompleted
 from kvlifetime.grant import Access
-from kvlifetime.ledger import BlockLedger
+from kvlifetime.ledger import BlockLedger, StepLedger
 
 PEER = "decode-0"
 PROMPT = 48  # incremental shape: prompt blocks, then one block per step up to --blocks
@@ -143,6 +147,58 @@ class Bench:
         """The per-step batches: ``acquire_and_grant`` per request, then the step's ends in
         one ``finish_many``, its evidence in one ``apply_many``, one ``collect_releasable``."""
         return self._ledger_whole(per_request=False, one_call=True, batches=True)
+
+    def ledger_whole_abort(self) -> float:
+        """The abort path on the object ledger: ``acquire_and_grant`` per request, the step's
+        aborts in one ``reject_many``, their evidence later in one ``apply_many``, one
+        ``collect_releasable``."""
+        pool, n, b = self.pool(), self.requests, self.blocks
+        ledger, _ = _ledger(self.num_blocks)
+        t0 = time.perf_counter_ns()
+        held, grants = [], []
+        for r in range(n):
+            blocks = pool.get_new_blocks(b)
+            ids = np.fromiter([x.block_id for x in blocks], np.int64, b)
+            grants.append(ledger.acquire_and_grant(r, ids, PEER, Access.READ))
+            held.append(blocks)
+        if not ledger.reject_many(range(n), reason="aborted").ok:
+            raise SystemExit("reject_many refused a request")
+        if not ledger.apply_many([TransferCompleted.of(g, 0) for g in grants]).ok:
+            raise SystemExit("apply_many refused evidence")
+        for key in ledger.collect_releasable():
+            pool.free_blocks(held[key])  # type: ignore[index]
+        return self._done(pool, t0)
+
+    def _step_ledger_whole(self, aborted: bool) -> float:
+        """The step-columnar ledger (``StepLedger``), as the guard steps it: the step's grants
+        in one ``grant_many`` (block ids as vLLM's lists of ints), its ends in one
+        ``end_many`` (``aborted``: rejected, the abort path), its evidence in one ``prove``,
+        one ``collect``."""
+        pool, n, b = self.pool(), self.requests, self.blocks
+        ledger = StepLedger(self.num_blocks)
+        t0 = time.perf_counter_ns()
+        held = []
+        items: list[tuple[int, list[int]]] = []
+        for r in range(n):
+            blocks = pool.get_new_blocks(b)
+            items.append((r, [x.block_id for x in blocks]))
+            held.append(blocks)
+        handles = [h for h in ledger.grant_many(items, PEER, Access.READ) if isinstance(h, int)]
+        if len(handles) != n:
+            raise SystemExit("grant_many refused a request")
+        if ledger.end_many(range(n), aborted=aborted):
+            raise SystemExit("end_many refused a request")
+        if ledger.prove(handles, TransferCompleted):
+            raise SystemExit("prove refused evidence")
+        for key in ledger.collect():
+            pool.free_blocks(held[int(key)])  # type: ignore[call-overload]
+        return self._done(pool, t0)
+
+    def step_ledger_whole(self) -> float:
+        return self._step_ledger_whole(aborted=False)
+
+    def step_ledger_abort(self) -> float:
+        return self._step_ledger_whole(aborted=True)
 
     # ------------------------------------------------------------------ incremental
 
@@ -308,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
                 "ledger, collect_releasable per step": bench.ledger_whole_collect,
                 "ledger, acquire_and_grant + collect per step": bench.ledger_whole_few_calls,
                 "ledger, + finish_many, apply_many per step": bench.ledger_whole_step_batches,
+                "ledger, abort path: reject_many, apply_many": bench.ledger_whole_abort,
+                "StepLedger, grant_many, end_many, prove": bench.step_ledger_whole,
+                "StepLedger, abort path (rejected)": bench.step_ledger_abort,
             },
         ),
         "incremental": (
