@@ -91,9 +91,7 @@ class RequestRows:
         # Keys released lately: an ending call naming one is DoubleRelease, not UnknownRequest.
         # Ordered, oldest first, dropped from the front in O(1) (a plain dict's first key is
         # found by skipping the deleted entries before it: O(n) once it is full).
-        self.recently_released: collections.OrderedDict[Hashable, None] = (
-            collections.OrderedDict()
-        )
+        self.recently_released: collections.OrderedDict[Hashable, None] = collections.OrderedDict()
 
     def admit(self, key: Hashable, deadline: float | None) -> int:
         """A new request (``key`` not live), in the table's initial state; its slot."""
