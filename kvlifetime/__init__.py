@@ -78,7 +78,15 @@ _EXPORTS: dict[str, str] = {
     ),
     **dict.fromkeys(("Access", "Grant", "GrantId"), "kvlifetime.grant"),
     **dict.fromkeys(
-        ("BatchOutcome", "BlockLedger", "LedgerStats", "QuarantineInfo", "Refusal", "Transition"),
+        (
+            "BatchOutcome",
+            "BlockLedger",
+            "LedgerStats",
+            "QuarantineInfo",
+            "Refusal",
+            "StepLedger",
+            "Transition",
+        ),
         "kvlifetime.ledger",
     ),
     **dict.fromkeys(("BlockLifecycle", "RequestLifecycle"), "kvlifetime.spec.lifecycles"),
@@ -135,6 +143,7 @@ if TYPE_CHECKING:  # what the names are, for mypy and editors; at run time __get
         LedgerStats,
         QuarantineInfo,
         Refusal,
+        StepLedger,
         Transition,
     )
     from kvlifetime.source import LOCAL, Source, SourceKind
@@ -205,6 +214,7 @@ __all__ = [
     "SourceKind",
     "SpecDisagreement",
     "StaleEvidence",
+    "StepLedger",
     "TransferCompleted",
     "TransferQuiesced",
     "Transition",

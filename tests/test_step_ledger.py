@@ -34,7 +34,7 @@ from kvlifetime.spec.vocabulary import RequestState
 ids = st.one_of(
     st.lists(st.integers(0, 11), min_size=1, max_size=4, unique=True),
     st.lists(st.integers(0, 11), min_size=2, max_size=4),  # repeats, sometimes
-    st.lists(st.sampled_from([-1, 12, 99]), min_size=1, max_size=2),  # out of range
+    st.lists(st.sampled_from([-1, 12, 99, 2**64]), min_size=1, max_size=2),  # out of range
     st.lists(st.sampled_from([True, 1.0, "3", None]), min_size=1, max_size=2),  # not ints
 )
 request = st.integers(0, 12).map(lambda i: f"r{i}")
@@ -245,7 +245,14 @@ def test_the_step_ledger_keeps_the_object_ledgers_semantics(ops: list[tuple[Any,
 
 @pytest.mark.parametrize(
     ("block_ids", "error"),
-    [([1, 1], DuplicateBlockIds), ([16], BlockOutOfRange), ([True], InvalidBlockIds)],
+    [
+        ([1, 1], DuplicateBlockIds),
+        ([16], BlockOutOfRange),
+        ([-1], BlockOutOfRange),
+        ([2**70], BlockOutOfRange),
+        ([True], InvalidBlockIds),
+        ([1.0], InvalidBlockIds),
+    ],
 )
 def test_bad_block_ids_in_a_step_are_refused_for_their_request_only(
     block_ids: list[Any], error: type[Exception]

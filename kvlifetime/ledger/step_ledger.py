@@ -127,7 +127,10 @@ class StepLedger(StepQueries):
         prefix both read)."""
         if set(map(type, flat)) != {int}:
             return None, False
-        arr = np.array(flat, dtype=np.int64)
+        try:
+            arr = np.array(flat, dtype=np.int64)
+        except OverflowError:  # an int past int64: the request's own check says which
+            return None, False
         # Seen as unsigned, a negative id is huge: one reduction checks both ends.
         if int(np.maximum.reduce(arr.view(np.uint64))) >= self.num_blocks:
             return None, False
