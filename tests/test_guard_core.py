@@ -9,9 +9,11 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from guard_fake import FakeEngine
 from structlog.testing import capture_logs
 
+from kvlifetime.errors import InvalidField
 from kvlifetime.guard import GuardCore
 from kvlifetime.ledger import StepLedger
 from kvlifetime.spec.table import engine_table
@@ -129,14 +131,55 @@ def test_fences_racing_steps_never_release_an_exposure_of_their_own_step() -> No
             e.end(name, remote_read=True)
             exposed_in[name] = e.core.step
             e.core.reports.lease_expired(name)  # unproven: only a fence of a later step frees it
+            if i % 10 == 5:
+                # Mid-step, the fencer's turn: wait until it has recorded a fence in this step
+                # (how often it gets in otherwise is up to the scheduler).
+                deadline = time.monotonic() + 5
+                while not len(e.core.fences) and time.monotonic() < deadline:
+                    time.sleep(0.0001)
+                assert len(e.core.fences), "the fencer never got in"
             e.step_end()
-            time.sleep(0)  # let the fencer in (how often it gets in is up to the scheduler)
     finally:
         stop.set()
         t.join()
+    assert e.freed, "no fence recorded mid-step freed what earlier steps exposed"
     e.core.fence("last")  # recorded after every step ended: it covers every exposure
     e.step_begin()
     assert sorted(e.freed) == sorted(exposed_in)
+
+
+def test_a_proof_queued_before_a_fence_never_reaches_the_grant_that_reuses_its_handle() -> None:
+    # a's READ grant is proven (queued, not settled) while a fence is pending; the fence
+    # releases a; b's grant, made next, reuses a's grant row. The queued proof is settled
+    # before the fence's release, so it is about a's grant, never b's.
+    core = GuardCore(StepLedger(16), peer="p", engine="fake")
+    core.holds.admit("a")
+    core.end("a", [1, 2], aborted=False)
+    core.end_step()
+    core.fence("f")
+    assert core.reports.reads_done("a") is None  # queued
+    released = core.begin_step()
+    assert released == {"a"} and core.take_released() == {"a"}
+    core.holds.admit("b")
+    core.end("b", [3, 4], aborted=False)
+    core.end_step()
+    core.settle()
+    assert core.take_released() == set()  # b's reads are not proven
+    assert core.holds.state("b") == "withheld"
+    assert core.ledger.stats().open_grants == 1
+
+
+def test_a_request_id_that_is_not_a_str_is_refused_before_anything_changes() -> None:
+    core = GuardCore(StepLedger(16), peer="p", engine="fake")
+    for bad in (7, None, b"r", ("r",)):
+        with pytest.raises(InvalidField):
+            core.end(bad, [1], aborted=False)  # type: ignore[arg-type]
+        with pytest.raises(InvalidField):
+            core.grant_loads([("ok", [2]), (bad, [3])])  # type: ignore[list-item]
+    assert len(core.holds) == 0 and core.journaled_count == 0
+    assert core.ledger.stats().open_grants == 0
+    with pytest.raises(InvalidField):
+        GuardCore(StepLedger(16), peer=["x"], engine="fake")  # type: ignore[arg-type]
 
 
 def test_a_fenced_receive_superseded_by_a_read_goes_back_once() -> None:

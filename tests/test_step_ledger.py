@@ -22,9 +22,12 @@ from kvlifetime.errors import (
     DuplicateBlockIds,
     IllegalTransition,
     InvalidBlockIds,
+    InvalidField,
+    MalformedEvidence,
+    UnknownGrant,
     UnknownRequest,
 )
-from kvlifetime.evidence import AccessRevoked, LeaseExpired, TransferCompleted
+from kvlifetime.evidence import AccessRevoked, Evidence, LeaseExpired, TransferCompleted
 from kvlifetime.grant import Access, Grant, GrantId
 from kvlifetime.ledger import BlockLedger, StepLedger
 from kvlifetime.source import Source
@@ -61,6 +64,9 @@ op = st.one_of(
         st.sampled_from(["local", "own", "other", "spoof", "stale", "foreign"]),
     ),
     st.tuples(st.just("single_end"), request, st.booleans()),
+    st.tuples(
+        st.just("acquire_and_grant"), request, ids, st.sampled_from([Access.READ, Access.WRITE])
+    ),
     st.tuples(st.just("set_deadline"), request, st.sampled_from([None, 2.0, 5.0])),
     st.tuples(st.just("expire"), st.sampled_from([1.0, 3.0, 6.0])),
 )
@@ -166,6 +172,22 @@ class Pair:
         got = _raised(lambda: self.rows.apply(ev))
         want = _raised(lambda: self.objs.apply(ev))
         assert type(got) is type(want), (ev, got, want)
+
+    def acquire_and_grant(self, key: str, block_ids: list[Any], access: Access) -> None:
+        try:
+            handle: int | Exception = self.rows.acquire_and_grant(key, block_ids, "peer", access)
+        except Exception as e:
+            handle = e
+        try:
+            grant: Grant | Exception = self.objs.acquire_and_grant(key, block_ids, "peer", access)
+        except Exception as e:
+            grant = e
+        if isinstance(grant, Exception):
+            assert type(handle) is type(grant), (handle, grant)
+        else:
+            assert isinstance(handle, int), (handle, grant)
+            assert self.rows.grant(handle).describe() == grant.describe()
+            self.issued.append((handle, grant))
 
     def single_end(self, key: str, aborted: bool) -> None:
         if aborted:
@@ -293,3 +315,31 @@ def test_a_read_grant_with_bad_ids_is_refused_and_changes_nothing() -> None:
     assert led.state("new") is RequestState.ADMITTED
     with pytest.raises(UnknownRequest):
         led.state("nobody")
+
+
+def test_a_handle_that_is_not_a_live_grants_is_refused() -> None:
+    led = StepLedger(16)
+    (h,) = led.grant_many([("a", [0])], "p", Access.READ)
+    assert isinstance(h, int) and led.grant(h).request == "a"
+    led.end_many(["a"], aborted=False)
+    led.prove([h], TransferCompleted)
+    assert list(led.collect()) == ["a"]
+    for bad in (h, -1, 99, "0", None, True):  # released, out of range, not an int
+        with pytest.raises(UnknownGrant):
+            led.grant(bad)  # type: ignore[arg-type]
+
+
+def test_evidence_of_no_known_kind_and_bad_peers_are_typed_refusals() -> None:
+    led = StepLedger(16)
+    before = led.fingerprint()
+    with pytest.raises(MalformedEvidence):
+        led.apply(Evidence())
+    with pytest.raises(MalformedEvidence):
+        led.apply("TransferCompleted")  # type: ignore[arg-type]
+    for peer in (["x"], "", 5):
+        with pytest.raises(InvalidField):
+            led.grant_many([("a", [0])], peer, Access.READ)  # type: ignore[arg-type]
+        with pytest.raises(InvalidField):
+            led.grant_read("a", [0], peer)  # type: ignore[arg-type]
+    assert led.fingerprint() == before
+    assert led.stats().refused_evidence == {"malformed_evidence": 2}

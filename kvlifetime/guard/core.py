@@ -33,12 +33,14 @@ arrived in (or of a later one).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 import attrs
 import numpy as np
 import structlog
 
-from kvlifetime.errors import KVLifetimeError
+from kvlifetime import inputs
+from kvlifetime.errors import InvalidField, KVLifetimeError, show
 from kvlifetime.evidence import AccessRevoked
 from kvlifetime.grant import Access
 from kvlifetime.guard.fences import FenceLog, revocations
@@ -70,7 +72,7 @@ class GuardCore:
 
     def __init__(self, ledger: StepLedger, *, peer: str, engine: str) -> None:
         self.ledger = ledger
-        self.peer = peer
+        self.peer = inputs.peer_id(peer)  # every grant's peer: checked once, here
         self.refusals = Refusals(engine)
         self.holds: Holds[int] = Holds(self.refusals)
         self.journal = StepJournal(ledger, peer, self.holds, self.refusals)
@@ -114,8 +116,14 @@ class GuardCore:
 
     def hold(self, request: str) -> Hold[int]:
         """The request's hold; one at ``running`` for a request the engine holds that the guard
-        was not told of (the engine's table is the truth)."""
-        return self.holds.get(request) or self.holds.admit(request)
+        was not told of (the engine's table is the truth). A request id that is not a ``str``
+        is ``InvalidField`` (the caller's fault), before anything changes."""
+        hold = self.holds.get(request)
+        if hold is not None:
+            return hold
+        if type(request) is not str:
+            raise InvalidField(f"a request id is a str, got {show(request)}")
+        return self.holds.admit(request)
 
     # ------------------------------------------------------------------ exposures
 
@@ -126,6 +134,9 @@ class GuardCore:
         self.flush()
         due: list[tuple[str, Sequence[int]]] = []
         refused: set[str] = set()
+        for request, _ in loads:
+            if type(request) is not str:
+                raise InvalidField(f"a request id is a str, got {show(request)}")
         for request, ids in loads:
             self.hold(request)
             if not len(ids):
@@ -194,10 +205,13 @@ class GuardCore:
 
     def collect(self) -> set[str]:
         """What the ledger released: the exposures end; an ended hold becomes ``releasable``
-        (its id is due to the engine, ``take_released``)."""
+        (its id is due to the engine, ``take_released``). Proofs queued by reports and not
+        settled yet are applied first: their grant handles name live grants only until the
+        ledger releases their request (a handle is reused after that)."""
+        self.reports.settle()
         out: set[str] = set()
         for key in self.ledger.collect():
-            request = str(key)
+            request = cast(str, key)  # the guard's own request ids, as they entered
             hold = self.holds.get(request)
             if hold is None:
                 continue
@@ -230,7 +244,7 @@ class GuardCore:
 
     def apply_fence(self, name: str, step: int) -> set[str]:
         """A fence, now (the engine's thread): ``AccessRevoked`` for every open grant made in a
-        step before ``step``, in one ``apply_many``; ended holds become releasable, a held
+        step before ``step``, in one ``prove``; ended holds become releasable, a held
         receive whose grant it closed becomes due. Returns the ended requests released and the
         live ones whose held receive became due."""
         self.flush()

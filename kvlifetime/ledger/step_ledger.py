@@ -16,9 +16,10 @@ Two kinds of calls, two kinds of values:
   the block ids come from the engine and are checked where they enter (``grant_many``: one
   check of the whole step's ids; each request's on its own only when that fails);
 - the single calls (``acquire_and_grant``, ``finish``, ``reject``, ``set_deadline``,
-  ``expire``, ``apply``, ``collect_releasable``) are ``BlockLedger``'s, with its validation and
-  its typed errors, each a batch of one through the same rows: an engine's code written against
-  ``BlockLedger(counts="engine")`` runs on this ledger unchanged where it uses them.
+  ``expire``, ``apply``, ``collect_releasable``) are ``BlockLedger``'s, with its arguments,
+  its validation and its typed errors, each a batch of one through the same rows; they return
+  a grant handle where ``BlockLedger`` returns a ``Grant``, and nothing where it returns the
+  transitions fired (its log events are fewer: transitions, releases, refused evidence).
 
 The rules are ``StepRows``', held to ``BlockLedger(counts="engine")`` step by step
 (``tests/test_step_rows.py``), and this ledger to it call by call
@@ -70,8 +71,9 @@ class StepLedger(StepQueries):
     """The exposures of one engine's KV pool, stepped a scheduler step at a time (the engine's
     own reference counts decide when a block is free; the ledger guards exposure only).
 
-    Thread safety: every call holds the one lock; evidence may arrive on another thread while
-    the scheduler steps. Logging never runs under it."""
+    Thread safety: every call holds the one lock (but the guard's two readers of its own
+    handles, ``is_open`` and ``blocks_under``, which read one list entry); evidence may arrive
+    on another thread while the scheduler steps. Logging never runs under it."""
 
     def __init__(self, num_blocks: int, *, incarnation: str | None = None) -> None:
         num_blocks = inputs.count(num_blocks, "num_blocks", 1)
@@ -96,7 +98,7 @@ class StepLedger(StepQueries):
     def grant_many(
         self,
         items: Sequence[tuple[Hashable, Sequence[int]]],
-        peer: Hashable,
+        peer: PeerId,
         access: Access,
     ) -> list[int | KVLifetimeError]:
         """Each request of ``items`` (new, or running) holds its block ids and gets one grant
@@ -105,11 +107,12 @@ class StepLedger(StepQueries):
         not distinct integers in ``[0, num_blocks)`` are refused per request
         (``InvalidBlockIds``, ``BlockOutOfRange``, ``DuplicateBlockIds``)."""
         code = _ACCESS[access]
+        peer = inputs.peer_id(peer)
         keys = [k for k, _ in items]
         lens = [len(ids) for _, ids in items]
         flat = list(itertools.chain.from_iterable(ids for _, ids in items))
-        allids, distinct = self._checked(flat, lens) if flat else (_NO_IDS, True)
-        with self._lock:
+        with self._lock:  # (the distinctness check writes the per-block scratch)
+            allids, distinct = self._checked(flat, lens) if flat else (_NO_IDS, True)
             if allids is not None:
                 out = self.rows.acquire_and_grant_many(keys, allids, lens, code, peer, distinct)
             else:
@@ -157,12 +160,13 @@ class StepLedger(StepQueries):
                 out.append(e)
         return out
 
-    def grant_read(self, key: Hashable, ids: npt.ArrayLike, peer: Hashable) -> int:
+    def grant_read(self, key: Hashable, ids: npt.ArrayLike, peer: PeerId) -> int:
         """A READ grant over ``ids`` for a running request (admitted if new, as by
         ``BlockLedger.acquire``) that may hold some of them already (it holds the rest from now
         on), all or nothing: its handle, or the typed error (an ended request's is
         ``IllegalTransition``)."""
         arr = inputs.block_ids(ids, self.num_blocks)
+        peer = inputs.peer_id(peer)
         with self._lock:
             rows = self.rows
             slot = rows.slot_of.get(key)
@@ -180,8 +184,10 @@ class StepLedger(StepQueries):
         typed error."""
         event = "rejected" if aborted else "finished"
         with self._lock:
-            refused = self.rows.end(keys, event, self._moves)
-            self._note(reason if aborted else event)
+            try:
+                refused = self.rows.end(keys, event, self._moves)
+            finally:
+                self._note(reason if aborted else event)
         if self._pending:
             self._emit()
         return refused
@@ -227,7 +233,7 @@ class StepLedger(StepQueries):
     # =================================================================== single calls
 
     def acquire_and_grant(
-        self, request: RequestKey, ids: npt.ArrayLike, peer: PeerId, access: Access = Access.READ
+        self, request: RequestKey, ids: npt.ArrayLike, peer: PeerId, access: Access = Access.WRITE
     ) -> int:
         """``BlockLedger.acquire_and_grant``: ``request`` (new, or running) holds ``ids`` and
         gets one grant of ``access`` to ``peer`` over them, all or nothing: the handle."""
@@ -299,7 +305,9 @@ class StepLedger(StepQueries):
             raise errors.MalformedEvidence(f"not evidence: {show(ev)}", evidence=ev)
         if ev.source.kind is not SourceKind.LOCAL:
             check_source(ev)
-        code = next(CODE_OF[c] for c in type(ev).__mro__ if c in CODE_OF)
+        code = next((CODE_OF[c] for c in type(ev).__mro__ if c in CODE_OF), None)
+        if code is None:  # an abstract kind (``Evidence``, ``GrantEvidence``) proves nothing
+            raise errors.MalformedEvidence(f"not a kind of evidence: {show(ev)}", evidence=ev)
         fence = ev.fence if isinstance(ev, AccessRevoked) else None
         rows = self.rows
         if isinstance(ev, GrantEvidence) or (

@@ -2,9 +2,10 @@
 
 The base of ``StepLedger`` (``step_ledger``), as ``queries`` is of ``BlockLedger``: every call
 here may come from any thread (a Prometheus scrape, a test), validates its arguments and takes
-the ledger's lock; none changes anything. Objects (a ``Grant``, ``LedgerStats``) are built
-here, when asked, from the rows: never on a step's path. Two trusted readers serve the guard
-core on its own values: ``is_open`` and ``blocks_under`` of a grant handle.
+the ledger's lock; none changes anything. Objects (a ``Grant``, ``LedgerStats``) are built here,
+when asked, from the rows: never on a step's path. Two trusted readers serve the guard core on
+its own handles of live grants, unchecked and without the lock: ``is_open`` and
+``blocks_under``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvlifetime import inputs
-from kvlifetime.errors import UnknownRequest
+from kvlifetime.errors import UnknownGrant, UnknownRequest, show
 from kvlifetime.grant import Access, BlockIds, Grant, RequestKey, make_grant_id
 from kvlifetime.ledger.block_rows import READ, WRITE
 from kvlifetime.ledger.events import Event
@@ -56,16 +57,27 @@ class StepQueries:
     # =================================================================== the guard's readers
 
     def is_open(self, handle: int) -> bool:
-        """Whether the grant ``handle`` (a live grant's: the library's own value) is open."""
+        """Whether the grant ``handle`` is open. For the guard, on its own handles of live
+        grants (trusted, not checked, no lock: one list entry read)."""
         return self.rows.grants.open[handle]
 
     def blocks_under(self, handle: int) -> BlockIds:
-        """The block ids of the grant ``handle`` (read-only)."""
+        """The block ids (read-only) of the grant ``handle``. For the guard, on its own
+        handles of live grants (trusted, not checked, no lock: one list entry read)."""
         return self.rows.grants.blocks[handle]
 
     def grant(self, handle: int) -> Grant:
-        """The grant of ``handle`` (a live grant's) as a ``Grant``: built now, for a reader."""
+        """The grant of ``handle`` as a ``Grant``, built now for a reader. ``UnknownGrant`` for
+        anything that is not the handle of a live grant (its request released: the handle is
+        someone else's, or no one's, now)."""
         with self._lock:
+            g = self.rows.grants
+            if (
+                type(handle) is not int
+                or not 0 <= handle < len(g.serial)
+                or g.row_of_serial.get(g.serial[handle]) != handle
+            ):
+                raise UnknownGrant(f"no live grant has the handle {show(handle)}")
             return self._grant(handle)
 
     def _grant(self, handle: int) -> Grant:

@@ -32,6 +32,7 @@ from kvlifetime.errors import (
     UsageError,
 )
 from kvlifetime.evidence import LeaseExpired, TransferCompleted
+from kvlifetime.grant import Access
 from kvlifetime.guard import Refusal
 from kvlifetime.integrations.sglang.events import Events, emit, listening
 from kvlifetime.integrations.sglang.lifecycles import Lifecycle, RoomLifecycles, room_id, small_int
@@ -62,7 +63,7 @@ class PrefillCalls(RoomLifecycles):
                 if key is None:
                     new = self._new_key(room)
                     try:
-                        g = led.acquire_and_grant(new, pages, LOCAL_ENGINE)
+                        g = led.acquire_and_grant(new, pages, LOCAL_ENGINE, Access.READ)
                     except KVLifetimeError:
                         self._next -= 1
                         raise

@@ -122,8 +122,7 @@ class ConnectorGuard:
 
     def admitted(self, request: str) -> None:
         """``on_new_request``: vLLM holds the request from now until it frees it."""
-        if request not in self.core.holds:
-            self.core.holds.admit(request)
+        self.core.hold(request)  # (a request id that is not a str: InvalidField)
 
     @property
     def step(self) -> int:
