@@ -597,3 +597,25 @@ def test_fences_racing_steps_never_release_an_exposure_of_their_own_step() -> No
     g.begin_step()
     g.output({"r299"}, None)
     assert g.stats().exposed == 0 and g.ledger.stats().open_grants == 0
+
+
+@pytest.mark.parametrize("bad", [[1.5], ["3"], [None], 7, [2**70], [-1]])
+def test_a_malformed_report_of_block_ids_is_a_refusal_not_an_exception(bad: object) -> None:
+    g = ConnectorGuard(16)
+    g.admitted("d1")
+    assert g.allocated_many([("d1", [2, 3])]) == set()
+    g.handed_out(bad)  # type: ignore[arg-type]
+    assert g.stats().dropped == {"handed_out_refused": 1}
+    back = g.output(None, None, invalid_block_ids=bad)  # type: ignore[arg-type]
+    assert back.finished_recving == set() and back.finished_sending == set()
+    assert g.stats().dropped == {"handed_out_refused": 1, "malformed_value": 1}
+    assert g.request("d1").state == "loading"  # type: ignore[union-attr]
+
+
+def test_a_block_handed_to_two_requests_in_one_step_is_checked_once() -> None:
+    g = ConnectorGuard(16)
+    g.admitted("d1")
+    g.allocated_many([("d1", [2, 3])])
+    g.handed_out([5, 5, 6])  # a shared prefix block: not a refusal
+    g.handed_out([3, 3])  # under d1's open WRITE grant: one reuse counted
+    assert g.stats().dropped == {"exposed_block_reused": 1}

@@ -300,8 +300,17 @@ class GuardCore:
         return self.ledger.stats()
 
     def open_writes(self, invalid: Iterable[int]) -> list[str]:
-        """The holds whose open, unfailed WRITE grant covers a block of ``invalid``."""
-        bad = np.fromiter(invalid, dtype=np.int64)
+        """The holds whose open, unfailed WRITE grant covers a block of ``invalid`` (the
+        engine's report of blocks a load failed to fill). A report that is not a batch of
+        block ids is a refusal (``malformed_value``): it names no block."""
+        if not self._writes:
+            return []
+        try:
+            bad = inputs.block_ids(list(invalid), None, unique=False)
+        except (KVLifetimeError, TypeError) as e:
+            err = e if isinstance(e, KVLifetimeError) else InvalidField(str(e))
+            self.refusals.refuse(RefusalKind.MALFORMED_VALUE, "-", err)
+            return []
         if not len(bad):
             return []
         under = self.ledger.blocks_under

@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 import attrs
 import numpy as np
 
-from kvlifetime.errors import KVLifetimeError
+from kvlifetime import inputs
+from kvlifetime.errors import InvalidField, KVLifetimeError
 from kvlifetime.grant import Grant
 from kvlifetime.guard import GuardCore, Refusal, RefusalKind
 from kvlifetime.ledger import LedgerStats
@@ -165,14 +166,16 @@ class ConnectorGuard:
         WRITE grant (an asynchronous load may still land in it) is a reuse vLLM should never
         make while the guard holds the loading request back: counted and logged
         (``exposed_block_reused``); the guard cannot take it back."""
-        ids = np.fromiter(block_ids, dtype=np.int64)
-        if len(ids) == 0 or not self.core.loads_tracked:
+        if not self.core.loads_tracked:
             return
         self.core.flush()
         try:
+            ids = inputs.block_ids(list(block_ids), self.ledger.num_blocks, unique=False)
+            ids = np.unique(ids)  # a block shared by several of the step's requests: once
             hit = ids[self.ledger.open_access(ids) == 2]
-        except KVLifetimeError as e:
-            self.core.refusals.refuse(RefusalKind.HANDED_OUT_REFUSED, "-", e)
+        except (KVLifetimeError, TypeError) as e:
+            err = e if isinstance(e, KVLifetimeError) else InvalidField(str(e))
+            self.core.refusals.refuse(RefusalKind.HANDED_OUT_REFUSED, "-", err)
         else:
             for block in hit.tolist():
                 self.core.refusals.refuse(
