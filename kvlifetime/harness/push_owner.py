@@ -136,6 +136,22 @@ class _Req:
         return self.hold.state == "ended" and self.ended is None
 
 
+def _assign(key: int, grant: Grant, addrs: tuple[int, ...], tokens: int) -> bytes:
+    """What one prefill rank is told of a request (``Assign``, encoded): its WRITE grant, the
+    blocks and generations it covers, their addresses in the arena, the tokens to prefill."""
+    return encode(
+        Assign(
+            key,
+            grant.id,
+            grant.peer,
+            tuple(int(b) for b in grant.blocks),
+            tuple(int(x) for x in grant.generations),
+            addrs,
+            tokens,
+        )
+    )
+
+
 class DecodeWorker(Owner):
     """Decode in the push direction: the memory owner. It grants its blocks WRITE to the
     prefill ranks, consumes the KV once every rank completed, and decides when they go back.
@@ -377,17 +393,8 @@ class DecodeWorker(Owner):
             if p.abort_after is not None:
                 self._aborts.setdefault(n + p.abort_after, []).append(key)
             addrs = tuple(self.memory.address(int(b) * self.cfg.block_bytes) for b in ids)
-            for out, peer, gi in zip(outs, peers, gs, strict=True):
-                assign = Assign(
-                    key,
-                    gi.id,
-                    peer,
-                    tuple(int(b) for b in ids),
-                    tuple(int(x) for x in gi.generations),
-                    addrs,
-                    p.tokens,
-                )
-                out.append(encode(assign))
+            for out, gi in zip(outs, gs, strict=True):
+                out.append(_assign(key, gi, addrs, p.tokens))
 
     def _decoding(self, key: int) -> Grant | None:
         """The WRITE grant of ``key`` if it consumed its KV and decodes (a prefix may be lent)."""

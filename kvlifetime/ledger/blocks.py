@@ -74,6 +74,25 @@ _ADMITTED = RequestState.ADMITTED.value
 _QUARANTINED = RequestState.QUARANTINED.value
 
 
+def block_states(
+    held: npt.NDArray[np.bool_],
+    running: npt.NDArray[np.bool_],
+    opened: npt.NDArray[np.bool_],
+    quarantined: npt.NDArray[np.bool_],
+) -> npt.NDArray[np.uint8]:
+    """The ``BlockState`` code of every block, from four masks: held by a request, held by a
+    running one, under an open grant, under an open grant of a quarantined request. The one
+    rule both ledgers (records and rows) derive their block states by."""
+    out = np.full(len(held), BlockState.QUIESCED, dtype=np.uint8)
+    out[~held] = BlockState.FREE
+    out[held & running & ~opened] = BlockState.OWNED
+    out[held & running & opened] = BlockState.EXPOSED
+    ended_open = held & ~running & opened
+    out[ended_open & ~quarantined] = BlockState.DRAINING
+    out[ended_open & quarantined] = BlockState.QUARANTINED
+    return out
+
+
 class BlockCounts(metaclass=abc.ABCMeta):
     """The per-block state of one pool (see the module docstring): what both implementations
     keep (holders counted in ``sharers``, generations, the open-grant counters) and the
@@ -355,26 +374,18 @@ class BlockCounts(metaclass=abc.ABCMeta):
     def derive_states(self, live: Mapping[RequestKey, RequestRecord]) -> npt.NDArray[np.uint8]:
         """``BlockState`` codes of every block, from its holders and the open grants."""
         n = self.num_blocks
-        running = np.zeros(n, dtype=np.int32)
-        opened = np.zeros(n, dtype=np.int32)
+        running = np.zeros(n, dtype=bool)
+        opened = np.zeros(n, dtype=bool)
         quarantined = np.zeros(n, dtype=bool)
         for req in live.values():
             if req.state == _ADMITTED:
                 for a in req.excl + req.shared:
-                    running[a] += 1
+                    running[a] = True
             for rec in req.open.values():
-                opened[rec.grant.blocks] += 1
+                opened[rec.grant.blocks] = True
                 if req.state == _QUARANTINED:
                     quarantined[rec.grant.blocks] = True
-        held = self.held()
-        out = np.full(n, BlockState.QUIESCED, dtype=np.uint8)
-        out[~held] = BlockState.FREE
-        out[held & (running > 0) & (opened == 0)] = BlockState.OWNED
-        out[held & (running > 0) & (opened > 0)] = BlockState.EXPOSED
-        ended_open = held & (running == 0) & (opened > 0)
-        out[ended_open & ~quarantined] = BlockState.DRAINING
-        out[ended_open & quarantined] = BlockState.QUARANTINED
-        return out
+        return block_states(self.held(), running, opened, quarantined)
 
     def copy(self) -> BlockCounts:
         """An independent copy (``snapshot.copy_slots``: every field, by its kind)."""

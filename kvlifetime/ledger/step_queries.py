@@ -20,8 +20,9 @@ import numpy.typing as npt
 
 from kvlifetime import inputs
 from kvlifetime.errors import UnknownGrant, UnknownRequest, show
-from kvlifetime.grant import Access, BlockIds, Grant, RequestKey, make_grant_id
+from kvlifetime.grant import Access, BlockIds, Grant, RequestKey, make_grant, make_grant_id
 from kvlifetime.ledger.block_rows import READ, WRITE
+from kvlifetime.ledger.blocks import block_states
 from kvlifetime.ledger.events import Event
 from kvlifetime.ledger.request_rows import CODE, STATES
 from kvlifetime.ledger.step_rows import StepRows
@@ -85,17 +86,14 @@ class StepQueries:
         blocks = g.blocks[handle]
         generations = self.rows.blocks.generation.take(blocks)
         generations.flags.writeable = False
-        out = object.__new__(Grant)  # from the ledger's own values, checked when they entered
-        for name, value in (
-            ("id", make_grant_id(self.incarnation, g.serial[handle])),
-            ("request", self.rows.key_of[g.req[handle]]),
-            ("peer", g.peer[handle]),
-            ("blocks", blocks),
-            ("generations", generations),
-            ("access", _ACCESS_OF[g.access[handle]]),
-        ):
-            object.__setattr__(out, name, value)
-        return out
+        return make_grant(  # from the ledger's own values, checked when they entered
+            make_grant_id(self.incarnation, g.serial[handle]),
+            cast(RequestKey, self.rows.key_of[g.req[handle]]),
+            cast(str, g.peer[handle]),
+            blocks,
+            generations,
+            _ACCESS_OF[g.access[handle]],
+        )
 
     # =================================================================== queries
 
@@ -220,15 +218,7 @@ class StepQueries:
                     opened[g.blocks[r]] = True
                     if state[slot] == _QUARANTINED:
                         quarantined[g.blocks[r]] = True
-        held = rows.blocks.sharers > 0
-        out = np.full(n, BlockState.QUIESCED, dtype=np.uint8)
-        out[~held] = BlockState.FREE
-        out[held & running & ~opened] = BlockState.OWNED
-        out[held & running & opened] = BlockState.EXPOSED
-        ended_open = held & ~running & opened
-        out[ended_open & ~quarantined] = BlockState.DRAINING
-        out[ended_open & quarantined] = BlockState.QUARANTINED
-        return out
+        return block_states(rows.blocks.sharers > 0, running, opened, quarantined)
 
     def stats(self, now: float | None = None) -> LedgerStats:
         """The ledger's figures, as ``BlockLedger.stats`` gives them (a quarantine's ``since``

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-import numpy as np
 import numpy.typing as npt
 
 from kvlifetime import inputs
@@ -79,13 +78,12 @@ class PrefillCalls(RoomLifecycles):
                 if life.phase != "live":
                     raise UsageError(f"{key}: a chunk sent after SGLang ended it ({life.phase})")
                 g = led.grant_read(key, pages, LOCAL_ENGINE)
-                new_pages = np.setdiff1d(led.blocks_under(g), life.pages, assume_unique=True)
                 if life.hold.read is None:
                     life.hold.read, life.hold.read_step = g, self._holds.step - 1
                 self._fire(life, "read_granted")
                 life.grants[len(life.grants)] = g
                 life.peers[len(life.peers)] = LOCAL_ENGINE
-                life.pages = np.concatenate((life.pages, new_pages))
+                life.pages = led.blocks_of(key)  # the earlier chunks' pages, then this one's new
                 return key
         except KVLifetimeError as e:
             return self._refuse("sending_refused", e, {"key": key, "room": room})
