@@ -115,6 +115,8 @@ bench: $(STAMP) vllm-venv vllm-hf system-deps sglang-venv
 	# The step-columnar rows beside the object ledger (issue 32), a small and a large step.
 	$(BIN)/python -m bench.step_rows --per-step 16 --out out/bench-step-rows-16.json
 	$(BIN)/python -m bench.step_rows --per-step 256 --out out/bench-step-rows-256.json
+	$(BIN)/python -m bench.step_kernel --per-step 16 --out out/bench-step-kernel-16.json
+	$(BIN)/python -m bench.step_kernel --per-step 256 --out out/bench-step-kernel-256.json
 	$(MAKE) spin-anchor
 	# The guard's cost inside vLLM 0.33 (its real Scheduler and BlockPool), in the vLLM venv.
 	$(VLLM_VENV)/bin/python -m bench.vllm_scheduler --out out/bench-vllm-scheduler.json 2>/dev/null

@@ -38,6 +38,7 @@ A benchmark, not a test: the target (<= 1.05x) is printed beside the figure, not
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -495,6 +496,10 @@ def measure(side: str, args: argparse.Namespace) -> dict[str, Any]:
         entry["ticks"] = [x["alone"].get("ticks") for x in per_round]
         entry["work"] = per_round[-1]["guarded"]["work"]
         entry["guard_time"] = bench.round(n, True, timer=True)["guard_time"]
+        if args.profile_top:
+            entry["profile_top_own"] = common.own_profile(
+                functools.partial(bench.round, n, True), n, args.profile_top
+            )
         out["sizes"][str(n)] = entry
     return out
 
@@ -517,6 +522,8 @@ def _child(side: str, args: argparse.Namespace) -> dict[str, Any]:
             str(args.rounds),
             "--inflight-polls",
             str(args.inflight_polls),
+            "--profile-top",
+            str(args.profile_top),
             "--child-out",
             str(path),
         ]
@@ -534,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--inflight-polls", type=int, default=4, help="prefill polls while in flight")
     p.add_argument("--side", choices=("decode", "prefill", "both"), default="both")
+    p.add_argument("--profile-top", type=int, default=12, help="0: no cProfile round")
     p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     p.add_argument("--child-out", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -623,6 +631,12 @@ def _print(report: dict[str, Any]) -> None:
             )
             for k, us in gt["us_per_request"].items():
                 print(f"    guard.{k:20s} {us:7.2f} us/req  ({gt['calls'][k]} calls)")
+            if e.get("profile_top_own"):
+                print("  kvlifetime functions by own time (cProfile, 1 guarded round; inflated):")
+                for f in e["profile_top_own"]:
+                    print(
+                        f"    {f['fn']:56s} {f['calls']:6d} calls {f['us_per_request']:6.2f} us/req"
+                    )
     print(
         f"\nload average: {report['machine']['loadavg']} at the start, "
         f"{report['machine']['loadavg_end']} at the end (2 cores shared with other work; "

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
+from bench.common import own_profile as own_profile
 from bench.common import table as table
 from bench.common import write_json as write_json
 

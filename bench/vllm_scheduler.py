@@ -38,10 +38,8 @@ printed beside the figure, not asserted.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import gc
 import itertools
-import pstats
 import statistics
 import sys
 import time
@@ -450,17 +448,10 @@ def guard_time(wl: Workload) -> dict[str, Any]:
 def profile(wl: Workload, top: int) -> list[dict[str, Any]]:
     """One guarded run under cProfile: the functions inside kvlifetime by own time."""
     run = wl.run(True)
-    prof = cProfile.Profile()
-    common.quiet_run(lambda: prof.runcall(run.to_end))
-    raw: dict[Any, Any] = pstats.Stats(prof).stats  # type: ignore[attr-defined]
-    own: list[tuple[float, int, str]] = []
-    for (file, line, name), (_cc, nc, tt, _ct, _callers) in raw.items():
-        if "/kvlifetime/" in file:
-            short = file.split("/kvlifetime/", 1)[1]
-            own.append((tt, nc, f"{short}:{line}({name})"))
-    own.sort(reverse=True)
-    n = wl.args.requests
-    return [{"fn": f, "calls": c, "us_per_request": t / n * 1e6} for t, c, f in own[:top]]
+    out: list[dict[str, Any]] = common.quiet_run(
+        lambda: common.own_profile(run.to_end, wl.args.requests, top)
+    )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
