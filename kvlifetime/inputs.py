@@ -112,6 +112,12 @@ def materialised(value: object, name: str) -> list[Any]:
 # per-call overhead (a sort, a comparison) costs more than looking at every id.
 _SMALL = 16
 _INT64 = np.dtype(np.int64)
+# Integer dtypes whose every value is an int64 (uint64 is not: the full check refuses past 2**63).
+_EXACT_IN_INT64 = frozenset(
+    d
+    for t in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32)
+    for d in (np.dtype(t).newbyteorder("<"), np.dtype(t).newbyteorder(">"))
+)
 
 
 def block_ids(
@@ -144,8 +150,11 @@ def block_ids(
                     return arr
     elif t is np.ndarray:
         given: npt.NDArray[Any] = value  # type: ignore[assignment]
-        if given.ndim == 1 and given.dtype == _INT64 and len(given) > 1:
-            arr = given.copy()  # the caller may change its array afterwards
+        dt = given.dtype
+        if given.ndim == 1 and dt in _EXACT_IN_INT64 and len(given) > 1:
+            # A copy (the caller may change its array afterwards), int64 whatever the given
+            # integer dtype (SGLang's page indices are int32): exact for each of them.
+            arr = given.copy() if dt == _INT64 else given.astype(_INT64)
             if unique:
                 # One sort proves both ends and (adjacent equal) every repeat.
                 s = np.sort(arr)
