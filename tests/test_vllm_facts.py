@@ -24,7 +24,10 @@ _PROVIDES: EngineFacts = facts_v0_33
 
 
 def test_the_supported_versions_are_the_facts_modules_beside_it() -> None:
-    assert facts.supported_versions() == {"0.33": "kvlifetime.integrations.vllm.facts_v0_33"}
+    assert facts.supported_versions() == {
+        "0.33": "kvlifetime.integrations.vllm.facts_v0_33",
+        "0.34": "kvlifetime.integrations.vllm.facts_v0_34",
+    }
 
 
 def test_a_new_vllm_version_is_one_file(tmp_path: Path) -> None:
@@ -56,12 +59,19 @@ def test_vllm_0_33_gets_the_0_33_facts(version: str) -> None:
     assert facts.for_version(version) is facts_v0_33
 
 
-@pytest.mark.parametrize("version", ["0.34.0", "0.32.9", "0.3.3", "0.330.0", "1.0.0", "main"])
+@pytest.mark.parametrize("version", ["0.34.0", "0.34.1rc2"])
+def test_vllm_0_34_gets_the_0_34_facts(version: str) -> None:
+    from kvlifetime.integrations.vllm import facts_v0_34
+
+    assert facts.for_version(version) is facts_v0_34
+
+
+@pytest.mark.parametrize("version", ["0.35.0", "0.32.9", "0.3.3", "0.330.0", "1.0.0", "main"])
 def test_another_vllm_version_is_refused_naming_installed_and_supported(version: str) -> None:
     with pytest.raises(UnsupportedEngineVersion) as e:
         facts.for_version(version)
     assert repr(version) in str(e.value)
-    assert "0.33.x" in str(e.value)
+    assert "0.33.x, 0.34.x" in str(e.value)
     assert isinstance(e.value, UsageError)
     assert e.value.kind == "unsupported_vllm_version"
 
@@ -78,8 +88,8 @@ def _fake_vllm(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
 
 
 def test_installed_refuses_a_fake_vllm_version(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_vllm(monkeypatch, "0.34.0")
-    with pytest.raises(UnsupportedEngineVersion, match=r"0\.33\.x.*'0\.34\.0'"):
+    _fake_vllm(monkeypatch, "0.35.0")
+    with pytest.raises(UnsupportedEngineVersion, match=r"0\.33\.x, 0\.34\.x.*'0\.35\.0'"):
         facts.installed()
     assert facts._INSTALLED is None  # a refusal is not remembered
 

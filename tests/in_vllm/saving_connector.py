@@ -33,9 +33,11 @@ class SavingConnector(InertConnector):
         for new in scheduler_output.scheduled_new_reqs:
             self.blocks[new.req_id] = list(new.block_ids[0])
         cached = scheduler_output.scheduled_cached_reqs
+        # (vLLM 0.34 has no resumed_req_ids: a resumed request arrives in scheduled_new_reqs)
+        resumed = getattr(cached, "resumed_req_ids", ())
         for req_id, new_ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
             if new_ids is not None:
-                if req_id in cached.resumed_req_ids:  # a preempted request resumed: new blocks
+                if req_id in resumed:  # a preempted request resumed: new blocks
                     self.blocks[req_id] = list(new_ids[0])
                 else:
                     self.blocks.setdefault(req_id, []).extend(new_ids[0])

@@ -82,9 +82,8 @@ class GuardWorkerMeta(KVConnectorWorkerMetadata):
         return GuardWorkerMeta(inner, self.lease_reaped | other.lease_reaped)
 
 
-def inner_config(vllm_config: Any) -> tuple[type[KVConnectorBase_V1], Any]:
-    """The inner connector's class and a copy of ``vllm_config`` naming it."""
-    ktc = vllm_config.kv_transfer_config
+def inner_transfer_config(ktc: Any) -> tuple[type[KVConnectorBase_V1], Any]:
+    """The inner connector's class and a copy of the transfer config ``ktc`` naming it."""
     extra = dict(ktc.kv_connector_extra_config or {})
     inner = extra.get("inner")
     if not isinstance(inner, dict) or not isinstance(inner.get("kv_connector"), str):
@@ -100,9 +99,32 @@ def inner_config(vllm_config: Any) -> tuple[type[KVConnectorBase_V1], Any]:
     inner_ktc = copy.copy(ktc)
     for key, value in fields.items():
         setattr(inner_ktc, key, value)
+    return KVConnectorFactory.get_connector_class(inner_ktc), inner_ktc
+
+
+def inner_config(vllm_config: Any) -> tuple[type[KVConnectorBase_V1], Any]:
+    """The inner connector's class and a copy of ``vllm_config`` naming it."""
+    inner_cls, inner_ktc = inner_transfer_config(vllm_config.kv_transfer_config)
     cfg = copy.copy(vllm_config)
     cfg.kv_transfer_config = inner_ktc
-    return KVConnectorFactory.get_connector_class(inner_ktc), cfg
+    return inner_cls, cfg
+
+
+def _class_query(name: str) -> Any:
+    """A class-level query of vLLM's connector API (vLLM 0.34: ``kv_cache_access``,
+    ``supports_lookahead_block_hashes``, ``supports_sleep_mode``) answered by the inner
+    connector's class: vLLM asks it of the class it selected by name, ``GuardedConnector``,
+    whose own base-class answer would be wrong for the connector it builds (a guarded class
+    has the inner's answer by its MRO)."""
+
+    def query(cls: type[Any], kv_transfer_config: Any, *args: Any, **kwargs: Any) -> Any:
+        if cls is GuardedConnector:
+            inner, inner_ktc = inner_transfer_config(kv_transfer_config)
+            return getattr(inner, name)(inner_ktc, *args, **kwargs)
+        return getattr(super(GuardedConnector, cls), name)(kv_transfer_config, *args, **kwargs)
+
+    query.__name__ = query.__qualname__ = name
+    return classmethod(query)
 
 
 class GuardedConnector(KVConnectorBase_V1):
@@ -110,6 +132,10 @@ class GuardedConnector(KVConnectorBase_V1):
 
     _kvl_guarded: ClassVar[bool] = True
     guard: ConnectorGuard | None
+
+    kv_cache_access = _class_query("kv_cache_access")
+    supports_lookahead_block_hashes = _class_query("supports_lookahead_block_hashes")
+    supports_sleep_mode = _class_query("supports_sleep_mode")
 
     def __new__(cls, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> Any:
         if cls is GuardedConnector:
@@ -140,12 +166,23 @@ class GuardedConnector(KVConnectorBase_V1):
         self._kvl_requests: dict[str, Any] | None = None
         self._kvl_free: Any = None
         self._kvl_received: Any = None
+        self._kvl_load_over: Any = None
+        # Sized when bound (vLLM 0.34 builds a connector with num_blocks=0 to ask it things).
+        self._kvl_unsized = False
+        extra = (vllm_config.kv_transfer_config.kv_connector_extra_config or {}).get(
+            "kvlifetime", {}
+        )
+        self._kvl_peer = str(extra.get("peer", "vllm-kv-peer"))
+        engine.check_transfer_mode(type(self), cfg.kv_transfer_config)
         if role == KVConnectorRole.SCHEDULER:
-            num_blocks = engine.num_blocks(cfg, kv_cache_config)
-            extra = (vllm_config.kv_transfer_config.kv_connector_extra_config or {}).get(
-                "kvlifetime", {}
-            )
-            self.guard = ConnectorGuard(num_blocks, peer=str(extra.get("peer", "vllm-kv-peer")))
+            try:
+                num_blocks = engine.num_blocks(cfg, kv_cache_config)
+            except InvalidField:
+                if not engine.SIZED_AT_BIND:
+                    raise
+                self._kvl_unsized = True  # guarded from bind_kv_cache_manager on
+            else:
+                self.guard = ConnectorGuard(num_blocks, peer=self._kvl_peer)
         else:
             # NIXL's worker reaps expired send leases into finished_sending: watch what it adds.
             engine.watch_reaper(self, self._kvl_reaped)
@@ -156,6 +193,10 @@ class GuardedConnector(KVConnectorBase_V1):
     # guarded class over the inner connector's method, by the rows' one generic wrapper).
 
     def _kvl_bind(self, result: None, kv_cache_manager: Any) -> None:
+        if self._kvl_unsized:
+            self._kvl_unsized = False
+            n = self._kvl_facts.num_blocks_of(kv_cache_manager)
+            self.guard = ConnectorGuard(n, peer=self._kvl_peer)
         # vLLM's placeholder block (sliding-window and mamba lists repeat it): never exposed.
         self._kvl_null = self._kvl_facts.null_block_id(kv_cache_manager)
         # The Scheduler binding its cache manager (None: a connector driven by hand): its
@@ -168,6 +209,7 @@ class GuardedConnector(KVConnectorBase_V1):
             self._kvl_free = hooks.free
             self._kvl_received = hooks.received
             self._kvl_refuse_load = hooks.refuse_load
+            self._kvl_load_over = hooks.load_over
 
     def _kvl_admitted(self, result: None, request: Any) -> None:
         if self.guard is not None:
@@ -308,6 +350,10 @@ class GuardedConnector(KVConnectorBase_V1):
         )
         connector_output.finished_sending = back.finished_sending
         connector_output.finished_recving = back.finished_recving
+        if self._kvl_load_over is not None and back.finished_sending:
+            # vLLM frees these without counting an aborted load as over (0.34's load cap).
+            for request_id in back.finished_sending:
+                self._kvl_load_over(request_id)
 
     # ------------------------------------------------------------------ worker role
 
@@ -347,4 +393,10 @@ def guarded_class(inner: type[Any]) -> type[Any]:
         return cls
 
 
-__all__ = ["GuardWorkerMeta", "GuardedConnector", "guarded_class", "inner_config"]
+__all__ = [
+    "GuardWorkerMeta",
+    "GuardedConnector",
+    "guarded_class",
+    "inner_config",
+    "inner_transfer_config",
+]

@@ -1,7 +1,8 @@
 """Which engine-facts module describes the installed vLLM, checked once.
 
 Every private detail of vLLM the guard depends on lives in one module per vLLM release series,
-beside this one: ``facts_v0_33.py`` for vLLM 0.33.x (its module doc lists them). They are found
+beside this one: ``facts_v0_33.py`` for vLLM 0.33.x (its module doc lists them),
+``facts_v0_34.py`` for 0.34.x (what differs). They are found
 by their file name, ``facts_v<major>_<minor>.py``, so supporting another vLLM is a one-file
 addition: a module with the same functions (``EngineFacts``) and its own ``check()``.
 
@@ -43,6 +44,11 @@ class EngineFacts(Protocol):
     def new_blocks(self, scheduler_output: Any) -> list[int]: ...
     def num_blocks(self, vllm_config: Any, kv_cache_config: Any) -> int: ...
     def watch_reaper(self, connector: Any, reaped: set[str]) -> bool: ...
+
+    SIZED_AT_BIND: bool
+
+    def num_blocks_of(self, kv_cache_manager: Any) -> int: ...
+    def check_transfer_mode(self, connector_cls: type[Any], kv_transfer_config: Any) -> None: ...
 
 
 def supported_versions(directory: Path = _HERE) -> dict[str, str]:

@@ -193,6 +193,9 @@ class SchedulerHooks(NamedTuple):
     refuse_load: Callable[[Any], None] | None
     """Tell vLLM a load loaded nothing, as its recompute policy does (None: no such sets; the
     inner connector is then told of every load at once)."""
+    load_over: Callable[[str], None] | None = None
+    """Tell vLLM an ended request's load is over, for an id the guard hands back on
+    ``finished_sending`` (vLLM 0.34's load cap, ``facts_v0_34``; None: nothing to tell)."""
 
 
 def scheduler_hooks(kv_cache_manager: Any, connector: Any = None) -> SchedulerHooks | None:
@@ -319,6 +322,21 @@ def num_blocks(vllm_config: Any, kv_cache_config: Any) -> int:
     return int(n)
 
 
+SIZED_AT_BIND = False
+"""Whether a scheduler-side connector built without its KV cache's size is sized when bound
+(vLLM 0.34 builds one with ``num_blocks=0`` to ask it things); in 0.33 the size is known at
+construction, and an unknown one is refused (``num_blocks``)."""
+
+
+def num_blocks_of(kv_cache_manager: Any) -> int:
+    """The size of the block pool the guard is bound to (``BlockPool.num_gpu_blocks``)."""
+    return int(kv_cache_manager.block_pool.num_gpu_blocks)
+
+
+def check_transfer_mode(connector_cls: type[Any], kv_transfer_config: Any) -> None:
+    """vLLM 0.33 has one NIXL connector class: nothing to check (``facts_v0_34``)."""
+
+
 def watch_reaper(connector: Any, reaped: set[str]) -> bool:
     """Watch the worker-side connector's lease reaper (NIXL's
     ``connector_worker._reap_expired_send_leases(done_sending)``, which adds the ids whose send
@@ -344,13 +362,19 @@ def watch_reaper(connector: Any, reaped: set[str]) -> bool:
 def check() -> None:
     """Every row of ``FACTS`` on the installed vLLM's classes; ``UnsupportedEngineVersion``
     naming those not found. Imports vLLM."""
-    missing = engine_facts.missing([row.fact for row in HOOKS] + list(FACTS))
+    refuse_missing(VERSION, [row.fact for row in HOOKS] + list(FACTS))
+
+
+def refuse_missing(version: str, rows: list[Fact]) -> None:
+    """``UnsupportedEngineVersion`` naming the rows the installed vLLM does not have (the
+    facts module of release series ``version`` relies on them)."""
+    missing = engine_facts.missing(rows)
     if missing:
         import vllm
 
         raise UnsupportedEngineVersion(
-            f"kvlifetime's vLLM guard relies on private details of vLLM {VERSION}.x "
-            f"(kvlifetime/integrations/vllm/facts_v{VERSION.replace('.', '_')}.py) that "
+            f"kvlifetime's vLLM guard relies on private details of vLLM {version}.x "
+            f"(kvlifetime/integrations/vllm/facts_v{version.replace('.', '_')}.py) that "
             f"vLLM {getattr(vllm, '__version__', '?')} does not have: {', '.join(missing)}; "
             "nothing was guarded"
         )
@@ -362,16 +386,20 @@ __all__ = [
     "FIELD",
     "HOOKS",
     "MEMBER",
+    "SIZED_AT_BIND",
     "VERSION",
     "Fact",
     "SchedulerHooks",
     "Statuses",
     "check",
+    "check_transfer_mode",
     "flat",
     "holds",
     "new_blocks",
     "null_block_id",
     "num_blocks",
+    "num_blocks_of",
+    "refuse_missing",
     "scheduler_hooks",
     "statuses",
     "watch_reaper",

@@ -184,15 +184,17 @@ def output(
                 GuardWorkerMeta(None, frozenset(lease_reaped)) if lease_reaped else None
             ),
         )
-    return ModelRunnerOutput(
-        req_ids=ids,
-        req_id_to_index={r: i for i, r in enumerate(ids)},
-        sampled_token_ids=[[0] for _ in ids],
-        logprobs=None,
-        prompt_logprobs_dict={},
-        pooler_output=None,
-        kv_connector_output=kv,
-    )
+    fields: dict[str, Any] = {
+        "req_ids": ids,
+        "sampled_token_ids": [[0] for _ in ids],
+        "logprobs": None,
+        "prompt_logprobs_dict": {},
+        "pooler_output": None,
+        "kv_connector_output": kv,
+    }
+    if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__:  # (gone in vLLM 0.34)
+        fields["req_id_to_index"] = {r: i for i, r in enumerate(ids)}
+    return ModelRunnerOutput(**fields)
 
 
 def step(s: Scheduler, out: ModelRunnerOutput | None = None) -> None:
