@@ -13,6 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+# vLLM 0.34 refuses every config on x86 without triton-cpu unless no CUDA device is named.
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 if "HF_HOME" not in os.environ:
