@@ -204,8 +204,11 @@ def scheduler_hooks(kv_cache_manager: Any, connector: Any = None) -> SchedulerHo
     ``bind_kv_cache_manager``, which vLLM 0.33's ``Scheduler.__init__`` calls from its own frame:
     the scheduler is the ``self`` of the nearest such frame (no hook passes it)."""
     owner = _binding_scheduler(kv_cache_manager, connector)
-    if owner is None:
-        return None
+    return None if owner is None else hooks_of(owner)
+
+
+def hooks_of(owner: Any) -> SchedulerHooks:
+    """The hooks of the ``Scheduler`` ``owner`` (``scheduler_hooks`` found it)."""
     requests = owner.requests
     return SchedulerHooks(
         requests=requests,
@@ -395,6 +398,7 @@ __all__ = [
     "check_transfer_mode",
     "flat",
     "holds",
+    "hooks_of",
     "new_blocks",
     "null_block_id",
     "num_blocks",

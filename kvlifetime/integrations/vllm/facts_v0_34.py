@@ -82,10 +82,12 @@ def scheduler_hooks(kv_cache_manager: Any, connector: Any = None) -> SchedulerHo
     """``facts_v0_33.scheduler_hooks``, with ``free`` taking the request's id out of
     ``Scheduler._aborted_kv_loads`` before vLLM's ``_free_blocks`` (an aborted load the guard
     releases stops counting against the load cap)."""
-    hooks = v0_33.scheduler_hooks(kv_cache_manager, connector)
-    if hooks is None or hooks.free is None:
-        return hooks
     owner = v0_33._binding_scheduler(kv_cache_manager, connector)
+    if owner is None:
+        return None
+    hooks = v0_33.hooks_of(owner)
+    if hooks.free is None:
+        return hooks
     free_blocks = hooks.free
     over = _load_over_in(owner)
 
