@@ -58,6 +58,8 @@ from kvlifetime.errors import InvalidField
 from kvlifetime.integrations.hooks import PROCEED, wrapper
 from kvlifetime.integrations.vllm import facts
 from kvlifetime.integrations.vllm.guard import ConnectorGuard
+from kvlifetime.integrations.vllm.inner_connectors import InnerEvidence, class_name, evidence_of
+from kvlifetime.integrations.vllm.pause import PauseWatch
 
 
 class GuardWorkerMeta(KVConnectorWorkerMetadata):
@@ -91,15 +93,47 @@ def inner_transfer_config(ktc: Any) -> tuple[type[KVConnectorBase_V1], Any]:
             "GuardedConnector needs kv_connector_extra_config.inner = {'kv_connector': "
             f"<the connector to guard>, ...}}, got {inner!r}"
         )
-    fields = {
-        "kv_connector": inner["kv_connector"],
-        "kv_connector_module_path": inner.get("kv_connector_module_path"),
-        "kv_connector_extra_config": dict(inner.get("kv_connector_extra_config") or {}),
-    }
-    inner_ktc = copy.copy(ktc)
-    for key, value in fields.items():
-        setattr(inner_ktc, key, value)
-    return KVConnectorFactory.get_connector_class(inner_ktc), inner_ktc
+    return _named(ktc, inner)
+
+
+def _named(ktc: Any, fields: dict[str, Any]) -> tuple[type[KVConnectorBase_V1], Any]:
+    """The class a connector entry (``kv_connector``, optionally ``kv_connector_module_path``
+    and ``kv_connector_extra_config``) names, and a copy of ``ktc`` naming it."""
+    named = copy.copy(ktc)
+    named.kv_connector = fields["kv_connector"]
+    named.kv_connector_module_path = fields.get("kv_connector_module_path")
+    named.kv_connector_extra_config = dict(fields.get("kv_connector_extra_config") or {})
+    return KVConnectorFactory.get_connector_class(named), named
+
+
+def _unguarded(cls: type[Any], ktc: Any) -> tuple[type[Any], Any]:
+    """The connector a (possibly guarded) class and config stand for: the inner one."""
+    if cls is GuardedConnector:
+        return inner_transfer_config(ktc)
+    if getattr(cls, "_kvl_guarded", False):
+        return cls.__bases__[1], ktc  # guarded_class(inner): (GuardedConnector, inner)
+    return cls, ktc
+
+
+def _children(ktc: Any) -> list[tuple[type[Any], Any]]:
+    """A ``MultiConnector``'s children (``kv_connector_extra_config["connectors"]``), each as
+    the connector it stands for."""
+    entries = (ktc.kv_connector_extra_config or {}).get("connectors") or []
+    kids = [_named(ktc, e) for e in entries if isinstance(e, dict) and "kv_connector" in e]
+    return [_unguarded(cls, k) for cls, k in kids]
+
+
+def inner_evidence(cls: type[Any], ktc: Any) -> InnerEvidence:
+    """What a failed load of the connector ``cls`` stands for proves (``inner_connectors``).
+    A class whose flags cannot be read proves nothing by its failures."""
+    engine = facts.installed()
+    inner, inner_ktc = _unguarded(cls, ktc)
+    try:
+        return evidence_of(inner, inner_ktc, access=engine.kv_cache_access, children=_children)
+    except Exception as e:  # (a class-level query of the inner connector raised)
+        return InnerEvidence(
+            (class_name(inner),), (None,), None, False, f"its profile could not be read: {e!r}"
+        )
 
 
 def inner_config(vllm_config: Any) -> tuple[type[KVConnectorBase_V1], Any]:
@@ -132,6 +166,7 @@ class GuardedConnector(KVConnectorBase_V1):
 
     _kvl_guarded: ClassVar[bool] = True
     guard: ConnectorGuard | None
+    inner_evidence: InnerEvidence  # (scheduler role) what the inner's failed loads prove
 
     kv_cache_access = _class_query("kv_cache_access")
     supports_lookahead_block_hashes = _class_query("supports_lookahead_block_hashes")
@@ -167,6 +202,8 @@ class GuardedConnector(KVConnectorBase_V1):
         self._kvl_free: Any = None
         self._kvl_received: Any = None
         self._kvl_load_over: Any = None
+        self._kvl_paused: Any = None
+        self._kvl_pause = PauseWatch()
         # Sized when bound (vLLM 0.34 builds a connector with num_blocks=0 to ask it things).
         self._kvl_unsized = False
         extra = (vllm_config.kv_transfer_config.kv_connector_extra_config or {}).get(
@@ -175,6 +212,8 @@ class GuardedConnector(KVConnectorBase_V1):
         self._kvl_peer = str(extra.get("peer", "vllm-kv-peer"))
         engine.check_transfer_mode(type(self), cfg.kv_transfer_config)
         if role == KVConnectorRole.SCHEDULER:
+            # What the inner connector's failed loads prove (its class, its flags).
+            self.inner_evidence = inner_evidence(type(self), cfg.kv_transfer_config)
             try:
                 num_blocks = engine.num_blocks(cfg, kv_cache_config)
             except InvalidField:
@@ -182,7 +221,7 @@ class GuardedConnector(KVConnectorBase_V1):
                     raise
                 self._kvl_unsized = True  # guarded from bind_kv_cache_manager on
             else:
-                self.guard = ConnectorGuard(num_blocks, peer=self._kvl_peer)
+                self.guard = self._kvl_new_guard(num_blocks)
         else:
             # NIXL's worker reaps expired send leases into finished_sending: watch what it adds.
             engine.watch_reaper(self, self._kvl_reaped)
@@ -195,8 +234,7 @@ class GuardedConnector(KVConnectorBase_V1):
     def _kvl_bind(self, result: None, kv_cache_manager: Any) -> None:
         if self._kvl_unsized:
             self._kvl_unsized = False
-            n = self._kvl_facts.num_blocks_of(kv_cache_manager)
-            self.guard = ConnectorGuard(n, peer=self._kvl_peer)
+            self.guard = self._kvl_new_guard(self._kvl_facts.num_blocks_of(kv_cache_manager))
         # vLLM's placeholder block (sliding-window and mamba lists repeat it): never exposed.
         self._kvl_null = self._kvl_facts.null_block_id(kv_cache_manager)
         # The Scheduler binding its cache manager (None: a connector driven by hand): its
@@ -210,6 +248,14 @@ class GuardedConnector(KVConnectorBase_V1):
             self._kvl_received = hooks.received
             self._kvl_refuse_load = hooks.refuse_load
             self._kvl_load_over = hooks.load_over
+            self._kvl_paused = hooks.paused
+
+    def _kvl_new_guard(self, num_blocks: int) -> ConnectorGuard:
+        return ConnectorGuard(
+            num_blocks,
+            peer=self._kvl_peer,
+            failed_load_is_over=self.inner_evidence.failed_load_is_over,
+        )
 
     def _kvl_admitted(self, result: None, request: Any) -> None:
         if self.guard is not None:
@@ -277,6 +323,9 @@ class GuardedConnector(KVConnectorBase_V1):
                         self._kvl_free(req)  # aborted while held: vLLM waited for this
                     else:
                         self._kvl_received(req)
+        if guard is not None and self._kvl_paused is not None:
+            # A pausing vLLM steps until it holds no request: say what the guard keeps it for.
+            self._kvl_pause.step(self._kvl_paused(), guard.core.holds)
         return meta
 
     def _kvl_step_end(self) -> Any:
@@ -398,5 +447,6 @@ __all__ = [
     "GuardedConnector",
     "guarded_class",
     "inner_config",
+    "inner_evidence",
     "inner_transfer_config",
 ]

@@ -105,6 +105,11 @@ FACTS: tuple[Fact, ...] = (
          "update_from_output calls connector.get_kv_connector_stats() once, at its end, after "
          "the step's request_finished and update_connector_output: the guard's step end",
          method="update_from_output"),
+    Fact(_SCHED, "pause_state", MEMBER,
+         "Scheduler.pause_state: UNPAUSED unless the engine is pausing or paused (its pause and "
+         "sleep step the scheduler while it has requests; scheduler_hooks: paused)"),
+    Fact("vllm.v1.core.sched.interface:PauseState", "UNPAUSED", MEMBER,
+         "the pause state of a scheduler that is not paused (scheduler_hooks: paused)"),
     Fact(_STATUS, "WAITING_FOR_REMOTE_KVS", MEMBER,
          "a request whose asynchronous load is in flight (statuses, scheduler_hooks)"),
     Fact(_STATUS, "FINISHED_ABORTED", MEMBER, "a request ended by abort (statuses)"),
@@ -196,6 +201,10 @@ class SchedulerHooks(NamedTuple):
     load_over: Callable[[str], None] | None = None
     """Tell vLLM an ended request's load is over, for an id the guard hands back on
     ``finished_sending`` (vLLM 0.34's load cap, ``facts_v0_34``; None: nothing to tell)."""
+    paused: Callable[[], bool] | None = None
+    """Whether the engine is pausing or paused (``Scheduler.pause_state``): its pause and sleep
+    step the scheduler until it holds no request, so a request the guard delays keeps them
+    waiting (``connector``: the guard then says what for)."""
 
 
 def scheduler_hooks(kv_cache_manager: Any, connector: Any = None) -> SchedulerHooks | None:
@@ -216,6 +225,7 @@ def hooks_of(owner: Any) -> SchedulerHooks:
         free=getattr(owner, "_free_blocks", None),
         received=_receive_in(owner),
         refuse_load=_refuse_load_in(owner),
+        paused=_paused_in(owner),
     )
 
 
@@ -238,6 +248,13 @@ def _binding_scheduler(kv_cache_manager: Any, connector: Any = None, depth: int 
                 return None
             return owner
     return None
+
+
+def _paused_in(scheduler: Any) -> Callable[[], bool]:
+    from vllm.v1.core.sched.interface import PauseState
+
+    unpaused = PauseState.UNPAUSED
+    return lambda: bool(scheduler.pause_state != unpaused)
 
 
 def _phase_in(requests: dict[str, Any]) -> Callable[[str], str | None]:
@@ -340,6 +357,12 @@ def check_transfer_mode(connector_cls: type[Any], kv_transfer_config: Any) -> No
     """vLLM 0.33 has one NIXL connector class: nothing to check (``facts_v0_34``)."""
 
 
+def kv_cache_access(connector_cls: type[Any], kv_transfer_config: Any) -> int | None:
+    """How the connector's workers reach the KV cache, as vLLM's flags: vLLM 0.33 has no such
+    query (None: not asked; ``inner_connectors`` then goes by the class alone)."""
+    return None
+
+
 def watch_reaper(connector: Any, reaped: set[str]) -> bool:
     """Watch the worker-side connector's lease reaper (NIXL's
     ``connector_worker._reap_expired_send_leases(done_sending)``, which adds the ids whose send
@@ -399,6 +422,7 @@ __all__ = [
     "flat",
     "holds",
     "hooks_of",
+    "kv_cache_access",
     "new_blocks",
     "null_block_id",
     "num_blocks",

@@ -19,6 +19,9 @@ there, checked here too), and adds what a guard must now keep up with:
 - **class-level queries** (``kv_cache_access``, ``supports_lookahead_block_hashes``,
   ``supports_sleep_mode``) are asked of the connector class vLLM selected by name: the guard
   answers with the inner connector's class (``connector.GuardedConnector``).
+- **what peers reach**: ``kv_cache_access`` (the class's flags) says whether a peer or another
+  process reaches the KV cache; ``inner_connectors`` reads it beside its rows (an in-process
+  connector's failed load is over when reported, vLLM 0.34's offloading connector's).
 - **NIXL's push mode**: ``NixlConnector`` is built as the pull or the push class from
   ``transfer_mode`` in its extra config (``factory.py``); ``nixl_push_mode`` says which.
 
@@ -132,6 +135,15 @@ def check_transfer_mode(connector_cls: type[Any], kv_transfer_config: Any) -> No
         )
 
 
+def kv_cache_access(connector_cls: type[Any], kv_transfer_config: Any) -> int | None:
+    """The connector class's ``kv_cache_access(kv_transfer_config)`` flags, as an int (0:
+    ``IN_PROCESS``, no peer reaches the KV cache; ``REGISTERS``, ``EXPORTS_*``,
+    ``LEGACY_IPC``: a peer or another process does). A class that does not declare them answers
+    with the base class's ``IN_PROCESS``, which ``inner_connectors`` trusts only beside a row of
+    its own for that class."""
+    return int(connector_cls.kv_cache_access(kv_transfer_config))
+
+
 def check() -> None:
     """Every row of ``FACTS`` (and 0.33's hooks) on the installed vLLM's classes;
     ``UnsupportedEngineVersion`` naming those not found. Imports vLLM."""
@@ -149,6 +161,7 @@ __all__ = [
     "check",
     "check_transfer_mode",
     "flat",
+    "kv_cache_access",
     "new_blocks",
     "nixl_push_mode",
     "null_block_id",

@@ -25,6 +25,7 @@ from kvlifetime import inputs
 from kvlifetime.errors import InvalidField, KVLifetimeError
 from kvlifetime.grant import Grant
 from kvlifetime.guard import GuardCore, Refusal, RefusalKind
+from kvlifetime.integrations.vllm.pause import DelayedFree, delayed_frees
 from kvlifetime.ledger import LedgerStats
 from kvlifetime.ledger.step_ledger import StepLedger
 
@@ -105,6 +106,7 @@ class ConnectorGuard:
         incarnation: str | None = None,
         holds: Callable[[str], bool] | None = None,
         phase: Callable[[str], str | None] | None = None,
+        failed_load_is_over: bool = False,
     ) -> None:
         self.ledger = StepLedger(num_blocks, incarnation=incarnation)
         self.peer = peer
@@ -118,6 +120,10 @@ class ConnectorGuard:
         # "waiting_for_remote_kvs" or "running". vLLM frees blocks on an id only for a finished
         # request; a receive for a request waiting for remote KVs is how a load completes.
         self.phase: Callable[[str], str | None] | None = phase
+        # The inner connector reports a failed load only once its own job is over (an
+        # in-process connector, ``inner_connectors``): the load's receive then proves it ended.
+        # Otherwise a failure proves nothing about what still lands (``LeaseExpired``).
+        self.failed_load_is_over = failed_load_is_over
 
     # ------------------------------------------------------------------ scheduler hooks
 
@@ -224,9 +230,11 @@ class ConnectorGuard:
         No id is handed back on both channels, in this output or a later one."""
         core = self.core
         core.flush()
-        for request in dict.fromkeys([*failed_recving, *core.open_writes(invalid_block_ids)]):
-            if request in core.holds:
-                core.reports.load_failed(request)
+        if not self.failed_load_is_over:
+            failed = [*failed_recving, *core.open_writes(invalid_block_ids)]
+            for request in dict.fromkeys(failed):
+                if request in core.holds:
+                    core.reports.load_failed(request)
         for request in lease_reaped:
             core.reports.lease_expired(request)
         recving: set[str] = set()
@@ -298,6 +306,11 @@ class ConnectorGuard:
             failed_loads_held=held,
             dropped=dict(core.refusals.counts),
         )
+
+    def delayed_frees(self) -> tuple[DelayedFree, ...]:
+        """The requests vLLM still holds because the guard delays them, oldest first, each with
+        what would end the wait (a pausing vLLM waits for exactly these: ``pause.py``)."""
+        return delayed_frees(self.core.holds)
 
     @property
     def loads_tracked(self) -> int:
