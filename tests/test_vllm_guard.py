@@ -170,6 +170,31 @@ def test_a_live_failed_load_is_held_until_a_fence_then_received_once() -> None:
     assert g.output(None, {"d1"}).finished_recving == set()
 
 
+def test_an_in_process_failed_load_ends_with_its_receive() -> None:
+    # Issue 33: an inner connector whose failed load is reported once its own job is over
+    # (inner_connectors: vLLM 0.34's offloading connector) proves the load ended: the receive
+    # in the same output goes to vLLM at once, the WRITE grant closed, nothing held.
+    g = ConnectorGuard(16, failed_load_is_over=True)
+    _loading(g, "d1", (4, 5))
+    with structlog.testing.capture_logs() as logs:
+        back = g.output(None, {"d1"}, failed_recving={"d1"}, invalid_block_ids={4})
+    assert back.finished_recving == {"d1"}
+    assert not [e for e in logs if e["event"] == "guard_receive_held"]
+    st = g.stats()
+    assert st.load_failed == 0 and st.failed_loads_held == 0 and st.exposed == 0
+    assert g.ledger.stats().blocks_by_state["free"] == 16
+    # A failure with no receive yet proves nothing by itself: the load stays open until it.
+    _loading(g, "d2", (6,))
+    assert g.output(None, None, failed_recving={"d2"}).finished_recving == set()
+    assert g.stats().exposed == 1
+    assert g.output(None, {"d2"}).finished_recving == {"d2"}
+    # The same reports from a connector whose peers reach the memory: held until a fence.
+    h = ConnectorGuard(16)
+    _loading(h, "d1", (4, 5))
+    assert h.output(None, {"d1"}, failed_recving={"d1"}).finished_recving == set()
+    assert h.stats().failed_loads_held == 1
+
+
 def test_duplicate_and_unknown_ids_are_dropped_and_logged() -> None:
     g = ConnectorGuard(16)
     _exposed(g)

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Fetches vLLM's source distribution (VLLM_VERSION, default 0.33.0) from PyPI (its tests are not in the wheel), checks
+# Fetches vLLM's source distribution (VLLM_VERSION, default 0.34.0) from PyPI (its tests are not in the wheel), checks
 # its sha256 and extracts the parts the tests need into DEST (default .vllm-src): tests/ (they
 # import one another as the `tests` package) and pyproject.toml (pytest's markers). vllm/ itself
 # is not extracted: the tests must import the installed vLLM, not the source tree.
 set -euo pipefail
 DEST=${1:-.vllm-src}
-VERSION=${VLLM_VERSION:-0.33.0}
+VERSION=${VLLM_VERSION:-0.34.0}
 case "$VERSION" in
 0.33.0)
     URL=https://files.pythonhosted.org/packages/f7/25/aa5684e9c59d6fc75f78926b7f15e8d9adc7de2d9e6e7575b80776ad8169/vllm-0.33.0.tar.gz

@@ -73,13 +73,10 @@ def _guarded(s: Scheduler) -> Any:
     return c
 
 
-def _offloading_load(policy: str) -> tuple[Scheduler, Request, list[int]]:
-    """vLLM's scheduler with the real OffloadingConnector, guarded, and one request whose prompt
-    it loads asynchronously (its lookup says two blocks are offloaded; what the offloading
-    manager does with the load is not the point: it is told nothing)."""
-    s = _scheduler(OFFLOAD, inner="OffloadingConnector", policy=policy)
-    c = _guarded(s)
-    tried: set[str] = set()  # (a failed load is not retried, as the offloading manager does)
+def _loads_once(c: Any) -> None:
+    """The connector's lookup finds two blocks to load asynchronously, once per request (a
+    failed load is not tried again, as the offloading manager does)."""
+    tried: set[str] = set()
 
     def lookup(req: Request, n: int) -> tuple[int, bool]:
         if req.request_id in tried:
@@ -88,6 +85,15 @@ def _offloading_load(policy: str) -> tuple[Scheduler, Request, list[int]]:
         return 2 * testing.BLOCK, True
 
     c.get_num_new_matched_tokens = lookup
+
+
+def _offloading_load(policy: str) -> tuple[Scheduler, Request, list[int]]:
+    """vLLM's scheduler with the real OffloadingConnector, guarded, and one request whose prompt
+    it loads asynchronously (its lookup says two blocks are offloaded; what the offloading
+    manager does with the load is not the point: it is told nothing)."""
+    s = _scheduler(OFFLOAD, inner="OffloadingConnector", policy=policy)
+    c = _guarded(s)
+    _loads_once(c)
     c.connector_scheduler.update_state_after_alloc = lambda *a, **k: None
     r = request(tokens=3 * testing.BLOCK)
     s.add_request(r)
@@ -140,6 +146,37 @@ def test_a_nixl_load_failure_waits_for_proof_or_a_fence() -> None:
     assert c.guard.stats().failed_loads_held == 1
     assert not moved_on(s, ids)
     c.guard.revoke("nixl_agent_recreated")
+    advance(s, r)
+    advance(s, r)
+    assert r.status == RequestStatus.RUNNING
+
+
+def test_an_unprofiled_connectors_load_failure_is_held_until_a_fence() -> None:
+    # A connector class with no row (a test's in-process mock, a third-party connector): its
+    # failed load proves nothing about what still lands, whatever its flags. vLLM alone would
+    # recover at its next step (vLLM's own test_failed_load_reservation_keeps_new_async_loads_out
+    # and test_cached_reservations_admit_like_on_demand_sum expect that: the two intended
+    # differences in vllm-tests/intended-differences.json); guarded, the receive waits for a
+    # fence, then vLLM recovers as it would have.
+    s = testing.scheduler(
+        guarded=True,
+        inner="InertConnector",
+        inner_module="inert_connector",
+        kv_load_failure_policy="recompute",
+    )
+    c = _guarded(s)
+    assert c.inner_evidence.rows == (None,) and not c.guard.failed_load_is_over
+    _loads_once(c)
+    r = request(tokens=3 * testing.BLOCK)
+    s.add_request(r)
+    step(s)
+    assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    ids = blocks_of(s, r)
+    step(s, output(failed_recving={r.request_id}, finished_recving={r.request_id}))
+    advance(s, r)
+    assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert c.guard.stats().failed_loads_held == 1 and not moved_on(s, ids)
+    c.guard.revoke("fenced")
     advance(s, r)
     advance(s, r)
     assert r.status == RequestStatus.RUNNING

@@ -21,14 +21,15 @@ _GUARD = "tests/test_vllm_guard.py"
 PROFILE = EngineProfile(
     name="vllm",
     package="vllm (its v1 KV-connector API; the inner connector's own profile still applies)",
-    version="0.33.0",
+    version="0.33.0 and 0.34.0",
     transport="whatever the inner connector uses (NIXL, Mooncake, LMCache, ...)",
-    source="read in vLLM 0.33.0: vllm/v1/core/sched/scheduler.py (_update_from_kv_xfer_finished, "
-    "_free_request, _handle_failed_recving, _handle_invalid_blocks, "
-    "_update_waiting_for_remote_kv, _preempt_request), "
+    source="read in vLLM 0.33.0 and 0.34.0: vllm/v1/core/sched/scheduler.py "
+    "(_update_from_kv_xfer_finished, _free_request, _handle_failed_recving, "
+    "_handle_invalid_blocks, _update_waiting_for_remote_kv, _preempt_request), "
     "distributed/kv_transfer/kv_connector/v1/base.py, nixl/base_worker.py "
-    "(_reap_expired_send_leases); driven through vLLM's real scheduler in "
-    "tests/in_vllm/test_vllm_scenarios.py",
+    "(_reap_expired_send_leases), 0.34's offloading/worker.py (get_finished); driven through "
+    "vLLM's real scheduler in tests/in_vllm/test_vllm_scenarios.py and "
+    "test_vllm_inner_connectors.py",
     rows=(
         StatusRow(
             "request id in `finished_sending` (not reaped)",
@@ -75,11 +76,29 @@ PROFILE = EngineProfile(
             'quarantined. A request that lives on ("recompute"): its `finished_recving`, on '
             "which vLLM would free the blocks or recompute into them, is withheld (counted as "
             "failed_loads_held); the request keeps its blocks, waiting for remote KVs, until a "
-            "fence, then vLLM gets the receive and recovers; its later blocks were never exposed",
+            "fence, then vLLM gets the receive and recovers; its later blocks were never exposed. "
+            "(Not for an inner connector whose failure is reported once its own job is over: "
+            "next row)",
             "code and measured",
             f"{_GUARD}::test_a_live_failed_load_is_held_until_a_fence_then_received_once",
             proves="only that the load will not complete normally (the local side stopped "
             "waiting); counted as load_failed",
+        ),
+        StatusRow(
+            "request id in `failed_recving` and `finished_recving` of an inner connector whose "
+            "failed load is reported only once its own in-process job is over "
+            "(`inner_connectors.PROFILES`: vLLM 0.34's OffloadingConnector; no other class, "
+            "and never one whose kv_cache_access flags say a peer reaches the KV cache)",
+            "TransferCompleted",
+            {Claim.TRANSFERS_ENDED},
+            "that the KV loaded is valid (it is not: vLLM recomputes it or fails the request, "
+            "as its kv_load_failure_policy says); a failure with no receive yet proves nothing "
+            "until the receive comes",
+            "code and measured",
+            f"{_GUARD}::test_an_in_process_failed_load_ends_with_its_receive",
+            proves="the local job that wrote into the request's blocks has ended (0.34's "
+            "offloading worker reports a failed job's request in both sets once the job's "
+            "result came back): the receive goes to vLLM at once, nothing is held",
         ),
         StatusRow(
             "a request id already handed back, again in `finished_sending` / `finished_recving`",
