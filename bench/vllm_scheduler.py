@@ -76,6 +76,23 @@ def _vllm() -> dict[str, Any]:
     }
 
 
+def runner_output(v: dict[str, Any], ids: list[str], sampled: Any, kv: Any) -> Any:
+    """The mocked worker's ``ModelRunnerOutput`` (vLLM 0.34 dropped ``req_id_to_index``)."""
+    cls = v["ModelRunnerOutput"]
+    extra: dict[str, Any] = {}
+    if "req_id_to_index" in cls.__dataclass_fields__:
+        extra["req_id_to_index"] = {r: i for i, r in enumerate(ids)}
+    return cls(
+        req_ids=ids,
+        sampled_token_ids=sampled,
+        logprobs=None,
+        prompt_logprobs_dict={},
+        pooler_output=None,
+        kv_connector_output=kv,
+        **extra,
+    )
+
+
 class Workload:
     """One engine's requests and the mocked worker, for one run of one scheduler."""
 
@@ -175,15 +192,7 @@ class Run:
                 break
             so = s.schedule()
             ids = list(so.num_scheduled_tokens)
-            out = v["ModelRunnerOutput"](
-                req_ids=ids,
-                req_id_to_index={r: i for i, r in enumerate(ids)},
-                sampled_token_ids=[[0] for _ in ids],
-                logprobs=None,
-                prompt_logprobs_dict={},
-                pooler_output=None,
-                kv_connector_output=None,
-            )
+            out = runner_output(v, ids, [[0] for _ in ids], None)
             s.update_from_output(so, out)
         else:
             raise RuntimeError(f"{self.wl.side}: the live requests were not all held")
@@ -204,15 +213,7 @@ class Run:
         for _ in range(100):
             so = s.schedule()
             ids = list(so.num_scheduled_tokens)
-            out = v["ModelRunnerOutput"](
-                req_ids=ids,
-                req_id_to_index={r: i for i, r in enumerate(ids)},
-                sampled_token_ids=[[0] for _ in ids],
-                logprobs=None,
-                prompt_logprobs_dict={},
-                pooler_output=None,
-                kv_connector_output=kv,
-            )
+            out = runner_output(v, ids, [[0] for _ in ids], kv)
             kv = None
             s.update_from_output(so, out)
             if not s.requests:
@@ -251,15 +252,7 @@ class Run:
                 failed_recving=set(),
                 invalid_block_ids=set(),
             )
-        out = v["ModelRunnerOutput"](
-            req_ids=ids,
-            req_id_to_index={r: i for i, r in enumerate(ids)},
-            sampled_token_ids=sampled,
-            logprobs=None,
-            prompt_logprobs_dict={},
-            pooler_output=None,
-            kv_connector_output=kv,
-        )
+        out = runner_output(v, ids, sampled, kv)
         t2 = perf()
         s.update_from_output(so, out)
         t3 = perf()
