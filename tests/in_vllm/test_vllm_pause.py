@@ -15,6 +15,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,7 +27,7 @@ from kvlifetime.integrations.vllm import facts
 if facts.series(vllm.__version__) != "0.34":
     pytest.skip("vLLM 0.34's pause loop: run in the 0.34 venv", allow_module_level=True)
 
-from vllm.v1.engine.core import EngineCore
+from vllm.v1.engine.core import CheckpointState, EngineCore
 from vllm.v1.request import RequestStatus
 
 from kvlifetime.integrations.vllm.connector import GuardedConnector
@@ -46,9 +47,16 @@ class _Engine:
     queue, one step (the scheduler's own, with the worker's report the test feeds in), and the
     end of the pause (recorded)."""
 
+    # vLLM's own methods, run on this engine: sleep pauses through pause_scheduler.
+    pause_scheduler = EngineCore.pause_scheduler
+    sleep = EngineCore.sleep
+
     def __init__(self, s: Any) -> None:
         self.scheduler = s
         self.batch_queue = None
+        self._checkpoint_state = CheckpointState.RUNNING
+        self.slept: list[int] = []
+        self.model_executor = SimpleNamespace(sleep=self.slept.append)
         self.reports: queue.Queue[Any] = queue.Queue()
         self.steps = 0
         self.finished = threading.Event()
@@ -153,6 +161,28 @@ def test_a_pause_on_a_quarantined_request_returns_once_fenced() -> None:
         conn.guard.revoke("nixl_agent_recreated")  # from this (an operator's) thread
         t.join(10)
     assert not t.is_alive() and engine.finished.is_set()
+    assert free_in_pool(s, ids) == ids
+
+
+def test_a_sleep_without_resetting_the_connector_waits_the_same_way() -> None:
+    # vLLM 0.34's sleep(level=1, reset_connector=False) pauses through pause_scheduler (the same
+    # loop), then tells the executor to sleep: only once the guard let the request go.
+    s, r, ids = _delayed(reaped=False)
+    conn = s.connector
+    assert isinstance(conn, GuardedConnector) and conn.guard is not None
+    engine = _Engine(s)
+    with capture_logs() as logs:
+        t = threading.Thread(
+            target=lambda: engine.sleep(level=1, mode="abort", reset_connector=False),
+            daemon=True,
+        )
+        t.start()
+        _wait(lambda: any(e["event"] == "guard_pause_waits" for e in logs))
+        _wait(lambda: engine.steps >= 20)
+        assert t.is_alive() and engine.slept == []  # the KV cache is not discarded yet
+        engine.reports.put(output(finished_sending={r.request_id}))
+        t.join(10)
+    assert not t.is_alive() and engine.slept == [1]
     assert free_in_pool(s, ids) == ids
 
 
