@@ -1,0 +1,218 @@
+/* The compiled checker's search: breadth first over fixed-width packed states (issue 34).
+ *
+ * Appended to a model's C text (kvlifetime.verify.csearch.source), which defines before it:
+ *
+ *   #define KVL_W  <bytes of one packed state>
+ *   static void kvl_initial(unsigned char *s);       the root state, canonical
+ *   static int  kvl_check(const unsigned char *s);   0, or the code of the invariant s breaks
+ *   static void kvl_successors(const unsigned char *s, void *ctx);
+ *                                                     calls kvl_emit(ctx, event, next) once per
+ *                                                     enabled event, next in canonical form
+ *
+ * The visited set is the queue: states are appended to one arena in the order they are
+ * found, so the arena's levels are the breadth-first levels, and a state's parent index and
+ * the event that reached it (4 + 4 bytes) give back the shortest trace. An open-addressing
+ * table of 32-bit arena indices (at most half full) finds a state by its bytes. A stored state
+ * costs KVL_W + 8 bytes in the arena and 8 bytes (two slots) in the table.
+ *
+ * kvl_search stops at the first state that breaks an invariant (the shortest such trace), at
+ * max_states, or when the next growth would pass the memory budget: never an out-of-memory
+ * kill. Single-threaded; one search at a time per loaded library.
+ */
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void kvl_emit(void *ctx, int event, const unsigned char *next);
+
+typedef struct {
+  unsigned char *states; /* n * KVL_W bytes */
+  uint32_t *parent;      /* per state: its parent's index (the root: itself) */
+  uint32_t *event;       /* per state: the event that reached it */
+  uint32_t n, cap;       /* states stored; room for */
+  uint32_t *slots;       /* index + 1, 0: empty */
+  uint32_t mask;         /* slots - 1 (a power of two) */
+  uint64_t budget;       /* bytes; 0: none */
+  uint64_t transitions;  /* successors generated */
+  uint32_t expanding;    /* the state being expanded */
+  int full;              /* a growth was refused (budget or allocation) */
+  int found;             /* the code of the first broken invariant */
+  uint32_t bad;          /* the state that broke it */
+  uint32_t max_states;
+} kvl_search_t;
+
+static kvl_search_t S;
+
+static uint64_t kvl_hash(const unsigned char *s) {
+  uint64_t h = 1469598103934665603ULL; /* FNV-1a, then a final mix */
+  for (int i = 0; i < KVL_W; i++) {
+    h ^= s[i];
+    h *= 1099511628211ULL;
+  }
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdULL;
+  h ^= h >> 33;
+  return h;
+}
+
+static uint64_t kvl_bytes_for(uint32_t cap, uint32_t slots) {
+  return (uint64_t)cap * (KVL_W + 8) + (uint64_t)slots * 4;
+}
+
+static int kvl_grow_arena(void) {
+  uint32_t cap = S.cap ? S.cap * 2 : 1024;
+  if (S.budget && kvl_bytes_for(cap, S.mask + 1) > S.budget) return 0;
+  unsigned char *st = realloc(S.states, (size_t)cap * KVL_W);
+  if (!st) return 0;
+  S.states = st;
+  uint32_t *pa = realloc(S.parent, (size_t)cap * 4);
+  if (!pa) return 0;
+  S.parent = pa;
+  uint32_t *ev = realloc(S.event, (size_t)cap * 4);
+  if (!ev) return 0;
+  S.event = ev;
+  S.cap = cap;
+  return 1;
+}
+
+static int kvl_grow_table(void) {
+  uint32_t slots = (S.mask + 1) * 2;
+  if (S.budget && kvl_bytes_for(S.cap, slots) > S.budget) return 0;
+  uint32_t *t = calloc(slots, 4);
+  if (!t) return 0;
+  free(S.slots);
+  S.slots = t;
+  S.mask = slots - 1;
+  for (uint32_t i = 0; i < S.n; i++) {
+    uint64_t h = kvl_hash(S.states + (size_t)i * KVL_W) & S.mask;
+    while (S.slots[h]) h = (h + 1) & S.mask;
+    S.slots[h] = i + 1;
+  }
+  return 1;
+}
+
+/* Store s unless it is there: 1 stored, 0 already there, -1 no room. */
+static int kvl_store(const unsigned char *s, uint32_t parent, uint32_t event) {
+  uint64_t h = kvl_hash(s) & S.mask;
+  for (uint32_t k = S.slots[h]; k; k = S.slots[h]) {
+    if (memcmp(S.states + (size_t)(k - 1) * KVL_W, s, KVL_W) == 0) return 0;
+    h = (h + 1) & S.mask;
+  }
+  if (S.n == S.cap && !kvl_grow_arena()) return -1;
+  if ((uint64_t)(S.n + 1) * 2 > (uint64_t)S.mask + 1) {
+    if (!kvl_grow_table()) return -1;
+    h = kvl_hash(s) & S.mask;
+    while (S.slots[h]) h = (h + 1) & S.mask;
+  }
+  memcpy(S.states + (size_t)S.n * KVL_W, s, KVL_W);
+  S.parent[S.n] = parent;
+  S.event[S.n] = event;
+  S.slots[h] = ++S.n;
+  return 1;
+}
+
+static void kvl_emit(void *ctx, int event, const unsigned char *next) {
+  (void)ctx;
+  S.transitions++;
+  if (S.full || S.found) return;
+  if (S.n >= S.max_states) {
+    S.full = 2;
+    return;
+  }
+  int r = kvl_store(next, S.expanding, (uint32_t)event);
+  if (r < 0) {
+    S.full = 1;
+    return;
+  }
+  if (r == 1) {
+    int code = kvl_check(next);
+    if (code) {
+      S.found = code;
+      S.bad = S.n - 1;
+    }
+  }
+}
+
+static void kvl_reset(void) {
+  free(S.states);
+  free(S.parent);
+  free(S.event);
+  free(S.slots);
+  memset(&S, 0, sizeof S);
+}
+
+/* The outcome: 0 pass (every reachable state stored, none broke an invariant), 1 violation
+ * (kvl_result gives its code and state), 2 stopped at max_states, 3 stopped at the memory
+ * budget. out[0..5]: states stored, transitions, depth of the last level completed, the
+ * violation's code, its state's index, bytes in use. */
+int kvl_search(uint32_t max_states, uint64_t budget_bytes, uint64_t *out) {
+  kvl_reset();
+  S.budget = budget_bytes;
+  S.max_states = max_states ? max_states : 0xfffffffeU;
+  S.mask = 1023;
+  S.slots = calloc(S.mask + 1, 4);
+  unsigned char root[KVL_W];
+  memset(root, 0, KVL_W);
+  kvl_initial(root);
+  int verdict = 0;
+  uint32_t depth = 0;
+  if (!S.slots || kvl_store(root, 0, 0) < 0) {
+    verdict = 3;
+  } else if ((S.found = kvl_check(root))) {
+    S.bad = 0;
+    verdict = 1;
+  } else {
+    uint32_t level_end = S.n;
+    for (uint32_t i = 0; i < S.n; i++) {
+      if (i == level_end) {
+        depth++;
+        level_end = S.n;
+      }
+      S.expanding = i;
+      /* A copy: storing a successor may move the arena under the state being expanded. */
+      unsigned char cur[KVL_W];
+      memcpy(cur, S.states + (size_t)i * KVL_W, KVL_W);
+      kvl_successors(cur, NULL);
+      if (S.found) {
+        verdict = 1;
+        break;
+      }
+      if (S.full) {
+        verdict = S.full == 2 ? 2 : 3;
+        break;
+      }
+    }
+    if (!verdict) depth++;
+  }
+  out[0] = S.n;
+  out[1] = S.transitions;
+  out[2] = depth;
+  out[3] = (uint64_t)S.found;
+  out[4] = S.bad;
+  out[5] = kvl_bytes_for(S.cap, S.mask + 1);
+  return verdict;
+}
+
+/* The events from the root to state i (at most max of them, root first); their number. */
+int kvl_trace(uint32_t i, uint32_t *events, int max) {
+  int n = 0;
+  for (uint32_t k = i; k != 0 && n < max; k = S.parent[k]) events[n++] = S.event[k];
+  for (int a = 0, b = n - 1; a < b; a++, b--) {
+    uint32_t t = events[a];
+    events[a] = events[b];
+    events[b] = t;
+  }
+  return n;
+}
+
+/* State i's bytes (for the tests' state-set comparisons and the trace's replay). */
+int kvl_state(uint32_t i, unsigned char *buf) {
+  if (i >= S.n) return 0;
+  memcpy(buf, S.states + (size_t)i * KVL_W, KVL_W);
+  return KVL_W;
+}
+
+int kvl_width(void) { return KVL_W; }
+
+void kvl_free(void) { kvl_reset(); }
