@@ -141,9 +141,7 @@ def test_a_changed_row_is_caught() -> None:
     table = request_table()
     rows = table.rows
     i = next(
-        k
-        for k, r in enumerate(rows)
-        if (r.source, r.event) == ("finished", "transfer_quiesced")
+        k for k, r in enumerate(rows) if (r.source, r.event) == ("finished", "transfer_quiesced")
     )
     # A finished request whose grants are all closed skips transfer_quiesced: released with
     # no release call (the C must differ from the specification wherever the row fires).

@@ -195,6 +195,31 @@ def test_an_in_process_failed_load_ends_with_its_receive() -> None:
     assert h.stats().failed_loads_held == 1
 
 
+@pytest.mark.parametrize("value", ["false", 1, None, 0.0])
+def test_the_failure_profile_flag_must_be_a_bool(value: object) -> None:
+    with pytest.raises(InvalidField, match="failed_load_is_over"):
+        ConnectorGuard(16, failed_load_is_over=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("over", [False, True])
+@pytest.mark.parametrize("failed", [5, "d1", [["d1"]], [b"d1"], [object()]])
+def test_a_malformed_failure_report_is_refused_whatever_it_would_prove(
+    over: bool, failed: object
+) -> None:
+    g = ConnectorGuard(16, failed_load_is_over=over)
+    _loading(g, "d1", (4, 5))
+    with structlog.testing.capture_logs() as logs:
+        back = g.output(None, None, failed_recving=failed)  # type: ignore[arg-type]
+    assert back.finished_recving == set() and back.finished_sending == set()
+    assert g.stats().dropped.get("malformed_value") == 1
+    assert [e["kind"] for e in logs if e["event"] == "guard_refused"] == ["malformed_value"]
+    st = g.stats()
+    assert st.load_failed == 0 and st.exposed == 1  # nothing else changed
+    # Bad block ids in invalid_block_ids are refused with the flag on too.
+    g.output(None, None, invalid_block_ids=["x"])  # type: ignore[list-item]
+    assert g.stats().dropped.get("malformed_value") == 2
+
+
 def test_duplicate_and_unknown_ids_are_dropped_and_logged() -> None:
     g = ConnectorGuard(16)
     _exposed(g)

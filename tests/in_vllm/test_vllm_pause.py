@@ -164,6 +164,33 @@ def test_a_pause_on_a_quarantined_request_returns_once_fenced() -> None:
     assert free_in_pool(s, ids) == ids
 
 
+def test_a_wait_that_changes_what_it_waits_for_is_said_again() -> None:
+    # Withheld (waiting for the decoder's proof), then its lease is reaped during the pause:
+    # quarantined, only a fence ends it now. The operator is told, not left waiting for a
+    # proof that can no longer come.
+    s, r, ids = _delayed(reaped=False)
+    conn = s.connector
+    assert isinstance(conn, GuardedConnector) and conn.guard is not None
+    engine = _Engine(s)
+    with capture_logs() as logs:
+        t = _pause_in_thread(engine)
+
+        def waits() -> list[Any]:
+            return [e for e in logs if e["event"] == "guard_pause_waits"]
+
+        _wait(lambda: len(waits()) == 1)
+        assert waits()[0]["states"] == ["withheld"] and waits()[0]["count"] == 1
+        engine.reports.put(output(finished_sending={r.request_id}, lease_reaped={r.request_id}))
+        _wait(lambda: len(waits()) == 2)
+        assert waits()[1]["states"] == ["quarantined"]
+        assert waits()[1]["waits_for"] == [WAITS_FOR["quarantined"]]
+        _wait(lambda: engine.steps >= 40)
+        assert len(waits()) == 2 and t.is_alive()
+        conn.guard.revoke("fenced")
+        t.join(10)
+    assert not t.is_alive() and free_in_pool(s, ids) == ids
+
+
 def test_a_sleep_without_resetting_the_connector_waits_the_same_way() -> None:
     # vLLM 0.34's sleep(level=1, reset_connector=False) pauses through pause_scheduler (the same
     # loop), then tells the executor to sleep: only once the guard let the request go.

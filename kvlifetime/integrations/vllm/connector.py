@@ -47,6 +47,7 @@ import copy
 import threading
 from typing import Any, ClassVar
 
+import structlog
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -54,12 +55,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 
-from kvlifetime.errors import InvalidField
+from kvlifetime.errors import InvalidField, KVLifetimeError
 from kvlifetime.integrations.hooks import PROCEED, wrapper
 from kvlifetime.integrations.vllm import facts
 from kvlifetime.integrations.vllm.guard import ConnectorGuard
 from kvlifetime.integrations.vllm.inner_connectors import InnerEvidence, class_name, evidence_of
 from kvlifetime.integrations.vllm.pause import PauseWatch
+
+_log = structlog.get_logger("kvlifetime.guard")
 
 
 class GuardWorkerMeta(KVConnectorWorkerMetadata):
@@ -107,33 +110,57 @@ def _named(ktc: Any, fields: dict[str, Any]) -> tuple[type[KVConnectorBase_V1], 
 
 
 def _unguarded(cls: type[Any], ktc: Any) -> tuple[type[Any], Any]:
-    """The connector a (possibly guarded) class and config stand for: the inner one."""
+    """The connector a (possibly guarded) class and config stand for: the inner one. Only a
+    class ``guarded_class`` built stands for its inner class; any other subclass (a guarded
+    class subclassed by hand) is its own class, which may report differently."""
     if cls is GuardedConnector:
         return inner_transfer_config(ktc)
-    if getattr(cls, "_kvl_guarded", False):
-        return cls.__bases__[1], ktc  # guarded_class(inner): (GuardedConnector, inner)
+    inner = cls.__dict__.get("_kvl_inner")
+    if inner is not None and _CLASSES.get(inner) is cls:
+        return inner, ktc
     return cls, ktc
 
 
 def _children(ktc: Any) -> list[tuple[type[Any], Any]]:
     """A ``MultiConnector``'s children (``kv_connector_extra_config["connectors"]``), each as
-    the connector it stands for."""
-    entries = (ktc.kv_connector_extra_config or {}).get("connectors") or []
-    kids = [_named(ktc, e) for e in entries if isinstance(e, dict) and "kv_connector" in e]
-    return [_unguarded(cls, k) for cls, k in kids]
+    the connector it stands for. ``InvalidField`` for a list that is not one of entries
+    naming a connector."""
+    entries = (ktc.kv_connector_extra_config or {}).get("connectors")
+    if not isinstance(entries, list) or not entries:
+        raise InvalidField(
+            f"a MultiConnector needs a non-empty list of connectors, got {entries!r}"
+        )
+    for e in entries:
+        if not isinstance(e, dict) or not isinstance(e.get("kv_connector"), str):
+            raise InvalidField(f"a MultiConnector's connector entry must name one, got {e!r}")
+    return [_unguarded(*_named(ktc, e)) for e in entries]
 
 
 def inner_evidence(cls: type[Any], ktc: Any) -> InnerEvidence:
-    """What a failed load of the connector ``cls`` stands for proves (``inner_connectors``).
-    A class whose flags cannot be read proves nothing by its failures."""
+    """What a failed load of the connector ``cls`` stands for proves (``inner_connectors``),
+    logged (``guard_inner_evidence``). A class whose flags cannot be read (its class-level
+    query raised) proves nothing by its failures; a malformed config is ``InvalidField``."""
     engine = facts.installed()
     inner, inner_ktc = _unguarded(cls, ktc)
+    log = _log.info
     try:
-        return evidence_of(inner, inner_ktc, access=engine.kv_cache_access, children=_children)
-    except Exception as e:  # (a class-level query of the inner connector raised)
-        return InnerEvidence(
-            (class_name(inner),), (None,), None, False, f"its profile could not be read: {e!r}"
-        )
+        found = evidence_of(inner, inner_ktc, access=engine.kv_cache_access, children=_children)
+    except KVLifetimeError:
+        raise
+    except Exception as e:  # (the inner connector's own class-level query raised)
+        why = f"its profile could not be read: {e!r}"
+        found = InnerEvidence((class_name(inner),), (None,), None, False, why)
+        log = _log.warning
+    log(
+        "guard_inner_evidence",
+        engine="vllm",
+        connector=class_name(inner),
+        rows=list(found.rows),
+        access=found.access,
+        failed_load_is_over=found.failed_load_is_over,
+        why=found.why,
+    )
+    return found
 
 
 def inner_config(vllm_config: Any) -> tuple[type[KVConnectorBase_V1], Any]:
@@ -166,7 +193,7 @@ class GuardedConnector(KVConnectorBase_V1):
 
     _kvl_guarded: ClassVar[bool] = True
     guard: ConnectorGuard | None
-    inner_evidence: InnerEvidence  # (scheduler role) what the inner's failed loads prove
+    inner_evidence: InnerEvidence | None  # what the inner's failed loads prove (scheduler role)
 
     kv_cache_access = _class_query("kv_cache_access")
     supports_lookahead_block_hashes = _class_query("supports_lookahead_block_hashes")
@@ -210,6 +237,7 @@ class GuardedConnector(KVConnectorBase_V1):
             "kvlifetime", {}
         )
         self._kvl_peer = str(extra.get("peer", "vllm-kv-peer"))
+        self.inner_evidence = None
         engine.check_transfer_mode(type(self), cfg.kv_transfer_config)
         if role == KVConnectorRole.SCHEDULER:
             # What the inner connector's failed loads prove (its class, its flags).
@@ -254,7 +282,8 @@ class GuardedConnector(KVConnectorBase_V1):
         return ConnectorGuard(
             num_blocks,
             peer=self._kvl_peer,
-            failed_load_is_over=self.inner_evidence.failed_load_is_over,
+            failed_load_is_over=self.inner_evidence is not None
+            and self.inner_evidence.failed_load_is_over,
         )
 
     def _kvl_admitted(self, result: None, request: Any) -> None:
@@ -437,6 +466,7 @@ def guarded_class(inner: type[Any]) -> type[Any]:
                 for row in engine.HOOKS
                 if hasattr(inner, row.name)  # (vLLM calls no method a connector does not have)
             }
+            hooked["_kvl_inner"] = inner
             cls = type(f"Guarded{inner.__name__}", (GuardedConnector, inner), hooked)
             _CLASSES[inner] = cls
         return cls

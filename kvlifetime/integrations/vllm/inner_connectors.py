@@ -9,18 +9,25 @@ moves the bytes:
   IPC): the failure is the local side giving up. A READ the peer posted may still land, so the
   load's WRITE grant stays open until a proof or a fence (``LeaseExpired``, the default);
 - a connector whose loads are this process's own jobs and which reports a failure only once its
-  job has ended (vLLM 0.34's ``OffloadingConnector``: ``offloading/worker.py`` puts a failed
-  load's request in ``failed_recving`` *and* ``finished_recving`` when the job's result comes
-  back): the report says the job is over. Its receive proves the WRITE grant closed, and vLLM
-  recovers (recompute, or the request ends) at once.
+  job has ended (vLLM 0.34's ``OffloadingConnector`` with its built-in CPU backend:
+  ``offloading/worker.py`` puts a failed load's request in ``failed_recving`` *and*
+  ``finished_recving`` when the job's result comes back, and ``kv_offload/cpu/gpu_worker.py``
+  gives a result only once the copy's end event has completed, or on a CUDA error): the report
+  says the job is over. Its receive proves the WRITE grant closed, and vLLM recovers
+  (recompute, or the request ends) at once. The offloading connector's backend (its
+  ``spec_name``) does the copies, so the row names the backends it was read for: any other
+  (``TieringOffloadingSpec``, whose tiers include a peer-to-peer one; a backend loaded from
+  ``spec_module_path``) proves nothing by a failure.
 
 ``PROFILES`` holds a row per connector family, each with where it was established and the test
 that pins it. ``evidence_of`` resolves a connector class: by its exact class (a subclass may
-report differently: it gets no row), a ``MultiConnector`` by every child (a failure report
-does not say which child made it: it proves the job over only if every child's does), and
-checked against the class's own ``kv_cache_access`` flags (vLLM 0.34): a class that says peers
-reach its KV cache never has its failures taken as over, whatever its row says. Any class
-without a row: a failure proves nothing (the default). Importable without vLLM.
+report differently: it gets no row) and, for a row that names backends, its configured one; a
+``MultiConnector`` by every child (a failure report does not say which child made it: it
+proves the job over only if every child's does); and against the class's own
+``kv_cache_access`` flags, which vLLM 0.34 asks of every connector: a failure is taken as over
+only where the flags were read and say no peer reaches the KV cache (so never on 0.33, which
+has no such query; its offloading worker reports no failure anyway). Any class without a row:
+a failure proves nothing (the default). Importable without vLLM.
 """
 
 from __future__ import annotations
@@ -55,6 +62,9 @@ class InnerProfile:
     failure_means_over: bool  # a failed load is reported only once its own job ended
     established: str  # how we know (what was read, in which release)
     pinned_by: str  # the test that pins the row
+    # The backends (kv_connector_extra_config["spec_name"], built in: no spec_module_path) the
+    # row holds for; None: any. The first is the connector's default.
+    backends: tuple[str, ...] | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.failure_means_over and self.peers_reach_memory:
@@ -71,9 +81,11 @@ PROFILES: tuple[InnerProfile, ...] = (
         peers_reach_memory=False,
         failure_means_over=True,
         established="vLLM 0.34 offloading/worker.py get_finished: a failed job's request goes in "
-        "failed_recving and finished_recving when the worker's job result arrives (0.33 asserts "
-        "every job succeeded: it reports no failure); kv_cache_access: IN_PROCESS",
+        "failed_recving and finished_recving when the worker's job result arrives; "
+        "kv_offload/cpu/gpu_worker.py gives a result only once the copy's end event completed "
+        "(or on a CUDA error); kv_cache_access: IN_PROCESS. 0.33 asserts every job succeeded",
         pinned_by=f"{_PINNED}::test_an_offloading_load_failure_ends_at_once",
+        backends=("CPUOffloadingSpec",),
     ),
     InnerProfile(
         "nixl",
@@ -145,9 +157,9 @@ def evidence_of(
     """What ``cls`` (built with ``kv_transfer_config``) proves by a failed load. ``access`` asks
     a class its ``kv_cache_access`` flags (None: the release has none); ``children`` lists a
     ``MultiConnector``'s child classes and configs."""
-    flags = access(cls, kv_transfer_config)
     if class_name(cls) == _MULTI:
-        found = children(kv_transfer_config)
+        found = children(kv_transfer_config)  # (a malformed list is refused first)
+        flags = access(cls, kv_transfer_config)
         kids = [evidence_of(c, k, access=access, children=children) for c, k in found]
         over = bool(kids) and all(k.failed_load_is_over for k in kids)
         why = (
@@ -160,12 +172,18 @@ def evidence_of(
             tuple(c for k in kids for c in k.classes),
             tuple(r for k in kids for r in k.rows),
             flags,
-            over and not flags,
+            over and flags == 0,
             why,
         )
+    flags = access(cls, kv_transfer_config)
     row = _BY_CLASS.get(class_name(cls))
+    backend = _backend(row, kv_transfer_config)
     if row is None:
         over, why = False, f"no profile for {class_name(cls)}: a failed load proves nothing"
+    elif backend is not None:
+        over, why = False, f"{row.name}: backend {backend} not read: a failed load proves nothing"
+    elif flags is None:
+        over, why = False, f"{row.name}: no kv_cache_access flags to read (vLLM before 0.34)"
     elif flags:
         over = False
         why = f"{row.name}: its kv_cache_access flags ({flags}) say peers reach the KV cache"
@@ -177,6 +195,21 @@ def evidence_of(
             else "peers reach the KV cache: a failed load proves nothing about what lands"
         )
     return InnerEvidence((class_name(cls),), (None if row is None else row.name,), flags, over, why)
+
+
+def _backend(row: InnerProfile | None, kv_transfer_config: Any) -> str | None:
+    """The configured backend when the row does not hold for it (None: it does, or the row
+    names none)."""
+    if row is None or row.backends is None:
+        return None
+    extra = getattr(kv_transfer_config, "kv_connector_extra_config", None) or {}
+    if not isinstance(extra, dict):
+        return f"(extra config {type(extra).__name__})"
+    name = extra.get("spec_name", row.backends[0])
+    module = extra.get("spec_module_path")
+    if module is not None:
+        return f"{name!r} from {module!r}"
+    return None if name in row.backends else repr(name)
 
 
 __all__ = ["PROFILES", "InnerEvidence", "InnerProfile", "class_name", "evidence_of"]

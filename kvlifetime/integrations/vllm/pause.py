@@ -52,7 +52,8 @@ class DelayedFree:
 
 def delayed_frees(holds: Iterable[tuple[str, Any]]) -> tuple[DelayedFree, ...]:
     """The guard's holds (``(request, hold)`` pairs, oldest first) that keep vLLM holding the
-    request: each with what it waits for."""
+    request: each with what it waits for. From any thread: ``Holds`` iterates a snapshot of
+    its table (each state as read at that moment)."""
     return tuple(
         DelayedFree(request, hold.state, WAITS_FOR[hold.state])
         for request, hold in holds
@@ -60,12 +61,18 @@ def delayed_frees(holds: Iterable[tuple[str, Any]]) -> tuple[DelayedFree, ...]:
     )
 
 
+LISTED = 32
+"""At most this many requests are named in one ``guard_pause_waits`` event (``count`` says
+how many there are)."""
+
+
 class PauseWatch:
-    """While the scheduler is paused: a ``guard_pause_waits`` warning each time the set of
-    delayed requests changes (once per change, not once per step). Scheduler thread only."""
+    """While the scheduler is paused: a ``guard_pause_waits`` warning each time the delayed
+    requests or their states change (once per change, not once per step; a request gone from
+    withheld to quarantined changes what it waits for). Scheduler thread only."""
 
     def __init__(self) -> None:
-        self._last: frozenset[str] = frozenset()
+        self._last: frozenset[tuple[str, str]] = frozenset()
 
     def step(self, paused: bool, holds: Iterable[tuple[str, Any]]) -> tuple[DelayedFree, ...]:
         """One scheduler step: what a paused engine waits for (empty when not paused)."""
@@ -73,19 +80,20 @@ class PauseWatch:
             self._last = frozenset()
             return ()
         frees = delayed_frees(holds)
-        ids = frozenset(f.request for f in frees)
-        if ids and ids != self._last:
+        now = frozenset((f.request, f.state) for f in frees)
+        if now and now != self._last:
             _log.warning(
                 "guard_pause_waits",
                 engine="vllm",
-                requests=[f.request for f in frees],
-                states=[f.state for f in frees],
+                count=len(frees),
+                requests=[f.request for f in frees[:LISTED]],
+                states=[f.state for f in frees[:LISTED]],
                 waits_for=sorted({f.waits_for for f in frees}),
                 why="vLLM's pause steps until it holds no request; the guard keeps these until "
                 "their peers' access is proven over or fenced",
             )
-        self._last = ids
+        self._last = now
         return frees
 
 
-__all__ = ["WAITS_FOR", "DelayedFree", "PauseWatch", "delayed_frees"]
+__all__ = ["LISTED", "WAITS_FOR", "DelayedFree", "PauseWatch", "delayed_frees"]

@@ -87,7 +87,8 @@ PROFILE = EngineProfile(
         StatusRow(
             "request id in `failed_recving` and `finished_recving` of an inner connector whose "
             "failed load is reported only once its own in-process job is over "
-            "(`inner_connectors.PROFILES`: vLLM 0.34's OffloadingConnector; no other class, "
+            "(`inner_connectors.PROFILES`: vLLM 0.34's OffloadingConnector with its built-in "
+            "CPU backend; no other class or backend, nothing on 0.33, "
             "and never one whose kv_cache_access flags say a peer reaches the KV cache)",
             "TransferCompleted",
             {Claim.TRANSFERS_ENDED},
