@@ -7,7 +7,11 @@
  *   static int  kvl_check(const unsigned char *s);   0, or the code of the invariant s breaks
  *   static void kvl_successors(const unsigned char *s, void *ctx);
  *                                                     calls kvl_emit(ctx, event, next) once per
- *                                                     enabled event, next in canonical form
+ *                                                     enabled event, next in canonical form, or
+ *                                                     kvl_fail(ctx, event, code) for an event
+ *                                                     that breaks an invariant as it happens
+ *                                                     (event -1: s itself, e.g. a quiet state
+ *                                                     that leaks)
  *
  * The visited set is the queue: states are appended to one arena in the order they are
  * found, so the arena's levels are the breadth-first levels, and a state's parent index and
@@ -25,6 +29,7 @@
 #include <string.h>
 
 static void kvl_emit(void *ctx, int event, const unsigned char *next);
+static void kvl_fail(void *ctx, int event, int code);
 
 typedef struct {
   unsigned char *states; /* n * KVL_W bytes */
@@ -38,7 +43,10 @@ typedef struct {
   uint32_t expanding;    /* the state being expanded */
   int full;              /* a growth was refused (budget or allocation) */
   int found;             /* the code of the first broken invariant */
-  uint32_t bad;          /* the state that broke it */
+  uint32_t bad;          /* the state that broke it, or whose event did */
+  int bad_event;         /* that event (-1: the state itself broke it) */
+  uint32_t found_len;    /* the trace's length (events from the root) */
+  uint32_t depth;        /* the level being expanded */
   uint32_t max_states;
 } kvl_search_t;
 
@@ -130,8 +138,23 @@ static void kvl_emit(void *ctx, int event, const unsigned char *next) {
     if (code) {
       S.found = code;
       S.bad = S.n - 1;
+      S.bad_event = -1;
+      S.found_len = S.depth + 1;
     }
   }
+}
+
+/* A violation found while expanding level d: by an event (a trace of d + 1), or by the state
+ * itself (event -1: a trace of d). The shortest is kept: a state's own violation found later
+ * in the same level replaces an event's. */
+static void kvl_fail(void *ctx, int event, int code) {
+  (void)ctx;
+  uint32_t len = S.depth + (event >= 0);
+  if (S.found && S.found_len <= len) return;
+  S.found = code;
+  S.bad = S.expanding;
+  S.bad_event = event;
+  S.found_len = len;
 }
 
 static void kvl_reset(void) {
@@ -144,8 +167,9 @@ static void kvl_reset(void) {
 
 /* The outcome: 0 pass (every reachable state stored, none broke an invariant), 1 violation
  * (kvl_result gives its code and state), 2 stopped at max_states, 3 stopped at the memory
- * budget. out[0..5]: states stored, transitions, depth of the last level completed, the
- * violation's code, its state's index, bytes in use. */
+ * budget. out[0..6]: states stored, transitions, depth of the last level completed (a
+ * violation: the level it was found in), the violation's code, its state's index, bytes in
+ * use, and the event from that state that broke it (all ones: none, the state itself). */
 int kvl_search(uint32_t max_states, uint64_t budget_bytes, uint64_t *out) {
   kvl_reset();
   S.budget = budget_bytes;
@@ -161,12 +185,15 @@ int kvl_search(uint32_t max_states, uint64_t budget_bytes, uint64_t *out) {
     verdict = 3;
   } else if ((S.found = kvl_check(root))) {
     S.bad = 0;
+    S.bad_event = -1;
     verdict = 1;
   } else {
     uint32_t level_end = S.n;
     for (uint32_t i = 0; i < S.n; i++) {
       if (i == level_end) {
+        if (S.found) break; /* the level that found it is done: no shorter trace is left */
         depth++;
+        S.depth = depth;
         level_end = S.n;
       }
       S.expanding = i;
@@ -174,16 +201,13 @@ int kvl_search(uint32_t max_states, uint64_t budget_bytes, uint64_t *out) {
       unsigned char cur[KVL_W];
       memcpy(cur, S.states + (size_t)i * KVL_W, KVL_W);
       kvl_successors(cur, NULL);
-      if (S.found) {
-        verdict = 1;
-        break;
-      }
       if (S.full) {
         verdict = S.full == 2 ? 2 : 3;
         break;
       }
     }
-    if (!verdict) depth++;
+    if (S.found) verdict = 1;
+    else if (!verdict) depth++;
   }
   out[0] = S.n;
   out[1] = S.transitions;
@@ -191,6 +215,7 @@ int kvl_search(uint32_t max_states, uint64_t budget_bytes, uint64_t *out) {
   out[3] = (uint64_t)S.found;
   out[4] = S.bad;
   out[5] = kvl_bytes_for(S.cap, S.mask + 1);
+  out[6] = (uint64_t)(int64_t)S.bad_event;
   return verdict;
 }
 

@@ -48,6 +48,7 @@ class CSearchResult:
     bad: int  # the breaking state's index (a violation)
     bytes: int  # the arena and the table, as allocated
     width: int  # bytes of one packed state
+    bad_event: int  # the event from state ``bad`` that broke the invariant (-1: ``bad`` did)
 
     @property
     def bytes_per_state(self) -> float:
@@ -78,11 +79,20 @@ def run(lib: Any, *, max_states: int = 0, memory_budget: int = 0) -> CSearchResu
     """Search the compiled checker ``lib`` (``cbuild.build(source(model)).library``).
     ``max_states`` / ``memory_budget`` (bytes): 0 for none."""
     _bind(lib)
-    out = (ctypes.c_uint64 * 6)()
+    out = (ctypes.c_uint64 * 7)()
     verdict = Verdict(lib.kvl_search(max_states, memory_budget, out))
+    bad_event = ctypes.c_int64(out[6]).value
     return CSearchResult(
-        verdict, out[0], out[1], out[2], out[3], out[4], out[5], int(lib.kvl_width())
+        verdict, out[0], out[1], out[2], out[3], out[4], out[5], int(lib.kvl_width()), bad_event
     )
+
+
+def counterexample(lib: Any, result: CSearchResult) -> list[int]:
+    """The events of a violation's shortest trace, from the root (the last search's)."""
+    if result.verdict is not Verdict.VIOLATION:
+        raise ValueError(f"no violation: {result.verdict.name}")
+    events = trace(lib, result.bad)
+    return [*events, result.bad_event] if result.bad_event >= 0 else events
 
 
 def trace(lib: Any, index: int, *, limit: int = 100_000) -> list[int]:
@@ -107,4 +117,14 @@ def states(lib: Any, result: CSearchResult) -> Iterator[bytes]:
         yield state(lib, i)
 
 
-__all__ = ["CSearchResult", "Verdict", "engine_source", "run", "source", "state", "states", "trace"]
+__all__ = [
+    "CSearchResult",
+    "Verdict",
+    "counterexample",
+    "engine_source",
+    "run",
+    "source",
+    "state",
+    "states",
+    "trace",
+]

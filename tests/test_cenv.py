@@ -1,0 +1,97 @@
+"""The compiled checker's model (``cenv``: the specification and the environment as C, searched
+by ``csearch.c``) against ``kvlifetime verify``'s own model, state by state.
+
+Both are searched without reductions (every interleaving, one concrete state each) and
+projected the way ``tests/test_promela.py`` projects SPIN's states: the same set, exactly; the
+same verdicts, with counterexamples as long as the Python search's shortest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_promela import ALL, SMALLEST, _our_states, _spin_projection
+
+from kvlifetime.verify import Config, Policy, cbuild, cenv, csearch, explore, parse_faults
+from kvlifetime.verify.csearch import Verdict
+from kvlifetime.verify.promela import QC, QL
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVLIFETIME_CACHE", str(tmp_path / "cache"))
+
+
+def _search(config: Config, policy: Policy) -> tuple[Any, csearch.CSearchResult]:
+    lib = cbuild.build(cenv.checker(config, policy), name="cenv").library
+    return lib, csearch.run(lib)
+
+
+def _line(state: bytes, config: Config) -> str:
+    """A C state as the Promela model's ``print_state`` prints one (``st_t``'s layout)."""
+    r_, p_, b_ = config.requests, config.peers, config.blocks
+    g_ = r_ * p_
+    it = iter(state)
+
+    def take(n: int) -> list[int]:
+        return [next(it) for _ in range(n)]
+
+    admitted, _nheld = take(2)
+    phase, rs, blk = take(r_), take(r_), take(r_)
+    gen, _bused = take(b_), take(b_)
+    gf, ggen, tf, pf, lqn, cqn, _nprompt = (take(g_) for _ in range(7))
+    lq, cq, peerf = take(g_ * QL), take(g_ * QC), take(p_)
+    dups, delays, losses, crashes, faults = take(5)
+    faults = faults - 256 if faults > 127 else faults
+    stale = [int(gen[blk[g // p_]] != ggen[g]) for g in range(g_)]
+    values = [admitted, *phase, *rs, *stale, *gf, *tf, *pf, *lqn, *cqn, *peerf, *lq, *cq]
+    values += [dups, delays, losses, crashes, faults]
+    return "KVSTATE " + " ".join(str(v) for v in values)
+
+
+def _c_states(config: Config, policy: Policy) -> set[Any]:
+    lib, res = _search(config, policy)
+    assert res.verdict is Verdict.PASS, res
+    return {_spin_projection(_line(s, config), config) for s in csearch.states(lib, res)}
+
+
+@pytest.mark.parametrize(
+    ("config", "policy"),
+    [
+        (SMALLEST, Policy.PROOF),
+        (Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1), Policy.PROOF),
+        (Config(2, 1, 2, faults=parse_faults("loss,crash,fence")), Policy.PROOF),
+        (Config(1, 1, 1, faults=parse_faults("duplicate,delay,reorder,retry,fail")), Policy.PROOF),
+    ],
+    ids=["1x1x1-all", "1x2x1-all-k1", "2x1x2-crash", "1x1x1-wire"],
+)
+def test_the_compiled_model_reaches_exactly_the_python_models_states(
+    config: Config, policy: Policy
+) -> None:
+    ours = _our_states(config, policy)
+    theirs = _c_states(config, policy)
+    assert len(ours) > 50
+    assert theirs - ours == set()
+    assert ours - theirs == set()
+
+
+@pytest.mark.parametrize(
+    ("config", "policy"),
+    [
+        (Config(1, 1, 1, faults=parse_faults("loss")), Policy.NAIVE),
+        (Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1), Policy.TIMEOUT),
+        (Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1), Policy.TRUSTING),
+    ],
+    ids=["naive", "timeout", "trusting"],
+)
+def test_the_compiled_model_refutes_as_the_python_model_does(
+    config: Config, policy: Policy
+) -> None:
+    ours = explore(config, policy)
+    assert ours.violation is not None
+    lib, res = _search(config, policy)
+    assert res.verdict is Verdict.VIOLATION
+    assert cenv.INVARIANTS[res.code] == ours.violation.invariant
+    assert len(csearch.counterexample(lib, res)) == len(ours.trace)
