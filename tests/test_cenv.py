@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_promela import ALL, SMALLEST, _our_states, _spin_projection
+from test_promela import ALL, SMALLEST, _our_states
 
 from kvlifetime.verify import Config, Policy, cbuild, cenv, csearch, explore, parse_faults
 from kvlifetime.verify.csearch import Verdict
-from kvlifetime.verify.promela import QC, QL
+from kvlifetime.verify.projection import of_vector
 
 
 @pytest.fixture(autouse=True)
@@ -29,32 +29,10 @@ def _search(config: Config, policy: Policy) -> tuple[Any, csearch.CSearchResult]
     return lib, csearch.run(lib)
 
 
-def _line(state: bytes, config: Config) -> str:
-    """A C state as the Promela model's ``print_state`` prints one (``st_t``'s layout)."""
-    r_, p_, b_ = config.requests, config.peers, config.blocks
-    g_ = r_ * p_
-    it = iter(state)
-
-    def take(n: int) -> list[int]:
-        return [next(it) for _ in range(n)]
-
-    admitted, _nheld = take(2)
-    phase, rs, blk = take(r_), take(r_), take(r_)
-    gen, _bused = take(b_), take(b_)
-    gf, ggen, tf, pf, lqn, cqn, _nprompt = (take(g_) for _ in range(7))
-    lq, cq, peerf = take(g_ * QL), take(g_ * QC), take(p_)
-    dups, delays, losses, crashes, faults = take(5)
-    faults = faults - 256 if faults > 127 else faults
-    stale = [int(gen[blk[g // p_]] != ggen[g]) for g in range(g_)]
-    values = [admitted, *phase, *rs, *stale, *gf, *tf, *pf, *lqn, *cqn, *peerf, *lq, *cq]
-    values += [dups, delays, losses, crashes, faults]
-    return "KVSTATE " + " ".join(str(v) for v in values)
-
-
 def _c_states(config: Config, policy: Policy) -> set[Any]:
     lib, res = _search(config, policy)
     assert res.verdict is Verdict.PASS, res
-    return {_spin_projection(_line(s, config), config) for s in csearch.states(lib, res)}
+    return {of_vector(cenv.decode(s, config), config) for s in csearch.states(lib, res)}
 
 
 @pytest.mark.parametrize(
@@ -95,3 +73,7 @@ def test_the_compiled_model_refutes_as_the_python_model_does(
     assert res.verdict is Verdict.VIOLATION
     assert cenv.INVARIANTS[res.code] == ours.violation.invariant
     assert len(csearch.counterexample(lib, res)) == len(ours.trace)
+    # Mapped back onto the Python model's events and replayed on the real BlockLedger: the
+    # same invariant breaks, in as many steps.
+    events, got = cenv.python_events(config, policy, lib, res)
+    assert got.invariant == ours.violation.invariant and len(events) == len(ours.trace)

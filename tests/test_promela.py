@@ -17,7 +17,6 @@ The SPIN tests are skipped only when ``spin`` or ``gcc`` is missing and
 from __future__ import annotations
 
 import collections
-import functools
 import os
 import shutil
 import subprocess
@@ -32,18 +31,11 @@ from kvlifetime.spec.table import Row, request_table
 from kvlifetime.verify import Config, Policy, explore, parse_faults
 from kvlifetime.verify.events import enabled
 from kvlifetime.verify.keys import concrete_key
-from kvlifetime.verify.promela import QC, QL, PromelaError, generate
+from kvlifetime.verify.projection import of_line, of_state
+from kvlifetime.verify.promela import PromelaError, generate
 from kvlifetime.verify.semantics import step
-from kvlifetime.verify.spec_codes import NotExpressible, ProofCoding, guard_shapes, proof_tables
+from kvlifetime.verify.spec_codes import NotExpressible, ProofCoding, guard_shapes
 from kvlifetime.verify.state import (
-    FAILED,
-    IN_FLIGHT,
-    LANDED,
-    LANDED_UNSEEN,
-    RELEASED,
-    TO_LEDGER,
-    TO_PEER,
-    State,
     initial,
 )
 from kvlifetime.verify.swarm import run_swarm
@@ -148,119 +140,6 @@ def test_what_the_model_cannot_state_is_refused() -> None:
 
 # ------------------------------------------------------------------ the same states
 
-_PHASES = ("unadmitted", "live", "finished", "rejected", "released")
-_SPIN_TRANSFERS = {1: "in_flight", 2: "failed", 3: "landed", 4: "unseen"}
-_OUR_TRANSFERS = {IN_FLIGHT: "in_flight", FAILED: "failed", LANDED: "landed"}
-_OUR_TRANSFERS[LANDED_UNSEEN] = "unseen"
-_KINDS = {1: "CancelReceived", 2: "SchedulingStopped", 3: "TransferQuiesced"}
-_KINDS[4] = "TransferCompleted"
-
-
-def _proof_fields(p: GrantProof) -> tuple[Any, ...]:
-    return (p.cancel_received, p.last_seq, p.through_seq, p.revoked, p.suspect is not None)
-
-
-@functools.cache
-def _tables(transfers_per_grant: int) -> tuple[Any, Any]:
-    """The request states and the packed proofs, computed once (each line needs them)."""
-    _, proofs = proof_tables(ProofCoding(transfers_per_grant))
-    return request_table().states, proofs
-
-
-def _spin_projection(line: str, config: Config) -> tuple[Any, ...]:
-    """A state as the model printed it (``print_state``), field by field."""
-    v = [int(x) for x in line.split()[1:]]
-    r_, p_ = config.requests, config.peers
-    g_ = r_ * p_
-    it = iter(v)
-
-    def take(n: int) -> list[int]:
-        return [next(it) for _ in range(n)]
-
-    admitted = take(1)[0]
-    phase, rs, stale = take(r_), take(r_), take(g_)
-    gf, tf, pf, lqn, cqn, peerf = take(g_), take(g_), take(g_), take(g_), take(g_), take(p_)
-    lq, cq = take(g_ * QL), take(g_ * QC)
-    budgets = tuple(take(5))
-    states, proofs = _tables(config.transfers_per_grant)
-    reqs = tuple((_PHASES[phase[r]], None if rs[r] == 0 else states[rs[r] - 1]) for r in range(r_))
-    grants: list[Any] = []
-    for g in range(g_):
-        if not gf[g] & 1:
-            grants.append(None)
-            continue
-        f = gf[g]
-        transfers = tuple(
-            _SPIN_TRANSFERS[(tf[g] >> (3 * s)) & 7] for s in range(2) if (tf[g] >> (3 * s)) & 7
-        )
-        released = phase[g // p_] == 4
-        msgs_l = tuple(
-            (_KINDS[m & 7], (m >> 3) & 3, not m & 32, bool(m & 64))
-            for m in lq[g * QL : g * QL + lqn[g]]
-        )
-        msgs_c = tuple((not m & 32, bool(m & 64)) for m in cq[g * QC : g * QC + cqn[g]])
-        grants.append(
-            (
-                bool(stale[g]),
-                bool(f & 2),
-                bool(f & 4),
-                bool(f & 8),
-                bool(f & 16),
-                bool(f & 32),
-                f >> 6,
-                transfers,
-                None if released else _proof_fields(proofs[pf[g]]),
-                msgs_l,
-                msgs_c,
-            )
-        )
-    peers = tuple((bool(x & 1), bool(x & 2), bool(x & 4)) for x in peerf)
-    return (admitted, reqs, tuple(grants), peers, budgets)
-
-
-def _our_projection(s: State, config: Config) -> tuple[Any, ...]:
-    """A state of ``kvlifetime verify`` (the real ledger and the environment), the same way."""
-    env, snap = s.env, s.snap
-    r_, p_ = config.requests, config.peers
-    reqs: list[tuple[str, str | None]] = []
-    for r in range(r_):
-        if r >= len(env.reqs):
-            reqs.append(("unadmitted", None))
-            continue
-        q = env.reqs[r]
-        reqs.append((q.phase, "released" if q.phase == RELEASED else snap.state(q.key)))
-    grants: list[Any] = [None] * (r_ * p_)
-    for gi, g in enumerate(env.grants):
-        released = env.reqs[g.req].phase == RELEASED
-        proof = None
-        if not released:
-            cr, last, through, revoked, suspect, _closed = snap.proof(g.grant)
-            proof = (cr, None if last == -1 else last, through, revoked, suspect != "")
-        msgs_l = tuple(
-            (m.kind, m.value, m.dupable, m.delayed)
-            for m in env.msgs
-            if m.grant == gi and m.dest == TO_LEDGER
-        )
-        msgs_c = tuple(
-            (m.dupable, m.delayed) for m in env.msgs if m.grant == gi and m.dest == TO_PEER
-        )
-        grants[g.req * p_ + g.peer] = (
-            snap.stale(g.grant),
-            g.cancelled,
-            g.stopped,
-            g.quiesced_sent,
-            g.lease_fired,
-            g.silent,
-            g.retries,
-            tuple(_OUR_TRANSFERS[t] for t in g.transfers),
-            proof,
-            msgs_l,
-            msgs_c,
-        )
-    peers = tuple((p.crashed, p.fenced, p.lost_reported) for p in env.peers)
-    budgets = (env.dups_left, env.delays_left, env.losses_left, env.crashes_left, env.faults_left)
-    return (env.admitted, tuple(reqs), tuple(grants), peers, budgets)
-
 
 def _our_states(config: Config, policy: Policy) -> set[tuple[Any, ...]]:
     """Every state ``kvlifetime verify`` reaches with no reduction (breadth first over the real
@@ -268,7 +147,7 @@ def _our_states(config: Config, policy: Policy) -> set[tuple[Any, ...]]:
     refused, a self-loop (``kvlifetime verify`` checks that; test_verify_lies.py)."""
     root = initial(config)
     seen = {concrete_key(root, config)}
-    out = {_our_projection(root, config)}
+    out = {of_state(root, config)}
     queue = collections.deque([root])
     while queue:
         s = queue.popleft()
@@ -277,7 +156,7 @@ def _our_states(config: Config, policy: Policy) -> set[tuple[Any, ...]]:
             k = concrete_key(nxt, config)
             if k not in seen:
                 seen.add(k)
-                out.add(_our_projection(nxt, config))
+                out.add(of_state(nxt, config))
                 queue.append(nxt)
     return out
 
@@ -296,7 +175,7 @@ def _spin_states(config: Config, policy: Policy, workdir: Path) -> tuple[set[Any
     ).stdout
     assert "errors: 0" in out
     lines = [ln for ln in out.splitlines() if ln.startswith("KVSTATE")]
-    return {_spin_projection(ln, config) for ln in lines}, len(lines)
+    return {of_line(ln, config) for ln in lines}, len(lines)
 
 
 @needs_spin

@@ -22,8 +22,14 @@ set to ``kvlifetime verify``'s unreduced one, state by state.
 
 from __future__ import annotations
 
+from typing import Any
+
+from kvlifetime.errors import SpecDisagreement
 from kvlifetime.verify import csearch
 from kvlifetime.verify.cspec import emit
+from kvlifetime.verify.events import enabled
+from kvlifetime.verify.lies import lie_events
+from kvlifetime.verify.projection import of_state, of_vector
 from kvlifetime.verify.promela import (
     FAULT_FLAGS,
     MODEL_POLICIES,
@@ -32,8 +38,9 @@ from kvlifetime.verify.promela import (
     check_expressible,
     lie_evidence,
 )
+from kvlifetime.verify.semantics import run_events, step
 from kvlifetime.verify.spec_codes import evidence_codes
-from kvlifetime.verify.state import Config, Policy
+from kvlifetime.verify.state import Broken, Config, Event, Policy, State, Violation, initial
 
 ISOLATION, EXCLUSIVITY, NO_LEAK, LEDGER_ERROR, MODEL_BOUND = 1, 2, 3, 4, 9
 INVARIANTS = {
@@ -576,9 +583,79 @@ def model(config: Config, policy: Policy) -> str:
     return "\n".join(head) + "\n" + emit(transfers=t) + ENVIRONMENT
 
 
+def decode(state: bytes, config: Config) -> list[int]:
+    """A C state (``st_t``) as the integers the Promela model's ``print_state`` prints, in its
+    order (``projection.of_vector`` reads them)."""
+    r_, p_, b_ = config.requests, config.peers, config.blocks
+    g_ = r_ * p_
+    it = iter(state)
+
+    def take(n: int) -> list[int]:
+        return [next(it) for _ in range(n)]
+
+    admitted, _nheld = take(2)
+    phase, rs, blk = take(r_), take(r_), take(r_)
+    gen, _bused = take(b_), take(b_)
+    gf, ggen, tf, pf, lqn, cqn, _nprompt = (take(g_) for _ in range(7))
+    lq, cq, peerf = take(g_ * QL), take(g_ * QC), take(p_)
+    dups, delays, losses, crashes, faults = take(5)
+    faults = faults - 256 if faults > 127 else faults  # (signed char)
+    stale = [int(gen[blk[g // p_]] != ggen[g]) for g in range(g_)]
+    values = [admitted, *phase, *rs, *stale, *gf, *tf, *pf, *lqn, *cqn, *peerf, *lq, *cq]
+    return [*values, dups, delays, losses, crashes, faults]
+
+
+def python_events(
+    config: Config, policy: Policy, lib: Any, result: csearch.CSearchResult
+) -> tuple[list[Event], Violation]:
+    """A compiled checker's counterexample as the Python model's events, replayed on the real
+    ``BlockLedger``: each C step is the Python event whose step leads to a state with the same
+    projection (``projection``); the last, the event that breaks the same invariant (or the
+    quiet state that leaks). ``SpecDisagreement`` when a step has no such event, or when the
+    real ledger does not break the same invariant with those events."""
+    want = INVARIANTS[result.code]
+    states = [csearch.state(lib, i) for i in csearch.path(lib, result.bad)]
+    s = initial(config, checked=False)
+    events: list[Event] = []
+    for k, raw in enumerate(states[1:], start=1):
+        target = of_vector(decode(raw, config), config)
+        for ev in _candidates(s, config, policy):
+            try:
+                nxt, _ = step(s, ev, config, policy)
+            except Broken:
+                continue
+            if of_state(nxt, config) == target:
+                events.append(ev)
+                s = nxt
+                break
+        else:
+            raise SpecDisagreement(f"step {k} of the compiled trace has no Python event")
+    if result.bad_event >= 0:
+        for ev in _candidates(s, config, policy):
+            try:
+                step(s, ev, config, policy)
+            except Broken as b:
+                if b.violation.invariant == want:
+                    events.append(ev)
+                    break
+        else:
+            raise SpecDisagreement(f"the compiled trace's last step breaks {want}: no Python event")
+    _, _, got = run_events(config, policy, events, checked=False)
+    if got is None or got.invariant != want:
+        raise SpecDisagreement(
+            f"the compiled checker found {want}; replayed on the real ledger the same events give "
+            f"{got!r}"
+        )
+    return events, got
+
+
+def _candidates(s: State, config: Config, policy: Policy) -> list[Event]:
+    return [*enabled(s, config), *lie_events(s, config, policy)]
+
+
 def checker(config: Config, policy: Policy) -> str:
     """The whole checker's C text: the model, then the search (``csearch``)."""
     return csearch.source(model(config, policy))
 
 
-__all__ = ["INVARIANTS", "checker", "model"]
+__all__ = ["INVARIANTS", "checker", "decode", "model", "python_events"]

@@ -231,6 +231,23 @@ int kvl_trace(uint32_t i, uint32_t *events, int max) {
   return n;
 }
 
+/* The stored states from the root to state i (their indices, root first); their number. */
+int kvl_path(uint32_t i, uint32_t *idx, int max) {
+  int n = 0;
+  if (i >= S.n) return 0;
+  for (uint32_t k = i;; k = S.parent[k]) {
+    if (n == max) return -1;
+    idx[n++] = k;
+    if (k == 0) break;
+  }
+  for (int a = 0, b = n - 1; a < b; a++, b--) {
+    uint32_t t = idx[a];
+    idx[a] = idx[b];
+    idx[b] = t;
+  }
+  return n;
+}
+
 /* State i's bytes (for the tests' state-set comparisons and the trace's replay). */
 int kvl_state(uint32_t i, unsigned char *buf) {
   if (i >= S.n) return 0;

@@ -102,6 +102,16 @@ def trace(lib: Any, index: int, *, limit: int = 100_000) -> list[int]:
     return list(buf[:n])
 
 
+def path(lib: Any, index: int, *, limit: int = 100_000) -> list[int]:
+    """The stored states from the root to state ``index`` (their indices, root first)."""
+    lib.kvl_path.argtypes = [ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32), ctypes.c_int]
+    buf = (ctypes.c_uint32 * limit)()
+    n = lib.kvl_path(index, buf, limit)
+    if n < 0:
+        raise ValueError(f"a trace longer than {limit}")
+    return list(buf[:n])
+
+
 def state(lib: Any, index: int) -> bytes:
     """Stored state ``index``'s bytes (the last search's)."""
     width = int(lib.kvl_width())
@@ -122,6 +132,7 @@ __all__ = [
     "Verdict",
     "counterexample",
     "engine_source",
+    "path",
     "run",
     "source",
     "state",
