@@ -8,13 +8,24 @@ same verdicts, with counterexamples as long as the Python search's shortest.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_promela import ALL, SMALLEST, _our_states
 
-from kvlifetime.verify import Config, Policy, cbuild, cenv, csearch, explore, parse_faults
+from kvlifetime.cli import main
+from kvlifetime.verify import (
+    Config,
+    Policy,
+    cbuild,
+    cenv,
+    compiled,
+    csearch,
+    explore,
+    parse_faults,
+)
 from kvlifetime.verify.csearch import Verdict
 from kvlifetime.verify.projection import of_vector
 
@@ -77,3 +88,45 @@ def test_the_compiled_model_refutes_as_the_python_model_does(
     # same invariant breaks, in as many steps.
     events, got = cenv.python_events(config, policy, lib, res)
     assert got.invariant == ours.violation.invariant and len(events) == len(ours.trace)
+
+
+def test_the_command_answers_with_the_compiled_engine_and_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    shape = ["--requests", "1", "--peers", "2", "--blocks", "1", "--max-faults", "1"]
+    assert main(["verify", *shape, "--engine", "compiled", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "engine compiled" in out and "reduction off" in out
+    # A pass names only what the compiled model checks.
+    assert "keeps isolation, exclusivity, no_leak\n" in out
+    assert "engine: compiled C checker" in out
+    assert main(["verify", *shape, "--engine", "compiled", "--policy", "timeout"]) == 1
+    out = capsys.readouterr().out
+    assert "VIOLATION of isolation" in out and "lease reaper (timeout policy) releases" in out
+    doc = json.loads(_json(capsys, ["verify", *shape, "--engine", "compiled", "--format", "json"]))
+    assert doc["engine"] == "compiled" and doc["checks"] == list(compiled.CHECKS)
+    assert doc["states"] == 20970 and "engine_note" in doc
+
+
+def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(argv) == 0
+    return capsys.readouterr().out
+
+
+def test_where_it_cannot_answer_another_engine_does_and_the_output_says_why(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shape = ["--requests", "1", "--peers", "1", "--blocks", "1", "--faults", "fail"]
+    # A policy it does not model: the packed engine answers, with the reason.
+    assert main(["verify", *shape, "--engine", "compiled", "--policy", "first-failure"]) == 1
+    out = capsys.readouterr().out
+    assert "engine packed" in out
+    assert "compiled engine not used: the compiled checker does not model this" in out
+    # No C compiler here: the same.
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert main(["verify", *shape, "--engine", "compiled", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "engine packed" in out and "compiled engine not used: $CC=" in out
+    # Options it does not take are refused.
+    monkeypatch.delenv("CC")
+    assert main(["verify", *shape, "--engine", "compiled", "--processes", "2"]) == 2

@@ -146,12 +146,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checked", action="store_true", help="mirror into the specification too")
     p.add_argument(
         "--engine",
-        choices=("auto", "ledger", "packed"),
+        choices=("auto", "ledger", "packed", "compiled"),
         default="auto",
         help="the ledger the model drives: ledger (the real BlockLedger), packed (the same "
         "model over plain values, proven equal to it on a grid of shapes; its counterexamples "
         "are replayed on the real ledger); auto (default): packed where it models the shape "
-        "(no --restarts, --share or --checked), else ledger",
+        "(no --restarts, --share or --checked), else ledger; compiled (in progress): the model "
+        "generated as C and compiled with the system's compiler, unreduced (concrete states), "
+        "its counterexamples replayed on the real ledger; where it cannot answer (no compiler, "
+        "a shape or policy it does not model) auto answers and the output says why",
     )
     p.add_argument(
         "--processes",
@@ -198,6 +201,14 @@ def run(args: argparse.Namespace) -> int:
     if budget == 0:
         budget = None  # --memory-budget none
 
+    fallback: str | None = None
+    if args.engine == "compiled":
+        from kvlifetime.verify import compiled
+
+        fallback = compiled.unavailable(config, Policy(args.policy))
+        if fallback is None:
+            return _run_compiled(args, config, budget)
+        args.engine = "auto"
     engine, refused = _engine(args, config)
     if refused is not None:
         args.log.info("verify_refused", error=refused)
@@ -217,11 +228,40 @@ def run(args: argparse.Namespace) -> int:
             engine=engine,
             processes=args.processes,
         )
-    if args.format == "json":
-        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
-    else:
-        sys.stdout.write(result.to_text())
+    _print(args, result, None if fallback is None else f"compiled engine not used: {fallback}")
     return exit_status(result)
+
+
+def _run_compiled(args: argparse.Namespace, config: Config, budget: int | None) -> int:
+    from kvlifetime.verify import compiled
+
+    if args.hash_compaction or args.processes > 1 or args.checked or args.no_reduction:
+        print(
+            "kvlifetime verify: error: --engine compiled takes none of --hash-compaction, "
+            "--processes, --checked, --no-reduction",
+            file=sys.stderr,
+        )
+        return 2
+    if getattr(args, "progress", None) is not False:
+        print(_start_line(config, args.policy, budget), file=sys.stderr, flush=True)
+    result = compiled.run(
+        config, Policy(args.policy), max_states=args.max_states, memory_budget=budget
+    )
+    _print(args, result, compiled.NOTE)
+    return exit_status(result)
+
+
+def _print(args: argparse.Namespace, result: Result, note: str | None) -> None:
+    """The result on stdout (text or JSON), with a note on which engine answered and why."""
+    if args.format == "json":
+        doc = result.to_dict()
+        if note is not None:
+            doc["engine_note"] = note
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return
+    sys.stdout.write(result.to_text())
+    if note is not None:
+        sys.stdout.write(f"engine: {note}\n")
 
 
 def _engine(args: argparse.Namespace, config: Config) -> tuple[str, str | None]:

@@ -50,6 +50,9 @@ class Result:
     covered_depth: int = 0  # every state this many steps deep or less was expanded
     engine: str = "ledger"  # the ledger the model drove: "ledger" (real) or "packed"
     processes: int = 1  # processes that expanded the frontier
+    # The invariants the engine checks (None: every one of INVARIANTS; the compiled engine
+    # checks fewer, and a pass names only those).
+    checks: tuple[str, ...] | None = None
 
     @property
     def verdict(self) -> str:
@@ -95,6 +98,7 @@ class Result:
             "out_of_memory": self.out_of_memory,
             "covered_depth": self.covered_depth,
             "engine": self.engine,
+            "checks": None if self.checks is None else list(self.checks),
             "processes": self.processes,
             "violation": None
             if self.violation is None
@@ -139,6 +143,8 @@ class Result:
                 kept = [k for k in INVARIANTS if k != "ledger_error"]
                 if Fault.LIE not in c.faults:
                     kept.remove("provenance")  # no lie was sent
+                if self.checks is not None:
+                    kept = [k for k in kept if k in self.checks]
                 lines.append("verdict: PASS: every reachable state keeps " + ", ".join(kept))
             elif self.interrupted:
                 lines.append(
