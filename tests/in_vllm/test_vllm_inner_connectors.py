@@ -173,7 +173,6 @@ def test_a_guarded_class_subclassed_by_hand_gets_no_row() -> None:
 
 _MALFORMED: list[Any] = [
     None,
-    [],
     "NixlConnector",
     {"kv_connector": "NixlConnector"},
     [NIXL, 5],
@@ -183,10 +182,19 @@ _MALFORMED: list[Any] = [
 
 @pytest.mark.parametrize("connectors", _MALFORMED)
 def test_a_malformed_multiconnector_config_is_refused(connectors: Any) -> None:
+    # (An empty list is vLLM's own: a MultiConnector of no child, whose failures prove
+    # nothing; test_an_empty_multiconnector_proves_nothing.)
     ktc = testing.config(guarded=True, inner="MultiConnector").kv_transfer_config
     ktc.kv_connector_extra_config["inner"]["kv_connector_extra_config"] = {"connectors": connectors}
     with pytest.raises(InvalidField, match="MultiConnector"):
         inner_evidence(GuardedConnector, ktc)
+
+
+def test_an_empty_multiconnector_proves_nothing() -> None:
+    ktc = testing.config(guarded=True, inner="MultiConnector").kv_transfer_config
+    ktc.kv_connector_extra_config["inner"]["kv_connector_extra_config"] = {"connectors": []}
+    got = inner_evidence(GuardedConnector, ktc)
+    assert got.rows == () and not got.failed_load_is_over
 
 
 def test_a_nixl_load_failure_waits_for_proof_or_a_fence() -> None:

@@ -123,13 +123,11 @@ def _unguarded(cls: type[Any], ktc: Any) -> tuple[type[Any], Any]:
 
 def _children(ktc: Any) -> list[tuple[type[Any], Any]]:
     """A ``MultiConnector``'s children (``kv_connector_extra_config["connectors"]``), each as
-    the connector it stands for. ``InvalidField`` for a list that is not one of entries
-    naming a connector."""
+    the connector it stands for. ``InvalidField`` for anything but a list of entries each
+    naming a connector (an empty list is one: no child, no failure proven over)."""
     entries = (ktc.kv_connector_extra_config or {}).get("connectors")
-    if not isinstance(entries, list) or not entries:
-        raise InvalidField(
-            f"a MultiConnector needs a non-empty list of connectors, got {entries!r}"
-        )
+    if not isinstance(entries, list):  # (an empty list is vLLM's: a MultiConnector of none)
+        raise InvalidField(f"a MultiConnector needs a list of connectors, got {entries!r}")
     for e in entries:
         if not isinstance(e, dict) or not isinstance(e.get("kv_connector"), str):
             raise InvalidField(f"a MultiConnector's connector entry must name one, got {e!r}")
