@@ -42,6 +42,7 @@ KVLifetimeError
 │   ├── UnsupportedEngineVersion  The installed vLLM is not one whose engine facts kvlifetime holds
 │   ├── ProfileUnavailable        No evidence profile can be loaded for this engine
 │   ├── ReportInputError          The harness results file is not one
+│   ├── CompilerUnavailable       No C compiler here could build the generated checker
 │   └── NothingToCheck            The log holds no kvlifetime event: there is nothing to replay
 ├── EvidenceError                 The evidence's fault: a peer, a transfer engine or the wire
 │   ├── StaleEvidence             About a grant that is over and forgotten (an older generation)
@@ -77,6 +78,7 @@ Defined beside the code that raises them (kvlifetime.*, each imports this one):
   profiles                    ProfileUnavailable
   report                      ReportInputError
   report.browser              BrowserError, ChromiumNotFound
+  verify.cbuild               CompilerUnavailable
   verify.replay               NothingToCheck
 ```
 """

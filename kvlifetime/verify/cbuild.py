@@ -39,9 +39,9 @@ _loaded: dict[Path, ctypes.CDLL] = {}
 
 
 class CompilerUnavailable(UsageError):
-    """No C compiler could build the checker here: none was found, or it failed (its output
-    is in the message). Whose fault: the machine's set-up. Nothing was cached; the Python
-    engine answers instead."""
+    """No C compiler here could build the generated checker.
+    None was found, or it failed (its output is in the message). Whose fault: the machine's
+    set-up. Nothing was cached; the Python engine answers instead."""
 
     kind = "compiler_unavailable"
 
