@@ -23,18 +23,8 @@ from kvlifetime.ledger.transitions import _CHAIN
 from kvlifetime.spec.proof import GrantProof
 from kvlifetime.spec.table import Row, TransitionTable, request_table
 from kvlifetime.verify import cbuild
-from kvlifetime.verify.cspec import CALLS, emit
-from kvlifetime.verify.spec_codes import CONTRA, ProofCoding, evidence_codes
-
-
-class _Facts:
-    """What a request guard reads: its open grants' proofs."""
-
-    def __init__(self, proofs: Sequence[GrantProof]) -> None:
-        self._open = [p for p in proofs if not p.closed]
-
-    def open_proofs(self) -> list[GrantProof]:
-        return self._open
+from kvlifetime.verify.cspec import emit
+from kvlifetime.verify.spec_codes import CALLS, CONTRA, GuardFacts, ProofCoding, evidence_codes
 
 
 @pytest.fixture(autouse=True)
@@ -80,14 +70,14 @@ def test_the_grant_proof_in_c_is_the_specifications(transfers: int) -> None:
 
 def _python_fire(table: TransitionTable, state: str, event: str, proofs: list[GrantProof]) -> str:
     try:
-        target = table.step(state, event, _Facts(proofs))
+        target = table.step(state, event, GuardFacts(proofs))
     except IllegalTransition:
         return "refused"
     return "refused" if target is None else target
 
 
 def _python_advance(state: str, proofs: list[GrantProof]) -> str:
-    facts = _Facts(proofs)
+    facts = GuardFacts(proofs)
     while True:
         for _event, guard, target in _CHAIN[state]:
             if guard(facts):

@@ -28,8 +28,9 @@ lies), the packed state, its canonical form, the visited set and the search. Unt
 from __future__ import annotations
 
 from kvlifetime.spec.table import TransitionTable, request_table
-from kvlifetime.spec.vocabulary import PROOF_CHAIN, RequestEvent
+from kvlifetime.spec.vocabulary import PROOF_CHAIN
 from kvlifetime.verify.spec_codes import (
+    CALLS,
     CONTRA,
     NotExpressible,
     ProofCoding,
@@ -37,17 +38,6 @@ from kvlifetime.verify.spec_codes import (
     guard_shapes,
     proof_tables,
 )
-
-CALLS: tuple[str, ...] = tuple(
-    e.value
-    for e in (
-        RequestEvent.REJECTED,
-        RequestEvent.FINISHED,
-        RequestEvent.RELEASED,
-        RequestEvent.FORCE_RELEASED,
-    )
-)
-"""The call-driven events, in the order ``kvl_fire``'s ``event`` argument numbers them."""
 
 MAX_GUARDS = 7  # PFACT is one byte: bit 0 closed, bits 1..7 the guards
 

@@ -41,9 +41,10 @@ from kvlifetime.evidence import (
     Evidence,
 )
 from kvlifetime.spec.table import TransitionTable, request_table
-from kvlifetime.spec.vocabulary import PROOF_CHAIN, RequestEvent, RequestState
+from kvlifetime.spec.vocabulary import PROOF_CHAIN, RequestState
 from kvlifetime.verify.promela_env import ADMIT, ENVIRONMENT
 from kvlifetime.verify.spec_codes import (
+    CALLS,
     CONTRA,
     NotExpressible,
     ProofCoding,
@@ -188,15 +189,9 @@ def _option(table: TransitionTable, row: Any) -> str:
 def _fire_inlines(table: TransitionTable) -> str:
     out = ["/* The call-driven transitions: the table's rows of each event (the first whose"]
     out.append("   guard holds wins); no row, or no guard holding, is the ledger refusing. */")
-    calls = (
-        RequestEvent.REJECTED,
-        RequestEvent.FINISHED,
-        RequestEvent.RELEASED,
-        RequestEvent.FORCE_RELEASED,
-    )
-    for ev in calls:
-        rows = [r for r in table.rows if r.event == ev.value]
-        out.append(f"inline fire_{ev.value}(r) {{")
+    for ev in CALLS:
+        rows = [r for r in table.rows if r.event == ev]
+        out.append(f"inline fire_{ev}(r) {{")
         out.append("  if")
         out += [_option(table, r) for r in rows]
         out.append("  :: else -> assert(ledger_error)")

@@ -36,8 +36,21 @@ from kvlifetime.evidence import (
 )
 from kvlifetime.grant import GrantId
 from kvlifetime.spec.proof import GrantProof
+from kvlifetime.spec.vocabulary import RequestEvent
 
 CONTRA = 255  # "the evidence contradicts what is proven" (no packed proof is 255)
+
+CALLS: tuple[str, ...] = tuple(
+    e.value
+    for e in (
+        RequestEvent.REJECTED,
+        RequestEvent.FINISHED,
+        RequestEvent.RELEASED,
+        RequestEvent.FORCE_RELEASED,
+    )
+)
+"""The call-driven request events (the others are evidence-driven, in ``PROOF_CHAIN``): a
+generated model fires each as a call of its own; the C numbers them in this order."""
 
 
 class NotExpressible(Exception):
@@ -136,7 +149,7 @@ def proof_tables(coding: ProofCoding) -> tuple[dict[tuple[int, int], int], dict[
 # ------------------------------------------------------------------ the guards, read by running
 
 
-class _Facts:
+class GuardFacts:
     """What a request guard may look at (``spec.vocabulary.RequestFacts``)."""
 
     def __init__(self, proofs: Sequence[GrantProof]) -> None:
@@ -162,11 +175,11 @@ def guard_shapes(guards: dict[str, Callable[[Any], bool]], coding: ProofCoding) 
     opened = {c: p for c, p in proofs.items() if not p.closed}
     shapes = []
     for name, fn in guards.items():
-        every = bool(fn(_Facts([])))
-        holds = frozenset(c for c, p in opened.items() if fn(_Facts([p])))
+        every = bool(fn(GuardFacts([])))
+        holds = frozenset(c for c, p in opened.items() if fn(GuardFacts([p])))
         for (a, pa), (b, pb) in product(opened.items(), repeat=2):
             want = (a in holds and b in holds) if every else (a in holds or b in holds)
-            if bool(fn(_Facts([pa, pb]))) != want:
+            if bool(fn(GuardFacts([pa, pb]))) != want:
                 raise NotExpressible(
                     f"guard {name!r} is not '{'every' if every else 'some'} open grant with a "
                     "property of its proof': a generated model cannot state it"
@@ -176,7 +189,9 @@ def guard_shapes(guards: dict[str, Callable[[Any], bool]], coding: ProofCoding) 
 
 
 __all__ = [
+    "CALLS",
     "CONTRA",
+    "GuardFacts",
     "GuardShape",
     "NotExpressible",
     "ProofCoding",
