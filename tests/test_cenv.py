@@ -130,3 +130,23 @@ def test_where_it_cannot_answer_another_engine_does_and_the_output_says_why(
     # Options it does not take are refused.
     monkeypatch.delenv("CC")
     assert main(["verify", *shape, "--engine", "compiled", "--processes", "2"]) == 2
+
+
+def test_a_hash_compacted_compiled_search_is_approximate_and_its_trace_replays(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1)
+    r = compiled.run(config, Policy.PROOF, compact=True)
+    assert r.compact and not r.complete and r.verdict != "pass"
+    assert r.states == 20970 and 0 < r.omission_bound < 1e-9  # no collision at this size
+    # 16 bytes a state and the frontier, against 42 + 16 for a whole state.
+    lib = cbuild.build(cenv.checker(config, Policy.PROOF), name="cenv").library
+    exact, hashed = csearch.run(lib), csearch.run(lib, compact=True)
+    assert hashed.states == exact.states and hashed.bytes < exact.bytes
+    refuted = compiled.run(config, Policy.TIMEOUT, compact=True)
+    assert refuted.violation is not None and refuted.violation.invariant == "isolation"
+    assert len(refuted.trace) == len(explore(config, Policy.TIMEOUT).trace)
+    shape = ["--requests", "1", "--peers", "2", "--blocks", "1", "--max-faults", "1"]
+    argv = ["verify", *shape, "--engine", "compiled", "--hash-compaction", "--no-progress"]
+    assert main(argv) == 3  # incomplete: never a pass
+    assert "INCOMPLETE (approximate)" in capsys.readouterr().out

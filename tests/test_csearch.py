@@ -163,3 +163,33 @@ def test_memory_per_stored_state_is_its_width_plus_sixteen_bytes_at_most_doubled
     assert res.states == 3003
     exact = res.states * (8 + 16)
     assert exact <= res.bytes <= 2 * exact + 2 * 1024 * (8 + 8)
+
+
+def test_hash_compaction_reaches_the_same_states_and_stops_where_it_must() -> None:
+    lib = _lib(8, 15, 8 * 15 + 1)  # 490,314 states of 8 bytes
+    exact = csearch.run(lib)
+    compact = csearch.run(lib, compact=True)
+    # No collision among half a million 64-bit hashes here: the same count, the same depth.
+    assert compact.verdict is Verdict.PASS and compact.compact
+    assert (compact.states, compact.depth) == (exact.states, exact.depth)
+    capped = csearch.run(lib, compact=True, max_states=1000)
+    assert capped.verdict is Verdict.MAX_STATES and capped.states == 1000
+    tight = csearch.run(lib, compact=True, memory_budget=200_000)
+    assert tight.verdict is Verdict.MEMORY and tight.bytes <= 200_000
+
+
+def test_hash_compaction_finds_the_shortest_violation_and_rebuilds_its_states() -> None:
+    k, m, target = 4, 5, 9
+    lib = _lib(k, m, target)
+    res = csearch.run(lib, compact=True)
+    assert res.verdict is Verdict.VIOLATION and res.code == 7
+    events = csearch.trace(lib, res.bad)
+    assert len(events) == target
+    states = csearch.path_states(lib, res, res.bad)
+    assert len(states) == target + 1 and states[0] == bytes(k)
+    s: tuple[int, ...] | None = (0,) * k
+    for e, raw in zip(events, states[1:], strict=True):
+        assert s is not None
+        s = _apply(s, e, k, m)
+        assert tuple(raw) == s  # each rebuilt state is the model's successor by that event
+    assert s is not None and sum(s) == target

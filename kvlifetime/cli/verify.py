@@ -235,17 +235,21 @@ def run(args: argparse.Namespace) -> int:
 def _run_compiled(args: argparse.Namespace, config: Config, budget: int | None) -> int:
     from kvlifetime.verify import compiled
 
-    if args.hash_compaction or args.processes > 1 or args.checked or args.no_reduction:
+    if args.processes > 1 or args.checked or args.no_reduction:
         print(
-            "kvlifetime verify: error: --engine compiled takes none of --hash-compaction, "
-            "--processes, --checked, --no-reduction",
+            "kvlifetime verify: error: --engine compiled takes none of --processes, --checked, "
+            "--no-reduction",
             file=sys.stderr,
         )
         return 2
     if getattr(args, "progress", None) is not False:
         print(_start_line(config, args.policy, budget), file=sys.stderr, flush=True)
     result = compiled.run(
-        config, Policy(args.policy), max_states=args.max_states, memory_budget=budget
+        config,
+        Policy(args.policy),
+        max_states=args.max_states,
+        memory_budget=budget,
+        compact=args.hash_compaction,
     )
     _print(args, result, compiled.NOTE)
     return exit_status(result)

@@ -124,7 +124,7 @@ def python_events(
     quiet state that leaks). ``SpecDisagreement`` when a step has no such event, or when the
     real ledger does not break the same invariant with those events."""
     want = INVARIANTS[result.code]
-    states = [csearch.state(lib, i) for i in csearch.path(lib, result.bad)]
+    states = csearch.path_states(lib, result, result.bad)
     s = initial(config, checked=False)
     events: list[Event] = []
     for k, raw in enumerate(states[1:], start=1):

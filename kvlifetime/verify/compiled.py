@@ -57,17 +57,19 @@ def run(
     *,
     max_states: int | None = None,
     memory_budget: int | None = None,
+    compact: bool = False,
 ) -> Result:
     """Search ``config`` under ``policy`` with the compiled checker. Raises ``PromelaError``
     for what it does not model and ``cbuild.CompilerUnavailable`` without a compiler (see
     ``unavailable``); ``SpecDisagreement`` when its counterexample does not replay on the real
-    ledger."""
+    ledger. ``compact``: hash compaction (approximate: never a pass; the bound on the chance
+    that a collision hid a state is ``Result.omission_bound``)."""
     check_expressible(config, policy)
     lib = cbuild.build(cenv.checker(config, policy), name="cenv").library
     # The budget is for the process: what it already holds is not the search's to spend.
     room = 0 if memory_budget is None else max(1, memory_budget - resident_bytes())
     t0 = time.perf_counter()
-    res = csearch.run(lib, max_states=max_states or 0, memory_budget=room)
+    res = csearch.run(lib, max_states=max_states or 0, memory_budget=room, compact=compact)
     seconds = time.perf_counter() - t0
     peak = resident_bytes()  # (the search's arena is still held)
     violation: Violation | None = None
@@ -83,7 +85,8 @@ def run(
         transitions=res.transitions,
         seconds=seconds,
         max_depth=res.depth,
-        complete=res.verdict is Verdict.PASS,
+        complete=res.verdict is Verdict.PASS and not compact,
+        compact=compact,
         violation=violation,
         trace=trace,
         queue=0,

@@ -30,6 +30,7 @@
 
 static void kvl_emit(void *ctx, int event, const unsigned char *next);
 static void kvl_fail(void *ctx, int event, int code);
+int kvl_trace(uint32_t i, uint32_t *events, int max);
 
 typedef struct {
   unsigned char *states; /* n * KVL_W bytes */
@@ -48,6 +49,17 @@ typedef struct {
   uint32_t found_len;    /* the trace's length (events from the root) */
   uint32_t depth;        /* the level being expanded */
   uint32_t max_states;
+  /* hash compaction (kvl_search_compact): the visited set keeps a 64-bit hash per state, and
+   * only the frontier keeps whole states (this level's and the next's) */
+  int compact;
+  uint64_t *hashes;      /* per visited state */
+  unsigned char *cur, *nxt;
+  uint32_t *cur_idx, *nxt_idx;
+  uint32_t ncur, nnxt, cap_front;
+  /* capture (kvl_replay): a successor with this event is copied out; nothing is stored */
+  int capturing, captured;
+  uint32_t capture_event;
+  unsigned char *capture;
 } kvl_search_t;
 
 static kvl_search_t S;
@@ -120,9 +132,22 @@ static int kvl_store(const unsigned char *s, uint32_t parent, uint32_t event) {
   return 1;
 }
 
+static int kvl_emit_compact(int event, const unsigned char *next);
+
 static void kvl_emit(void *ctx, int event, const unsigned char *next) {
   (void)ctx;
+  if (S.capturing) {
+    if (!S.captured && (uint32_t)event == S.capture_event) {
+      memcpy(S.capture, next, KVL_W);
+      S.captured = 1;
+    }
+    return;
+  }
   S.transitions++;
+  if (S.compact) {
+    if (!S.full && !S.found && kvl_emit_compact(event, next) < 0) S.full = 1;
+    return;
+  }
   if (S.full || S.found) return;
   if (S.n >= S.max_states) {
     S.full = 2;
@@ -149,6 +174,7 @@ static void kvl_emit(void *ctx, int event, const unsigned char *next) {
  * in the same level replaces an event's. */
 static void kvl_fail(void *ctx, int event, int code) {
   (void)ctx;
+  if (S.capturing) return;
   uint32_t len = S.depth + (event >= 0);
   if (S.found && S.found_len <= len) return;
   S.found = code;
@@ -162,6 +188,11 @@ static void kvl_reset(void) {
   free(S.parent);
   free(S.event);
   free(S.slots);
+  free(S.hashes);
+  free(S.cur);
+  free(S.nxt);
+  free(S.cur_idx);
+  free(S.nxt_idx);
   memset(&S, 0, sizeof S);
 }
 
@@ -217,6 +248,196 @@ int kvl_search(uint32_t max_states, uint64_t budget_bytes, uint64_t *out) {
   out[5] = kvl_bytes_for(S.cap, S.mask + 1);
   out[6] = (uint64_t)(int64_t)S.bad_event;
   return verdict;
+}
+
+/* ---- hash compaction: approximate (two states with one hash are taken as one) ---- */
+
+static uint64_t kvl_compact_bytes(void) {
+  return (uint64_t)S.cap * 16 + (uint64_t)(S.mask + 1) * 4 +
+         (uint64_t)S.cap_front * 2 * (KVL_W + 4);
+}
+
+static int kvl_grow_compact(void) {
+  uint32_t cap = S.cap ? S.cap * 2 : 1024;
+  uint64_t need = (uint64_t)cap * 16 + (uint64_t)(S.mask + 1) * 4 +
+                  (uint64_t)S.cap_front * 2 * (KVL_W + 4);
+  if (S.budget && need > S.budget) return 0;
+  uint64_t *h = realloc(S.hashes, (size_t)cap * 8);
+  if (!h) return 0;
+  S.hashes = h;
+  uint32_t *pa = realloc(S.parent, (size_t)cap * 4);
+  if (!pa) return 0;
+  S.parent = pa;
+  uint32_t *ev = realloc(S.event, (size_t)cap * 4);
+  if (!ev) return 0;
+  S.event = ev;
+  S.cap = cap;
+  return 1;
+}
+
+static int kvl_grow_compact_table(void) {
+  uint32_t slots = (S.mask + 1) * 2;
+  if (S.budget && kvl_compact_bytes() + (uint64_t)slots * 2 > S.budget) return 0;
+  uint32_t *t = calloc(slots, 4);
+  if (!t) return 0;
+  free(S.slots);
+  S.slots = t;
+  S.mask = slots - 1;
+  for (uint32_t i = 0; i < S.n; i++) {
+    uint64_t h = S.hashes[i] & S.mask;
+    while (S.slots[h]) h = (h + 1) & S.mask;
+    S.slots[h] = i + 1;
+  }
+  return 1;
+}
+
+static int kvl_grow_front(void) {
+  uint32_t cap = S.cap_front ? S.cap_front * 2 : 1024;
+  if (S.budget && kvl_compact_bytes() + (uint64_t)(cap - S.cap_front) * 2 * (KVL_W + 4) >
+                      S.budget)
+    return 0;
+  unsigned char *c = realloc(S.cur, (size_t)cap * KVL_W);
+  if (!c) return 0;
+  S.cur = c;
+  unsigned char *x = realloc(S.nxt, (size_t)cap * KVL_W);
+  if (!x) return 0;
+  S.nxt = x;
+  uint32_t *ci = realloc(S.cur_idx, (size_t)cap * 4);
+  if (!ci) return 0;
+  S.cur_idx = ci;
+  uint32_t *xi = realloc(S.nxt_idx, (size_t)cap * 4);
+  if (!xi) return 0;
+  S.nxt_idx = xi;
+  S.cap_front = cap;
+  return 1;
+}
+
+/* 1 stored (and queued for the next level), 0 its hash was there, -1 no room. */
+static int kvl_store_hash(const unsigned char *s, uint32_t parent, uint32_t event) {
+  uint64_t hv = kvl_hash(s);
+  uint64_t h = hv & S.mask;
+  for (uint32_t k = S.slots[h]; k; k = S.slots[h]) {
+    if (S.hashes[k - 1] == hv) return 0;
+    h = (h + 1) & S.mask;
+  }
+  if (S.n == S.cap && !kvl_grow_compact()) return -1;
+  if (S.nnxt == S.cap_front && !kvl_grow_front()) return -1;
+  if ((uint64_t)(S.n + 1) * 2 > (uint64_t)S.mask + 1) {
+    if (!kvl_grow_compact_table()) return -1;
+    h = hv & S.mask;
+    while (S.slots[h]) h = (h + 1) & S.mask;
+  }
+  S.hashes[S.n] = hv;
+  S.parent[S.n] = parent;
+  S.event[S.n] = event;
+  memcpy(S.nxt + (size_t)S.nnxt * KVL_W, s, KVL_W);
+  S.nxt_idx[S.nnxt++] = S.n;
+  S.slots[h] = ++S.n;
+  return 1;
+}
+
+static int kvl_emit_compact(int event, const unsigned char *next) {
+  if (S.n >= S.max_states) {
+    S.full = 2;
+    return 0;
+  }
+  int r = kvl_store_hash(next, S.expanding, (uint32_t)event);
+  if (r == 1) {
+    int code = kvl_check(next);
+    if (code) {
+      S.found = code;
+      S.bad = S.n - 1;
+      S.bad_event = -1;
+      S.found_len = S.depth + 1;
+    }
+  }
+  return r;
+}
+
+/* As kvl_search, storing a 64-bit hash of each state instead of the state: an approximate
+ * search (a collision merges two states), never a pass. out[5]: bytes in use. */
+int kvl_search_compact(uint32_t max_states, uint64_t budget_bytes, uint64_t *out) {
+  kvl_reset();
+  S.compact = 1;
+  S.budget = budget_bytes;
+  S.max_states = max_states ? max_states : 0xfffffffeU;
+  S.mask = 1023;
+  S.slots = calloc(S.mask + 1, 4);
+  unsigned char root[KVL_W];
+  memset(root, 0, KVL_W);
+  kvl_initial(root);
+  int verdict = 0;
+  uint32_t depth = 0;
+  if (!S.slots || kvl_store_hash(root, 0, 0) < 0) {
+    verdict = 3;
+  } else if ((S.found = kvl_check(root))) {
+    S.bad = 0;
+    S.bad_event = -1;
+    verdict = 1;
+  } else {
+    for (;;) {
+      /* the next level becomes this one */
+      unsigned char *t = S.cur;
+      S.cur = S.nxt;
+      S.nxt = t;
+      uint32_t *ti = S.cur_idx;
+      S.cur_idx = S.nxt_idx;
+      S.nxt_idx = ti;
+      S.ncur = S.nnxt;
+      S.nnxt = 0;
+      if (S.ncur == 0) break;
+      S.depth = depth;
+      for (uint32_t i = 0; i < S.ncur && !S.full; i++) {
+        S.expanding = S.cur_idx[i];
+        unsigned char cur[KVL_W];
+        memcpy(cur, S.cur + (size_t)i * KVL_W, KVL_W);
+        kvl_successors(cur, NULL);
+      }
+      if (S.full) {
+        verdict = S.full == 2 ? 2 : 3;
+        break;
+      }
+      if (S.found) break;
+      depth++;
+    }
+    if (S.found) verdict = 1;
+  }
+  out[0] = S.n;
+  out[1] = S.transitions;
+  out[2] = depth;
+  out[3] = (uint64_t)S.found;
+  out[4] = S.bad;
+  out[5] = kvl_compact_bytes();
+  out[6] = (uint64_t)(int64_t)S.bad_event;
+  return verdict;
+}
+
+/* The states from the root to visited state i, rebuilt by replaying its trace's events
+ * (a hash-compacted search keeps no states): n states into out (root first); their number,
+ * -1 when an event of the trace has no successor (a model that is not deterministic). */
+int kvl_replay(uint32_t i, unsigned char *out, int max) {
+  uint32_t events[4096];
+  int n = kvl_trace(i, events, 4096);
+  if (n + 1 > max) return -1;
+  unsigned char s[KVL_W], next[KVL_W];
+  memset(s, 0, KVL_W);
+  kvl_initial(s);
+  memcpy(out, s, KVL_W);
+  S.capturing = 1;
+  S.capture = next;
+  for (int k = 0; k < n; k++) {
+    S.captured = 0;
+    S.capture_event = events[k];
+    kvl_successors(s, NULL);
+    if (!S.captured) {
+      S.capturing = 0;
+      return -1;
+    }
+    memcpy(s, next, KVL_W);
+    memcpy(out + (size_t)(k + 1) * KVL_W, s, KVL_W);
+  }
+  S.capturing = 0;
+  return n + 1;
 }
 
 /* The events from the root to state i (at most max of them, root first); their number. */

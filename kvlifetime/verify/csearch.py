@@ -49,6 +49,7 @@ class CSearchResult:
     bytes: int  # the arena and the table, as allocated
     width: int  # bytes of one packed state
     bad_event: int  # the event from state ``bad`` that broke the invariant (-1: ``bad`` did)
+    compact: bool = False  # hash compaction: hashes stored, not states (approximate)
 
     @property
     def bytes_per_state(self) -> float:
@@ -69,21 +70,39 @@ def source(model: str) -> str:
 def _bind(lib: Any) -> None:
     lib.kvl_search.argtypes = [ctypes.c_uint32, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)]
     lib.kvl_search.restype = ctypes.c_int
+    lib.kvl_search_compact.argtypes = lib.kvl_search.argtypes
+    lib.kvl_search_compact.restype = ctypes.c_int
+    lib.kvl_replay.argtypes = [ctypes.c_uint32, ctypes.c_char_p, ctypes.c_int]
+    lib.kvl_replay.restype = ctypes.c_int
     lib.kvl_trace.argtypes = [ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32), ctypes.c_int]
     lib.kvl_trace.restype = ctypes.c_int
     lib.kvl_state.argtypes = [ctypes.c_uint32, ctypes.c_char_p]
     lib.kvl_state.restype = ctypes.c_int
 
 
-def run(lib: Any, *, max_states: int = 0, memory_budget: int = 0) -> CSearchResult:
+def run(
+    lib: Any, *, max_states: int = 0, memory_budget: int = 0, compact: bool = False
+) -> CSearchResult:
     """Search the compiled checker ``lib`` (``cbuild.build(source(model)).library``).
-    ``max_states`` / ``memory_budget`` (bytes): 0 for none."""
+    ``max_states`` / ``memory_budget`` (bytes): 0 for none. ``compact``: hash compaction, a
+    64-bit hash of each state stored instead of the state (approximate: a collision merges
+    two states; never a pass), whole states only for the frontier."""
     _bind(lib)
     out = (ctypes.c_uint64 * 7)()
-    verdict = Verdict(lib.kvl_search(max_states, memory_budget, out))
+    search = lib.kvl_search_compact if compact else lib.kvl_search
+    verdict = Verdict(search(max_states, memory_budget, out))
     bad_event = ctypes.c_int64(out[6]).value
     return CSearchResult(
-        verdict, out[0], out[1], out[2], out[3], out[4], out[5], int(lib.kvl_width()), bad_event
+        verdict,
+        out[0],
+        out[1],
+        out[2],
+        out[3],
+        out[4],
+        out[5],
+        int(lib.kvl_width()),
+        bad_event,
+        compact,
     )
 
 
@@ -112,6 +131,20 @@ def path(lib: Any, index: int, *, limit: int = 100_000) -> list[int]:
     return list(buf[:n])
 
 
+def path_states(lib: Any, result: CSearchResult, index: int) -> list[bytes]:
+    """The states from the root to stored state ``index``: read back (an exact search), or
+    rebuilt by replaying the trace's events in the model (a hash-compacted one)."""
+    width = int(lib.kvl_width())
+    if not result.compact:
+        return [state(lib, i) for i in path(lib, index)]
+    limit = 4097
+    buf = ctypes.create_string_buffer(width * limit)
+    n = lib.kvl_replay(index, buf, limit)
+    if n < 0:
+        raise ValueError(f"the trace to state {index} does not replay in the model")
+    return [buf.raw[k * width : (k + 1) * width] for k in range(n)]
+
+
 def state(lib: Any, index: int) -> bytes:
     """Stored state ``index``'s bytes (the last search's)."""
     width = int(lib.kvl_width())
@@ -133,6 +166,7 @@ __all__ = [
     "counterexample",
     "engine_source",
     "path",
+    "path_states",
     "run",
     "source",
     "state",
