@@ -1,0 +1,78 @@
+"""The compiled checker beside SPIN on the same model (issue 34).
+
+``python -m bench.compiled_spin [--out FILE] [--memory-mb 2048]``
+
+Both search the model generated from the specification without reductions: SPIN's verifier
+built from the Promela model (``bench.spin_anchor.run_spin``, ``-O2``, exhaustive) and the
+compiled checker (``kvlifetime.verify.cenv``, exact). ``tests/test_cenv.py`` and
+``tests/test_promela.py`` show both reach the Python model's states (projected), so the
+state counts differ only by what each keeps per state (SPIN's vector also holds the scratch
+variables and the derived counters). Prints one markdown table: states, seconds, states/s and
+memory for each. Compiling is not timed. A benchmark: it measures, it asserts only that both
+give the same verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from bench import spin_anchor
+from kvlifetime.verify import Config, Policy, cbuild, cenv, csearch, parse_faults
+from kvlifetime.verify.csearch import Verdict
+
+ALL = "reorder,duplicate,delay,loss,crash,fence,timeout,retry,fail,lie"
+_ALL_ONE = Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1)
+SHAPES: list[tuple[str, Config]] = [
+    ("1 x 1 x 1, every fault kind, per-kind bounds", Config(1, 1, 1, faults=parse_faults(ALL))),
+    ("1 x 2 x 1, every fault kind, 1 per run", _ALL_ONE),
+    ("2 x 1 x 2, loss, crash, fence", Config(2, 1, 2, faults=parse_faults("loss,crash,fence"))),
+    ("2 x 2 x 1, loss, crash", Config(2, 2, 1, faults=parse_faults("loss,crash"))),
+]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.compiled_spin")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--memory-mb", type=int, default=2048)
+    args = p.parse_args()
+    rows = []
+    print("| shape | SPIN states | SPIN s | SPIN states/s | SPIN MB | compiled states | "
+          "compiled s | compiled states/s | compiled MB |")  # fmt: skip
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, config in SHAPES:
+        with tempfile.TemporaryDirectory() as tmp:
+            spin = spin_anchor.run_spin(
+                config, Policy.PROOF, Path(tmp), memlim_mb=args.memory_mb, optimize="-O2"
+            ).run
+        lib = cbuild.build(cenv.checker(config, Policy.PROOF), name="cenv").library
+        t0 = time.perf_counter()
+        ours = csearch.run(lib, memory_budget=args.memory_mb * 2**20)
+        seconds = time.perf_counter() - t0
+        if spin.complete and ours.verdict is not Verdict.MEMORY:
+            assert (spin.errors == 0) == (ours.verdict is Verdict.PASS), name
+        row = {
+            "shape": name,
+            "spin": {"states": spin.states, "seconds": spin.seconds,
+                     "memory_mb": spin.memory_mb, "complete": spin.complete},
+            "compiled": {"states": ours.states, "seconds": seconds,
+                         "memory_mb": ours.bytes / 2**20, "verdict": ours.verdict.name},
+        }  # fmt: skip
+        rows.append(row)
+        print(
+            f"| {name} | {spin.states:,} | {spin.seconds:.2f} | "
+            f"{spin.states / max(spin.seconds, 1e-3):,.0f} | {spin.memory_mb or 0:,.0f} | "
+            f"{ours.states:,} | {seconds:.2f} | {ours.states / max(seconds, 1e-3):,.0f} | "
+            f"{ours.bytes / 2**20:,.0f} |",
+            flush=True,
+        )
+    if args.out is not None:
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
