@@ -76,16 +76,28 @@ static uint64_t kvl_hash(const unsigned char *s) {
   return h;
 }
 
-static uint64_t kvl_bytes_for(uint32_t cap, uint32_t slots) {
-  return (uint64_t)cap * (KVL_W + 8) + (uint64_t)slots * 4;
+/* Bytes the search holds with room for cap states, a table of slots and a frontier of front
+ * states a level. Exact: a whole state, its parent and its event a state. Hash compaction: its
+ * hash, parent and event, and the frontier's two levels of whole states. */
+static uint64_t kvl_bytes_for(uint32_t cap, uint32_t slots, uint32_t front) {
+  uint64_t per = S.compact ? 16 : (uint64_t)KVL_W + 8;
+  return (uint64_t)cap * per + (uint64_t)slots * 4 + (uint64_t)front * 2 * (KVL_W + 4);
 }
+
+static uint64_t kvl_bytes(void) { return kvl_bytes_for(S.cap, S.mask + 1, S.cap_front); }
 
 static int kvl_grow_arena(void) {
   uint32_t cap = S.cap ? S.cap * 2 : 1024;
-  if (S.budget && kvl_bytes_for(cap, S.mask + 1) > S.budget) return 0;
-  unsigned char *st = realloc(S.states, (size_t)cap * KVL_W);
-  if (!st) return 0;
-  S.states = st;
+  if (S.budget && kvl_bytes_for(cap, S.mask + 1, S.cap_front) > S.budget) return 0;
+  if (S.compact) {
+    uint64_t *h = realloc(S.hashes, (size_t)cap * 8);
+    if (!h) return 0;
+    S.hashes = h;
+  } else {
+    unsigned char *st = realloc(S.states, (size_t)cap * KVL_W);
+    if (!st) return 0;
+    S.states = st;
+  }
   uint32_t *pa = realloc(S.parent, (size_t)cap * 4);
   if (!pa) return 0;
   S.parent = pa;
@@ -96,43 +108,77 @@ static int kvl_grow_arena(void) {
   return 1;
 }
 
+/* Hash compaction: room for more states in each level of the frontier. */
+static int kvl_grow_front(void) {
+  uint32_t cap = S.cap_front ? S.cap_front * 2 : 1024;
+  if (S.budget && kvl_bytes_for(S.cap, S.mask + 1, cap) > S.budget) return 0;
+  unsigned char *c = realloc(S.cur, (size_t)cap * KVL_W);
+  if (!c) return 0;
+  S.cur = c;
+  unsigned char *x = realloc(S.nxt, (size_t)cap * KVL_W);
+  if (!x) return 0;
+  S.nxt = x;
+  uint32_t *ci = realloc(S.cur_idx, (size_t)cap * 4);
+  if (!ci) return 0;
+  S.cur_idx = ci;
+  uint32_t *xi = realloc(S.nxt_idx, (size_t)cap * 4);
+  if (!xi) return 0;
+  S.nxt_idx = xi;
+  S.cap_front = cap;
+  return 1;
+}
+
+static uint64_t kvl_stored_hash(uint32_t i) {
+  return S.compact ? S.hashes[i] : kvl_hash(S.states + (size_t)i * KVL_W);
+}
+
 static int kvl_grow_table(void) {
   uint32_t slots = (S.mask + 1) * 2;
-  if (S.budget && kvl_bytes_for(S.cap, slots) > S.budget) return 0;
+  if (S.budget && kvl_bytes_for(S.cap, slots, S.cap_front) > S.budget) return 0;
   uint32_t *t = calloc(slots, 4);
   if (!t) return 0;
   free(S.slots);
   S.slots = t;
   S.mask = slots - 1;
   for (uint32_t i = 0; i < S.n; i++) {
-    uint64_t h = kvl_hash(S.states + (size_t)i * KVL_W) & S.mask;
+    uint64_t h = kvl_stored_hash(i) & S.mask;
     while (S.slots[h]) h = (h + 1) & S.mask;
     S.slots[h] = i + 1;
   }
   return 1;
 }
 
-/* Store s unless it is there: 1 stored, 0 already there, -1 no room. */
+/* Store s unless it is there (hash compaction: unless its hash is), with the state that
+ * reached it and the event: 1 stored (compaction: and queued for the next level), 0 already
+ * there, -1 no room. */
 static int kvl_store(const unsigned char *s, uint32_t parent, uint32_t event) {
-  uint64_t h = kvl_hash(s) & S.mask;
+  uint64_t hv = kvl_hash(s);
+  uint64_t h = hv & S.mask;
   for (uint32_t k = S.slots[h]; k; k = S.slots[h]) {
-    if (memcmp(S.states + (size_t)(k - 1) * KVL_W, s, KVL_W) == 0) return 0;
+    if (S.compact ? S.hashes[k - 1] == hv
+                  : memcmp(S.states + (size_t)(k - 1) * KVL_W, s, KVL_W) == 0)
+      return 0;
     h = (h + 1) & S.mask;
   }
   if (S.n == S.cap && !kvl_grow_arena()) return -1;
+  if (S.compact && S.nnxt == S.cap_front && !kvl_grow_front()) return -1;
   if ((uint64_t)(S.n + 1) * 2 > (uint64_t)S.mask + 1) {
     if (!kvl_grow_table()) return -1;
-    h = kvl_hash(s) & S.mask;
+    h = hv & S.mask;
     while (S.slots[h]) h = (h + 1) & S.mask;
   }
-  memcpy(S.states + (size_t)S.n * KVL_W, s, KVL_W);
+  if (S.compact) {
+    S.hashes[S.n] = hv;
+    memcpy(S.nxt + (size_t)S.nnxt * KVL_W, s, KVL_W);
+    S.nxt_idx[S.nnxt++] = S.n;
+  } else {
+    memcpy(S.states + (size_t)S.n * KVL_W, s, KVL_W);
+  }
   S.parent[S.n] = parent;
   S.event[S.n] = event;
   S.slots[h] = ++S.n;
   return 1;
 }
-
-static int kvl_emit_compact(int event, const unsigned char *next);
 
 static void kvl_emit(void *ctx, int event, const unsigned char *next) {
   (void)ctx;
@@ -144,10 +190,6 @@ static void kvl_emit(void *ctx, int event, const unsigned char *next) {
     return;
   }
   S.transitions++;
-  if (S.compact) {
-    if (!S.full && !S.found && kvl_emit_compact(event, next) < 0) S.full = 1;
-    return;
-  }
   if (S.full || S.found) return;
   if (S.n >= S.max_states) {
     S.full = 2;
@@ -196,13 +238,10 @@ static void kvl_reset(void) {
   memset(&S, 0, sizeof S);
 }
 
-/* The outcome: 0 pass (every reachable state stored, none broke an invariant), 1 violation
- * (kvl_result gives its code and state), 2 stopped at max_states, 3 stopped at the memory
- * budget. out[0..6]: states stored, transitions, depth of the last level completed (a
- * violation: the level it was found in), the violation's code, its state's index, bytes in
- * use, and the event from that state that broke it (all ones: none, the state itself). */
-int kvl_search(uint32_t max_states, uint64_t budget_bytes, uint64_t *out) {
+/* A new search, its root stored: 0, 1 (the root breaks an invariant) or 3 (no room). */
+static int kvl_begin(int compact, uint32_t max_states, uint64_t budget_bytes) {
   kvl_reset();
+  S.compact = compact;
   S.budget = budget_bytes;
   S.max_states = max_states ? max_states : 0xfffffffeU;
   S.mask = 1023;
@@ -210,206 +249,93 @@ int kvl_search(uint32_t max_states, uint64_t budget_bytes, uint64_t *out) {
   unsigned char root[KVL_W];
   memset(root, 0, KVL_W);
   kvl_initial(root);
-  int verdict = 0;
-  uint32_t depth = 0;
-  if (!S.slots || kvl_store(root, 0, 0) < 0) {
-    verdict = 3;
-  } else if ((S.found = kvl_check(root))) {
+  if (!S.slots || kvl_store(root, 0, 0) < 0) return 3;
+  if ((S.found = kvl_check(root))) {
     S.bad = 0;
     S.bad_event = -1;
-    verdict = 1;
-  } else {
-    uint32_t level_end = S.n;
-    for (uint32_t i = 0; i < S.n; i++) {
-      if (i == level_end) {
-        if (S.found) break; /* the level that found it is done: no shorter trace is left */
-        depth++;
-        S.depth = depth;
-        level_end = S.n;
-      }
-      S.expanding = i;
-      /* A copy: storing a successor may move the arena under the state being expanded. */
-      unsigned char cur[KVL_W];
-      memcpy(cur, S.states + (size_t)i * KVL_W, KVL_W);
-      kvl_successors(cur, NULL);
-      if (S.full) {
-        verdict = S.full == 2 ? 2 : 3;
-        break;
-      }
-    }
-    if (S.found) verdict = 1;
-    else if (!verdict) depth++;
+    return 1;
   }
+  return 0;
+}
+
+/* The outcome in out[0..6]: states stored, transitions, depth of the last level completed (a
+ * violation: the level it was found in), the violation's code, its state's index, bytes in
+ * use, and the event from that state that broke it (all ones: none, the state itself). */
+static int kvl_end(int verdict, uint32_t depth, uint64_t *out) {
   out[0] = S.n;
   out[1] = S.transitions;
   out[2] = depth;
   out[3] = (uint64_t)S.found;
   out[4] = S.bad;
-  out[5] = kvl_bytes_for(S.cap, S.mask + 1);
+  out[5] = kvl_bytes();
   out[6] = (uint64_t)(int64_t)S.bad_event;
   return verdict;
+}
+
+/* The search: 0 pass (every reachable state stored, none broke an invariant), 1 violation,
+ * 2 stopped at max_states, 3 stopped at the memory budget; out as kvl_end says. */
+int kvl_search(uint32_t max_states, uint64_t budget_bytes, uint64_t *out) {
+  int verdict = kvl_begin(0, max_states, budget_bytes);
+  uint32_t depth = 0;
+  if (verdict) return kvl_end(verdict, depth, out);
+  uint32_t level_end = S.n;
+  for (uint32_t i = 0; i < S.n; i++) {
+    if (i == level_end) {
+      if (S.found) break; /* the level that found it is done: no shorter trace is left */
+      depth++;
+      S.depth = depth;
+      level_end = S.n;
+    }
+    S.expanding = i;
+    /* A copy: storing a successor may move the arena under the state being expanded. */
+    unsigned char cur[KVL_W];
+    memcpy(cur, S.states + (size_t)i * KVL_W, KVL_W);
+    kvl_successors(cur, NULL);
+    if (S.full) {
+      verdict = S.full == 2 ? 2 : 3;
+      break;
+    }
+  }
+  if (S.found) verdict = 1;
+  else if (!verdict) depth++;
+  return kvl_end(verdict, depth, out);
 }
 
 /* ---- hash compaction: approximate (two states with one hash are taken as one) ---- */
 
-static uint64_t kvl_compact_bytes(void) {
-  return (uint64_t)S.cap * 16 + (uint64_t)(S.mask + 1) * 4 +
-         (uint64_t)S.cap_front * 2 * (KVL_W + 4);
-}
-
-static int kvl_grow_compact(void) {
-  uint32_t cap = S.cap ? S.cap * 2 : 1024;
-  uint64_t need = (uint64_t)cap * 16 + (uint64_t)(S.mask + 1) * 4 +
-                  (uint64_t)S.cap_front * 2 * (KVL_W + 4);
-  if (S.budget && need > S.budget) return 0;
-  uint64_t *h = realloc(S.hashes, (size_t)cap * 8);
-  if (!h) return 0;
-  S.hashes = h;
-  uint32_t *pa = realloc(S.parent, (size_t)cap * 4);
-  if (!pa) return 0;
-  S.parent = pa;
-  uint32_t *ev = realloc(S.event, (size_t)cap * 4);
-  if (!ev) return 0;
-  S.event = ev;
-  S.cap = cap;
-  return 1;
-}
-
-static int kvl_grow_compact_table(void) {
-  uint32_t slots = (S.mask + 1) * 2;
-  if (S.budget && kvl_compact_bytes() + (uint64_t)slots * 2 > S.budget) return 0;
-  uint32_t *t = calloc(slots, 4);
-  if (!t) return 0;
-  free(S.slots);
-  S.slots = t;
-  S.mask = slots - 1;
-  for (uint32_t i = 0; i < S.n; i++) {
-    uint64_t h = S.hashes[i] & S.mask;
-    while (S.slots[h]) h = (h + 1) & S.mask;
-    S.slots[h] = i + 1;
-  }
-  return 1;
-}
-
-static int kvl_grow_front(void) {
-  uint32_t cap = S.cap_front ? S.cap_front * 2 : 1024;
-  if (S.budget && kvl_compact_bytes() + (uint64_t)(cap - S.cap_front) * 2 * (KVL_W + 4) >
-                      S.budget)
-    return 0;
-  unsigned char *c = realloc(S.cur, (size_t)cap * KVL_W);
-  if (!c) return 0;
-  S.cur = c;
-  unsigned char *x = realloc(S.nxt, (size_t)cap * KVL_W);
-  if (!x) return 0;
-  S.nxt = x;
-  uint32_t *ci = realloc(S.cur_idx, (size_t)cap * 4);
-  if (!ci) return 0;
-  S.cur_idx = ci;
-  uint32_t *xi = realloc(S.nxt_idx, (size_t)cap * 4);
-  if (!xi) return 0;
-  S.nxt_idx = xi;
-  S.cap_front = cap;
-  return 1;
-}
-
-/* 1 stored (and queued for the next level), 0 its hash was there, -1 no room. */
-static int kvl_store_hash(const unsigned char *s, uint32_t parent, uint32_t event) {
-  uint64_t hv = kvl_hash(s);
-  uint64_t h = hv & S.mask;
-  for (uint32_t k = S.slots[h]; k; k = S.slots[h]) {
-    if (S.hashes[k - 1] == hv) return 0;
-    h = (h + 1) & S.mask;
-  }
-  if (S.n == S.cap && !kvl_grow_compact()) return -1;
-  if (S.nnxt == S.cap_front && !kvl_grow_front()) return -1;
-  if ((uint64_t)(S.n + 1) * 2 > (uint64_t)S.mask + 1) {
-    if (!kvl_grow_compact_table()) return -1;
-    h = hv & S.mask;
-    while (S.slots[h]) h = (h + 1) & S.mask;
-  }
-  S.hashes[S.n] = hv;
-  S.parent[S.n] = parent;
-  S.event[S.n] = event;
-  memcpy(S.nxt + (size_t)S.nnxt * KVL_W, s, KVL_W);
-  S.nxt_idx[S.nnxt++] = S.n;
-  S.slots[h] = ++S.n;
-  return 1;
-}
-
-static int kvl_emit_compact(int event, const unsigned char *next) {
-  if (S.n >= S.max_states) {
-    S.full = 2;
-    return 0;
-  }
-  int r = kvl_store_hash(next, S.expanding, (uint32_t)event);
-  if (r == 1) {
-    int code = kvl_check(next);
-    if (code) {
-      S.found = code;
-      S.bad = S.n - 1;
-      S.bad_event = -1;
-      S.found_len = S.depth + 1;
-    }
-  }
-  return r;
-}
-
 /* As kvl_search, storing a 64-bit hash of each state instead of the state: an approximate
- * search (a collision merges two states), never a pass. out[5]: bytes in use. */
+ * search (a collision merges two states), never a pass. */
 int kvl_search_compact(uint32_t max_states, uint64_t budget_bytes, uint64_t *out) {
-  kvl_reset();
-  S.compact = 1;
-  S.budget = budget_bytes;
-  S.max_states = max_states ? max_states : 0xfffffffeU;
-  S.mask = 1023;
-  S.slots = calloc(S.mask + 1, 4);
-  unsigned char root[KVL_W];
-  memset(root, 0, KVL_W);
-  kvl_initial(root);
-  int verdict = 0;
+  int verdict = kvl_begin(1, max_states, budget_bytes);
   uint32_t depth = 0;
-  if (!S.slots || kvl_store_hash(root, 0, 0) < 0) {
-    verdict = 3;
-  } else if ((S.found = kvl_check(root))) {
-    S.bad = 0;
-    S.bad_event = -1;
-    verdict = 1;
-  } else {
-    for (;;) {
-      /* the next level becomes this one */
-      unsigned char *t = S.cur;
-      S.cur = S.nxt;
-      S.nxt = t;
-      uint32_t *ti = S.cur_idx;
-      S.cur_idx = S.nxt_idx;
-      S.nxt_idx = ti;
-      S.ncur = S.nnxt;
-      S.nnxt = 0;
-      if (S.ncur == 0) break;
-      S.depth = depth;
-      for (uint32_t i = 0; i < S.ncur && !S.full; i++) {
-        S.expanding = S.cur_idx[i];
-        unsigned char cur[KVL_W];
-        memcpy(cur, S.cur + (size_t)i * KVL_W, KVL_W);
-        kvl_successors(cur, NULL);
-      }
-      if (S.full) {
-        verdict = S.full == 2 ? 2 : 3;
-        break;
-      }
-      if (S.found) break;
-      depth++;
+  if (verdict) return kvl_end(verdict, depth, out);
+  for (;;) {
+    /* the next level becomes this one */
+    unsigned char *t = S.cur;
+    S.cur = S.nxt;
+    S.nxt = t;
+    uint32_t *ti = S.cur_idx;
+    S.cur_idx = S.nxt_idx;
+    S.nxt_idx = ti;
+    S.ncur = S.nnxt;
+    S.nnxt = 0;
+    if (S.ncur == 0) break;
+    S.depth = depth;
+    for (uint32_t i = 0; i < S.ncur && !S.full; i++) {
+      S.expanding = S.cur_idx[i];
+      unsigned char cur[KVL_W];
+      memcpy(cur, S.cur + (size_t)i * KVL_W, KVL_W);
+      kvl_successors(cur, NULL);
     }
-    if (S.found) verdict = 1;
+    if (S.full) {
+      verdict = S.full == 2 ? 2 : 3;
+      break;
+    }
+    if (S.found) break;
+    depth++;
   }
-  out[0] = S.n;
-  out[1] = S.transitions;
-  out[2] = depth;
-  out[3] = (uint64_t)S.found;
-  out[4] = S.bad;
-  out[5] = kvl_compact_bytes();
-  out[6] = (uint64_t)(int64_t)S.bad_event;
-  return verdict;
+  if (S.found) verdict = 1;
+  return kvl_end(verdict, depth, out);
 }
 
 /* The states from the root to visited state i, rebuilt by replaying its trace's events
