@@ -105,6 +105,23 @@ def materialised(value: object, name: str) -> list[Any]:
         ) from e
 
 
+def str_ids(value: object, name: str) -> tuple[list[str], InvalidField | None]:
+    """A collection of ``str`` ids an engine reports (vLLM's ``failed_recving``): the good ones,
+    and the error for the rest (None: none bad). One ``str`` is not a collection of ids (it is
+    not split into letters); an id that is no ``str`` (a subclass included) is bad."""
+    if isinstance(value, str | bytes):
+        return [], InvalidField(f"{name} must be a collection of str ids, got {_show(value)}")
+    try:
+        items = materialised(value, name)
+    except InvalidField as e:
+        return [], e
+    good = [r for r in items if type(r) is str]
+    if len(good) == len(items):
+        return good, None
+    bad = next(r for r in items if type(r) is not str)
+    return good, InvalidField(f"{name} must hold str ids, got {_show(bad)}")
+
+
 # --------------------------------------------------------------------------- block id batches
 
 

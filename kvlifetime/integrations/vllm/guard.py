@@ -123,9 +123,7 @@ class ConnectorGuard:
         # The inner connector reports a failed load only once its own job is over (an
         # in-process connector, ``inner_connectors``): the load's receive then proves it ended.
         # Otherwise a failure proves nothing about what still lands (``LeaseExpired``).
-        if type(failed_load_is_over) is not bool:
-            raise InvalidField(f"failed_load_is_over must be a bool, got {failed_load_is_over!r}")
-        self.failed_load_is_over = failed_load_is_over
+        self.failed_load_is_over = inputs.flag(failed_load_is_over, "failed_load_is_over")
 
     # ------------------------------------------------------------------ scheduler hooks
 
@@ -233,7 +231,10 @@ class ConnectorGuard:
         core = self.core
         core.flush()
         # Both failure channels are read (and bad values refused) whatever they prove.
-        failed = [*self._request_ids(failed_recving), *core.open_writes(invalid_block_ids)]
+        failed_ids, bad = inputs.str_ids(failed_recving, "failed_recving")
+        if bad is not None:
+            core.refusals.refuse(RefusalKind.MALFORMED_VALUE, "-", bad)
+        failed = [*failed_ids, *core.open_writes(invalid_block_ids)]
         if not self.failed_load_is_over:
             for request in dict.fromkeys(failed):
                 if request in core.holds:
@@ -364,27 +365,6 @@ class ConnectorGuard:
         fire = core.reports.load_landed if receive else core.reports.reads_done
         passed = fire(request) is None
         return passed and (not guard_decides or before == "loading")
-
-    def _request_ids(self, ids: Iterable[str]) -> list[str]:
-        """The request ids of a set vLLM reports (``failed_recving``). A value that is no
-        collection of ids (one str included: it is not split into letters), or an item that is
-        no str, is refused (``malformed_value``); the good ids are kept, nothing else changes."""
-        items: list[object] = []
-        bad: object = None
-        if isinstance(ids, str | bytes):
-            bad = ids
-        else:
-            try:
-                items = list(ids)
-            except TypeError:
-                bad = ids
-        good = [r for r in items if type(r) is str]  # (str subclasses too are refused)
-        if bad is None and len(good) != len(items):
-            bad = next(r for r in items if type(r) is not str)
-        if bad is not None or len(good) != len(items):
-            err = InvalidField(f"failed_recving must be a set of str request ids, got {bad!r}")
-            self.core.refusals.refuse(RefusalKind.MALFORMED_VALUE, "-", err)
-        return good
 
     def _engine_refuses(self, request: str, event: str, *, receive: bool) -> Refusal | None:
         """The refusal of an id vLLM would assert on (None: vLLM accepts it): one it does not
