@@ -101,9 +101,10 @@ def _wait(cond: Any, seconds: float = 10.0) -> None:
         time.sleep(0.005)
 
 
-def _delayed(reaped: bool) -> tuple[Any, Any, list[int]]:
+def _delayed(reaped: bool) -> tuple[Any, Any, list[int], Any, _Engine]:
     """A prefill engine whose request finished and whose blocks a remote decoder reads (the
-    guard delays the free); ``reaped``: then its send lease was reaped (quarantined)."""
+    guard delays the free); ``reaped``: then its send lease was reaped (quarantined). Returns
+    the scheduler, the request, its blocks, the guarded connector and the engine around it."""
     s = scheduler(guarded=True)
     r = request(remote_decode=True)
     s.add_request(r)
@@ -111,19 +112,22 @@ def _delayed(reaped: bool) -> tuple[Any, Any, list[int]]:
     assert r.status == RequestStatus.FINISHED_LENGTH_CAPPED
     if reaped:
         step(s, output(finished_sending={r.request_id}, lease_reaped={r.request_id}))
-    return s, r, blocks_of(s, r)
+    conn = s.connector
+    assert isinstance(conn, GuardedConnector) and conn.guard is not None
+    return s, r, blocks_of(s, r), conn, _Engine(s)
+
+
+def _waits(logs: list[Any]) -> list[Any]:
+    return [e for e in logs if e["event"] == "guard_pause_waits"]
 
 
 def test_a_pause_waits_for_the_proof_says_what_for_and_returns_once_it_comes() -> None:
-    s, r, ids = _delayed(reaped=False)
-    conn = s.connector
-    assert isinstance(conn, GuardedConnector) and conn.guard is not None
-    engine = _Engine(s)
+    s, r, ids, conn, engine = _delayed(reaped=False)
     with capture_logs() as logs:
         t = _pause_in_thread(engine)
         _wait(lambda: engine.steps >= 20)
         assert t.is_alive() and not engine.finished.is_set()  # waiting, as it must
-        waits = [e for e in logs if e["event"] == "guard_pause_waits"]
+        waits = _waits(logs)
         assert len(waits) == 1  # once per change, not once per step
         assert waits[0]["requests"] == [r.request_id]
         assert waits[0]["states"] == ["withheld"]
@@ -141,14 +145,11 @@ def test_a_pause_waits_for_the_proof_says_what_for_and_returns_once_it_comes() -
 
 
 def test_a_pause_on_a_quarantined_request_returns_once_fenced() -> None:
-    s, r, ids = _delayed(reaped=True)
-    conn = s.connector
-    assert isinstance(conn, GuardedConnector) and conn.guard is not None
-    engine = _Engine(s)
+    s, r, ids, conn, engine = _delayed(reaped=True)
     with capture_logs() as logs:
         t = _pause_in_thread(engine)
-        _wait(lambda: any(e["event"] == "guard_pause_waits" for e in logs))
-        wait = next(e for e in logs if e["event"] == "guard_pause_waits")
+        _wait(lambda: bool(_waits(logs)))
+        wait = _waits(logs)[0]
         assert wait["states"] == ["quarantined"]
         assert wait["waits_for"] == [WAITS_FOR["quarantined"]]
         assert "revoke" in WAITS_FOR["quarantined"]
@@ -168,24 +169,17 @@ def test_a_wait_that_changes_what_it_waits_for_is_said_again() -> None:
     # Withheld (waiting for the decoder's proof), then its lease is reaped during the pause:
     # quarantined, only a fence ends it now. The operator is told, not left waiting for a
     # proof that can no longer come.
-    s, r, ids = _delayed(reaped=False)
-    conn = s.connector
-    assert isinstance(conn, GuardedConnector) and conn.guard is not None
-    engine = _Engine(s)
+    s, r, ids, conn, engine = _delayed(reaped=False)
     with capture_logs() as logs:
         t = _pause_in_thread(engine)
-
-        def waits() -> list[Any]:
-            return [e for e in logs if e["event"] == "guard_pause_waits"]
-
-        _wait(lambda: len(waits()) == 1)
-        assert waits()[0]["states"] == ["withheld"] and waits()[0]["count"] == 1
+        _wait(lambda: len(_waits(logs)) == 1)
+        assert _waits(logs)[0]["states"] == ["withheld"] and _waits(logs)[0]["count"] == 1
         engine.reports.put(output(finished_sending={r.request_id}, lease_reaped={r.request_id}))
-        _wait(lambda: len(waits()) == 2)
-        assert waits()[1]["states"] == ["quarantined"]
-        assert waits()[1]["waits_for"] == [WAITS_FOR["quarantined"]]
+        _wait(lambda: len(_waits(logs)) == 2)
+        assert _waits(logs)[1]["states"] == ["quarantined"]
+        assert _waits(logs)[1]["waits_for"] == [WAITS_FOR["quarantined"]]
         _wait(lambda: engine.steps >= 40)
-        assert len(waits()) == 2 and t.is_alive()
+        assert len(_waits(logs)) == 2 and t.is_alive()
         conn.guard.revoke("fenced")
         t.join(10)
     assert not t.is_alive() and free_in_pool(s, ids) == ids
@@ -194,17 +188,14 @@ def test_a_wait_that_changes_what_it_waits_for_is_said_again() -> None:
 def test_a_sleep_without_resetting_the_connector_waits_the_same_way() -> None:
     # vLLM 0.34's sleep(level=1, reset_connector=False) pauses through pause_scheduler (the same
     # loop), then tells the executor to sleep: only once the guard let the request go.
-    s, r, ids = _delayed(reaped=False)
-    conn = s.connector
-    assert isinstance(conn, GuardedConnector) and conn.guard is not None
-    engine = _Engine(s)
+    s, r, ids, _, engine = _delayed(reaped=False)
     with capture_logs() as logs:
         t = threading.Thread(
             target=lambda: engine.sleep(level=1, mode="abort", reset_connector=False),
             daemon=True,
         )
         t.start()
-        _wait(lambda: any(e["event"] == "guard_pause_waits" for e in logs))
+        _wait(lambda: bool(_waits(logs)))
         _wait(lambda: engine.steps >= 20)
         assert t.is_alive() and engine.slept == []  # the KV cache is not discarded yet
         engine.reports.put(output(finished_sending={r.request_id}))
@@ -214,9 +205,9 @@ def test_a_sleep_without_resetting_the_connector_waits_the_same_way() -> None:
 
 
 def test_no_pause_no_warning() -> None:
-    s, r, _ = _delayed(reaped=False)
+    s, r, _, _, _ = _delayed(reaped=False)
     with capture_logs() as logs:
         for _ in range(5):
             step(s)
-    assert not [e for e in logs if e["event"] == "guard_pause_waits"]
+    assert not _waits(logs)
     assert r.request_id in s.requests
