@@ -1,13 +1,20 @@
 """The compiled checker's model (``cenv``: the specification and the environment as C, searched
 by ``csearch.c``) against ``kvlifetime verify``'s own model, state by state.
 
-Both are searched without reductions (every interleaving, one concrete state each) and
-projected the way ``tests/test_promela.py`` projects SPIN's states: the same set, exactly; the
-same verdicts, with counterexamples as long as the Python search's shortest.
+- **Canonical** (the compiled checker's default): every state the Python model reaches with
+  ``kvlifetime verify``'s canonical key (``keys.canonical_key``, no partial-order reduction)
+  is encoded as a C state and put in the C canonical form (``kvl_canon``); the C search must
+  reach exactly that set, one C state per Python key (state-set equality, not counts). Under a
+  policy that breaks an invariant, the levels the C search completed before it stopped.
+- **Unreduced**: both searched without reductions (every interleaving, one concrete state each)
+  and projected the way ``tests/test_promela.py`` projects SPIN's states: the same set.
+
+And the same verdicts, with counterexamples as long as the Python search's shortest.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 from pathlib import Path
 from typing import Any
@@ -27,7 +34,12 @@ from kvlifetime.verify import (
     parse_faults,
 )
 from kvlifetime.verify.csearch import Verdict
+from kvlifetime.verify.events import enabled
+from kvlifetime.verify.keys import canonical_key
+from kvlifetime.verify.lies import lie_events
 from kvlifetime.verify.projection import of_vector
+from kvlifetime.verify.semantics import step
+from kvlifetime.verify.state import Broken, State, initial
 
 
 @pytest.fixture(autouse=True)
@@ -35,13 +47,106 @@ def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVLIFETIME_CACHE", str(tmp_path / "cache"))
 
 
-def _search(config: Config, policy: Policy) -> tuple[Any, csearch.CSearchResult]:
-    lib = cbuild.build(cenv.checker(config, policy), name="cenv").library
+def _search(
+    config: Config, policy: Policy, *, reduce: bool = True
+) -> tuple[Any, csearch.CSearchResult]:
+    lib = cbuild.build(cenv.checker(config, policy, reduce=reduce), name="cenv").library
     return lib, csearch.run(lib)
 
 
-def _c_states(config: Config, policy: Policy) -> set[Any]:
+def _python_classes(config: Config, policy: Policy) -> dict[Any, tuple[State, int]]:
+    """Every canonical key the Python model reaches, breadth first with no partial-order
+    reduction (any peer may crash), with a state of it and its depth; a step that breaks an
+    invariant is not followed (as neither search stores it)."""
+    root = initial(config, checked=False)
+    seen = {canonical_key(root, config): (root, 0)}
+    queue = collections.deque([(root, 0)])
+    while queue:
+        s, d = queue.popleft()
+        for ev in [*enabled(s, config), *lie_events(s, config, policy)]:
+            try:
+                nxt = step(s, ev, config, policy)[0]
+            except Broken:
+                continue
+            k = canonical_key(nxt, config)
+            if k not in seen:
+                seen[k] = (nxt, d + 1)
+                queue.append((nxt, d + 1))
+    return seen
+
+
+CANONICAL = [
+    (Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1), Policy.PROOF),
+    (Config(2, 1, 2, faults=parse_faults("loss,crash,fence")), Policy.PROOF),
+    (Config(2, 2, 1, faults=parse_faults("loss"), max_faults=1), Policy.PROOF),
+    (Config(3, 1, 2, faults=parse_faults("loss,crash"), max_faults=1), Policy.PROOF),
+    (Config(1, 3, 1, faults=parse_faults("crash")), Policy.PROOF),
+    (Config(1, 1, 1, faults=parse_faults(ALL)), Policy.PROOF),
+    (Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1), Policy.TIMEOUT),
+    (Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1), Policy.TRUSTING),
+    (Config(2, 1, 2, faults=parse_faults("loss,crash")), Policy.NAIVE),
+]
+
+
+@pytest.mark.parametrize(
+    ("config", "policy"),
+    CANONICAL,
+    ids=[
+        "1x2x1-all-k1",
+        "2x1x2-crash",
+        "2x2x1-loss-k1",
+        "3x1x2-loss-k1",
+        "1x3x1-crash",
+        "1x1x1-all",
+        "timeout",
+        "trusting",
+        "naive-2x1x2",
+    ],
+)
+def test_the_compiled_checker_reaches_exactly_the_python_models_canonical_states(
+    config: Config, policy: Policy
+) -> None:
+    ours = _python_classes(config, policy)
     lib, res = _search(config, policy)
+    theirs = set(csearch.states(lib, res))
+    depth = None
+    if res.verdict is Verdict.VIOLATION:
+        # It stops at the shortest violation: the levels it completed (to the violation's).
+        depth = res.depth
+        found = enumerate(csearch.states(lib, res))
+        theirs = {s for i, s in found if len(csearch.path(lib, i)) - 1 <= depth}
+    else:
+        assert res.verdict is Verdict.PASS
+        # Python's own engine (packed, no partial-order reduction) counts the same keys.
+        assert explore(config, policy, por=False, engine="packed").states == len(ours)
+    mapped: dict[bytes, Any] = {}
+    for key, (s, d) in ours.items():
+        if depth is not None and d > depth:
+            continue
+        c = cenv.canonical(lib, cenv.encode(s, config))
+        assert c not in mapped, "two Python keys, one C canonical state"
+        mapped[c] = key
+    assert len(mapped) > 50
+    assert theirs - set(mapped) == set()
+    assert set(mapped) - theirs == set()
+
+
+def test_a_planted_break_in_the_canonical_form_is_caught() -> None:
+    # The canonical form that forgets a closed grant's proof forgets too much if it also
+    # forgets an open one's: the two sets differ (the test above would fail).
+    config, policy = CANONICAL[0]
+    text = cenv.checker(config, policy).replace(
+        "} else if (s->phase[REQ(g)] != RELEASED && pf_closed(s->pf[g])) {",
+        "} else if (s->phase[REQ(g)] != RELEASED) {",
+    )
+    lib = cbuild.build(text, name="cenv-planted").library
+    planted = set(csearch.states(lib, csearch.run(lib)))
+    right, _ = _search(config, policy)
+    assert planted != set(csearch.states(right, csearch.run(right)))
+
+
+def _c_states(config: Config, policy: Policy) -> set[Any]:
+    lib, res = _search(config, policy, reduce=False)
     assert res.verdict is Verdict.PASS, res
     return {of_vector(cenv.decode(s, config), config) for s in csearch.states(lib, res)}
 
@@ -75,18 +180,19 @@ def test_the_compiled_model_reaches_exactly_the_python_models_states(
     ],
     ids=["naive", "timeout", "trusting"],
 )
+@pytest.mark.parametrize("reduce", [True, False], ids=["canonical", "unreduced"])
 def test_the_compiled_model_refutes_as_the_python_model_does(
-    config: Config, policy: Policy
+    config: Config, policy: Policy, reduce: bool
 ) -> None:
     ours = explore(config, policy)
     assert ours.violation is not None
-    lib, res = _search(config, policy)
+    lib, res = _search(config, policy, reduce=reduce)
     assert res.verdict is Verdict.VIOLATION
     assert cenv.INVARIANTS[res.code] == ours.violation.invariant
     assert len(csearch.counterexample(lib, res)) == len(ours.trace)
     # Mapped back onto the Python model's events and replayed on the real BlockLedger: the
     # same invariant breaks, in as many steps.
-    events, got = cenv.python_events(config, policy, lib, res)
+    events, got = cenv.python_events(config, policy, lib, res, reduce=reduce)
     assert got.invariant == ours.violation.invariant and len(events) == len(ours.trace)
 
 
@@ -96,7 +202,7 @@ def test_the_command_answers_with_the_compiled_engine_and_says_so(
     shape = ["--requests", "1", "--peers", "2", "--blocks", "1", "--max-faults", "1"]
     assert main(["verify", *shape, "--engine", "compiled", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "engine compiled" in out and "reduction off" in out
+    assert "engine compiled" in out and "reduction on" in out
     # A pass names only what the compiled model checks.
     assert "keeps isolation, exclusivity, no_leak\n" in out
     assert "engine: compiled C checker" in out
@@ -105,7 +211,10 @@ def test_the_command_answers_with_the_compiled_engine_and_says_so(
     assert "VIOLATION of isolation" in out and "lease reaper (timeout policy) releases" in out
     doc = json.loads(_json(capsys, ["verify", *shape, "--engine", "compiled", "--format", "json"]))
     assert doc["engine"] == "compiled" and doc["checks"] == list(compiled.CHECKS)
-    assert doc["states"] == 20970 and "engine_note" in doc
+    assert doc["states"] == 6765 and "engine_note" in doc  # the canonical states
+    argv = ["verify", *shape, "--engine", "compiled", "--no-reduction", "--format", "json"]
+    doc = json.loads(_json(capsys, argv))
+    assert doc["states"] == 20970 and doc["reduction"] is False  # every concrete state
 
 
 def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -138,8 +247,8 @@ def test_a_hash_compacted_compiled_search_is_approximate_and_its_trace_replays(
     config = Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1)
     r = compiled.run(config, Policy.PROOF, compact=True)
     assert r.compact and not r.complete and r.verdict != "pass"
-    assert r.states == 20970 and 0 < r.omission_bound < 1e-9  # no collision at this size
-    # 16 bytes a state and the frontier, against 42 + 16 for a whole state.
+    assert r.states == 6765 and 0 < r.omission_bound < 1e-9  # no collision at this size
+    # 16 bytes a state and the frontier, against a whole state and its 16 bytes.
     lib = cbuild.build(cenv.checker(config, Policy.PROOF), name="cenv").library
     exact, hashed = csearch.run(lib), csearch.run(lib, compact=True)
     assert hashed.states == exact.states and hashed.bytes < exact.bytes

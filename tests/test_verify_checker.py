@@ -186,7 +186,7 @@ def test_the_default_command_answers_with_progress_and_a_memory_budget(
     assert lines[0].startswith("verify: policy proof, 2 requests x 2 peers x 2 blocks")
     assert "memory budget" in lines[0]
     progress = [ln for ln in lines[1:] if ln.startswith("verify: ") and " states, depth " in ln]
-    assert progress and progress[-1].startswith("verify: 15,105 states")  # the final count
+    assert progress and progress[-1].startswith("verify: 15,985 states")  # the final count
 
 
 def test_the_memory_budget_stops_the_search_with_what_it_covered(

@@ -39,7 +39,7 @@ def test_proof_policy_passes_2x2x2_with_lying_peers_crashes_and_fencing() -> Non
     # (explore.py, "lies"), measured and pinned.
     r = explore(LYING, Policy.PROOF)
     assert r.verdict == "pass" and r.complete, r.to_text()
-    assert r.states == 7_702
+    assert r.states == 8_557
     honest = explore(Config(2, 2, 2, faults=LYING.faults - {Fault.LIE}), Policy.PROOF)
     assert honest.states == r.states
     assert "provenance" in r.to_text()

@@ -151,8 +151,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the ledger the model drives: ledger (the real BlockLedger), packed (the same "
         "model over plain values, proven equal to it on a grid of shapes; its counterexamples "
         "are replayed on the real ledger); auto (default): packed where it models the shape "
-        "(no --restarts, --share or --checked), else ledger; compiled (in progress): the model "
-        "generated as C and compiled with the system's compiler, unreduced (concrete states), "
+        "(no --restarts, --share or --checked), else ledger; compiled: the model generated as C "
+        "and compiled with the system's compiler, over the same canonical states with every "
+        "interleaving (no partial-order reduction), "
         "its counterexamples replayed on the real ledger; where it cannot answer (no compiler, "
         "a shape or policy it does not model) auto answers and the output says why",
     )
@@ -235,10 +236,9 @@ def run(args: argparse.Namespace) -> int:
 def _run_compiled(args: argparse.Namespace, config: Config, budget: int | None) -> int:
     from kvlifetime.verify import compiled
 
-    if args.processes > 1 or args.checked or args.no_reduction:
+    if args.processes > 1 or args.checked:
         print(
-            "kvlifetime verify: error: --engine compiled takes none of --processes, --checked, "
-            "--no-reduction",
+            "kvlifetime verify: error: --engine compiled takes neither --processes nor --checked",
             file=sys.stderr,
         )
         return 2
@@ -250,8 +250,9 @@ def _run_compiled(args: argparse.Namespace, config: Config, budget: int | None) 
         max_states=args.max_states,
         memory_budget=budget,
         compact=args.hash_compaction,
+        reduce=not args.no_reduction,
     )
-    _print(args, result, compiled.NOTE)
+    _print(args, result, compiled.NOTE_UNREDUCED if args.no_reduction else compiled.NOTE)
     return exit_status(result)
 
 

@@ -48,8 +48,7 @@
 typedef struct {
   unsigned char admitted, nheld;
   unsigned char phase[R], rs[R], blk[R];
-  unsigned char gen[B], bused[B];
-  unsigned char gf[G], ggen[G], tf[G], pf[G], lqn[G], cqn[G], nprompt[G];
+  unsigned char gf[G], tf[G], pf[G], lqn[G], cqn[G], nprompt[G];
   unsigned char lq[G * QL], cq[G * QC];
   unsigned char peerf[P];
   unsigned char dups_left, delays_left, losses_left, crashes_left;
@@ -174,9 +173,7 @@ static void crash(st_t *s, int p) {
   if (!crashed(s, p)) { s->peerf[p] |= CRASHED; s->crashes_left--; }
 }
 static void let_go(st_t *s, int r) {
-  s->phase[r] = RELEASED;
-  s->gen[s->blk[r]]++;
-  s->bused[s->blk[r]] = 0;
+  s->phase[r] = RELEASED;  /* its block is free, every grant on it stale */
   s->nheld--;
   for (int k = 0; k < P; k++) s->pf[r * P + k] = 0;
 }
@@ -264,13 +261,152 @@ static int cq_here(const st_t *s, int g, int i) {
          (i == 0 || (F_REORDER && BUDGET(s) && s->cq[g * QC] != s->cq[g * QC + i]));
 }
 
+/* ------------------------------------------------------------- the canonical form (KVL_CANON)
+ * kvlifetime verify's canonical key (kvlifetime.verify.keys) as a state: the least, byte by
+ * byte, of the state under every renaming of the peers, its admitted requests sorted, after
+ * what nothing reads any more is forgotten:
+ *   - a dead grant (its request ended, nothing of it on the wire or in flight, closed by the
+ *     ledger or forgotten with its request, its peer unable to post, answer, report or go
+ *     silent on it) keeps only "granted" (silent, closed) if its request has ended, nothing if
+ *     released;
+ *   - a closed grant's proof is one closed proof, PF_CLOSED (its facts are never read again);
+ *   - a released request's live grants (orphans) are spread over the released requests, per
+ *     peer, in order: which released request they were granted by is not read;
+ *   - blocks are renamed: the unreleased requests hold blocks 0, 1, ... in their order. */
+#define SLOT (6 + QL + QC)
+typedef struct { unsigned char phase, rs, slot[P][SLOT]; } rec_t;
+
+static int dead(const st_t *s, int g) {
+  int r = REQ(g);
+  if (!granted(s, g) || s->phase[r] == LIVE || s->lqn[g] || s->cqn[g]) return 0;
+  for (int i = 0; i < ntr(s, g); i++)
+    if (TR(s, g, i) == INFL || TR(s, g, i) == FAILD) return 0;
+  if (s->phase[r] != RELEASED && !pf_closed(s->pf[g])) return 0;
+  if (silent(s, g)) return 1;
+  if (!stopped(s, g)) return 0;
+  if (qsent(s, g)) return 1;
+  return (ntr(s, g) == 0 || !all_seen(s, g)) && !maycrash(s, PEER(g));
+}
+static void forget(st_t *s) {
+  for (int g = 0; g < G; g++) {
+    if (!granted(s, g)) continue;
+    if (dead(s, g)) {
+      int gone = s->phase[REQ(g)] == RELEASED;
+      s->gf[g] = gone ? 0 : GRANTED | SILENT;
+      s->tf[g] = 0;
+      s->pf[g] = gone ? 0 : PF_CLOSED;
+    } else if (s->phase[REQ(g)] != RELEASED && pf_closed(s->pf[g])) {
+      s->pf[g] = PF_CLOSED;
+    }
+  }
+}
+static void get_slot(const st_t *s, int g, unsigned char *o) {
+  o[0] = s->gf[g]; o[1] = s->tf[g]; o[2] = s->pf[g];
+  o[3] = s->lqn[g]; o[4] = s->cqn[g]; o[5] = s->nprompt[g];
+  memcpy(o + 6, s->lq + g * QL, QL);
+  memcpy(o + 6 + QL, s->cq + g * QC, QC);
+}
+static void put_slot(st_t *s, int g, const unsigned char *o) {
+  s->gf[g] = o[0]; s->tf[g] = o[1]; s->pf[g] = o[2];
+  s->lqn[g] = o[3]; s->cqn[g] = o[4]; s->nprompt[g] = o[5];
+  memcpy(s->lq + g * QL, o + 6, QL);
+  memcpy(s->cq + g * QC, o + 6 + QL, QC);
+}
+static int rec_cmp(const rec_t *a, const rec_t *b) { return memcmp(a, b, sizeof *a); }
+static void rec_sort(rec_t *v, int n) {  /* insertion sort: n <= R, a handful */
+  for (int i = 1; i < n; i++) {
+    rec_t x = v[i];
+    int j = i - 1;
+    while (j >= 0 && rec_cmp(&v[j], &x) > 0) { v[j + 1] = v[j]; j--; }
+    v[j + 1] = x;
+  }
+}
+/* the orphans of peer (slot) q, spread over the released requests in order, greatest first */
+static void spread(rec_t *v, int n, int q) {
+  for (int i = 0; i < n; i++) {
+    if (v[i].phase != RELEASED) continue;
+    for (int j = i + 1; j < n; j++) {
+      if (v[j].phase != RELEASED) continue;
+      if (memcmp(v[j].slot[q], v[i].slot[q], SLOT) > 0) {
+        unsigned char t[SLOT];
+        memcpy(t, v[i].slot[q], SLOT);
+        memcpy(v[i].slot[q], v[j].slot[q], SLOT);
+        memcpy(v[j].slot[q], t, SLOT);
+      }
+    }
+  }
+}
+static int nperm_;
+static unsigned char perm_[6][P];  /* every renaming of the peers (P <= 3) */
+static void perms_init(void) {
+  if (nperm_) return;
+  int a[3] = {0, 1, 2};
+  for (int x = 0; x < P; x++)
+    for (int y = 0; y < P; y++)
+      for (int z = 0; z < P; z++) {
+        a[0] = x; a[1] = y; a[2] = z;
+        int ok = 1;
+        for (int i = 0; i < P; i++)
+          for (int j = i + 1; j < P; j++) if (a[i] == a[j]) ok = 0;
+        if (P < 3 && z) ok = 0;
+        if (P < 2 && y) ok = 0;
+        if (!ok) continue;
+        for (int i = 0; i < P; i++) perm_[nperm_][i] = (unsigned char)a[i];
+        nperm_++;
+      }
+}
+static void canon(st_t *s) {
+  forget(s);
+  perms_init();
+  int n = s->admitted;
+  rec_t v[R], best[R];
+  unsigned char peers[P], bestp[P];
+  int have = 0;
+  for (int k = 0; k < nperm_; k++) {
+    const unsigned char *pm = perm_[k];  /* old peer -> new */
+    for (int p = 0; p < P; p++) peers[pm[p]] = s->peerf[p];
+    if (have) {
+      int c = memcmp(peers, bestp, P);
+      if (c > 0) continue;  /* the peers' flags come first: no better renaming */
+    }
+    for (int r = 0; r < n; r++) {
+      v[r].phase = s->phase[r];
+      v[r].rs = s->rs[r];
+      for (int p = 0; p < P; p++) get_slot(s, r * P + p, v[r].slot[pm[p]]);
+    }
+    for (int q = 0; q < P; q++) spread(v, n, q);
+    rec_sort(v, n);
+    int c = have ? memcmp(peers, bestp, P) : -1;
+    if (c == 0) c = memcmp(v, best, sizeof(rec_t) * (size_t)n);
+    if (c < 0) {
+      memcpy(best, v, sizeof(rec_t) * (size_t)n);
+      memcpy(bestp, peers, P);
+      have = 1;
+    }
+  }
+  memcpy(s->peerf, bestp, P);
+  int k = 0;
+  for (int r = 0; r < n; r++) {
+    s->phase[r] = best[r].phase;
+    s->rs[r] = best[r].rs;
+    s->blk[r] = best[r].phase == RELEASED ? 0 : (unsigned char)k++;
+    for (int p = 0; p < P; p++) put_slot(s, r * P + p, best[r].slot[p]);
+  }
+}
+
 /* one successor: the step's outcome goes to the search (a violation, or the next state) */
 #define EVENT(kind, a, b) ((kind) * 4096 + (a) * 64 + (b))
 static int kvl_n_;  /* successors of the state being expanded */
 static void out(void *ctx, int ev, int code, const st_t *n) {
   kvl_n_++;
-  if (code) kvl_fail(ctx, ev, code);
-  else kvl_emit(ctx, ev, (const unsigned char *)n);
+  if (code) { kvl_fail(ctx, ev, code); return; }
+#if KVL_CANON
+  st_t c = *n;
+  canon(&c);
+  kvl_emit(ctx, ev, (const unsigned char *)&c);
+#else
+  kvl_emit(ctx, ev, (const unsigned char *)n);
+#endif
 }
 
 static void kvl_initial(unsigned char *b) {
@@ -284,6 +420,18 @@ static void kvl_initial(unsigned char *b) {
 }
 
 static int kvl_check(const unsigned char *b) { (void)b; return 0; }
+
+/* the lowest block no unreleased request holds (a request holds one block) */
+static int first_free(const st_t *s) {
+  int k = 0;
+  for (;;) {
+    int held = 0;
+    for (int i = 0; i < s->admitted; i++)
+      if (s->phase[i] != RELEASED && s->blk[i] == k) held = 1;
+    if (!held) return k;
+    k++;
+  }
+}
 
 static void lq_opts(const st_t *s, int g, int i, void *ctx) {
   if (!lq_here(s, g, i)) return;
@@ -349,7 +497,7 @@ static void grant_opts(const st_t *s, int g, void *ctx) {
     if (can_land(s, g, i)) {
       n = *s;
       set_tr(&n, g, i, TR(s, g, i) == INFL ? LANDED : UNSEEN);
-      int bad = !fenced(s, PEER(g)) && s->gen[s->blk[REQ(g)]] != s->ggen[g];
+      int bad = !fenced(s, PEER(g)) && s->phase[REQ(g)] == RELEASED;
       out(ctx, EVENT(30, g, i), bad ? ISOLATION : 0, &n);
     }
     if (can_fail(s, g, i)) {
@@ -409,13 +557,12 @@ static void kvl_successors(const unsigned char *b, void *ctx) {
   kvl_n_ = 0;
   if (s->admitted < R && s->nheld < B) {
     n = *s;
-    int a = n.admitted, k = 0;
-    while (k < B && n.bused[k]) k++;
+    int a = n.admitted, k = first_free(&n);
     n.blk[a] = (unsigned char)k;
     int bad = 0;
     for (int i = 0; i < a; i++)
       if (n.phase[i] != RELEASED && n.blk[i] == n.blk[a]) bad = EXCLUSIVITY;
-    n.bused[k] = 1; n.nheld++;
+    n.nheld++;
     n.phase[a] = LIVE; n.rs[a] = RS_INITIAL; n.admitted++;
     out(ctx, EVENT(1, 0, 0), bad, &n);
   }
@@ -424,7 +571,7 @@ static void kvl_successors(const unsigned char *b, void *ctx) {
     for (int p = 0; p < P; p++) {
       int g = r * P + p;
       if (free_ && !granted(s, g) && !lost(s, p) && !fenced(s, p)) {
-        n = *s; n.gf[g] |= GRANTED; n.ggen[g] = n.gen[n.blk[r]];
+        n = *s; n.gf[g] |= GRANTED;
         out(ctx, EVENT(2, r, p), 0, &n);
       }
     }
@@ -482,3 +629,7 @@ static void kvl_successors(const unsigned char *b, void *ctx) {
       }
   }
 }
+
+/* the canonical form of a state, in place (for kvlifetime.verify.cenv: its tests and the
+ * mapping of a counterexample back onto the Python model's events) */
+void kvl_canon(unsigned char *b) { canon((st_t *)b); }

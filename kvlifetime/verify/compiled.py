@@ -6,9 +6,11 @@ Python engines return, with ``engine="compiled"``. A violation's counterexample 
 onto the Python model's events and replayed on the real ``BlockLedger``
 (``cenv.python_events``) before it is reported; the steps printed are that replay's.
 
-What it is today, and the result says so: no symmetry reduction and no partial-order reduction
-(``reduced=False``; every interleaving, one concrete state each, so the states counted are not
-``kvlifetime verify``'s canonical ones), over the Promela model's reach (``cenv``). Where it
+What it is, and the result says so: ``kvlifetime verify``'s canonical states (the symmetry
+reduction over requests, peers and blocks, as ``keys.canonical_key``: ``tests/test_cenv.py``
+holds the two to the same set, state by state), without the partial-order reduction (every
+interleaving of the canonical states), over the Promela model's reach (``cenv``);
+``reduce=False``: every concrete state. Where it
 cannot answer (no C compiler, or a shape or policy it does not model) ``unavailable`` says
 why, and the command runs a Python engine instead and prints that reason with the result.
 """
@@ -26,8 +28,12 @@ from kvlifetime.verify.search import readable_steps
 from kvlifetime.verify.state import Config, Policy, Violation
 
 NOTE = (
-    "compiled C checker (kvlifetime.verify.cenv): no symmetry or partial-order reduction yet, "
-    "so its states are concrete ones, not kvlifetime verify's canonical states"
+    "compiled C checker (kvlifetime.verify.cenv): kvlifetime verify's canonical states, every "
+    "interleaving (no partial-order reduction), any peer may crash"
+)
+NOTE_UNREDUCED = (
+    "compiled C checker (kvlifetime.verify.cenv), unreduced: every concrete state, every "
+    "interleaving"
 )
 """What the compiled engine's states are, printed with its result."""
 
@@ -58,6 +64,7 @@ def run(
     max_states: int | None = None,
     memory_budget: int | None = None,
     compact: bool = False,
+    reduce: bool = True,
 ) -> Result:
     """Search ``config`` under ``policy`` with the compiled checker. Raises ``PromelaError``
     for what it does not model and ``cbuild.CompilerUnavailable`` without a compiler (see
@@ -65,7 +72,7 @@ def run(
     ledger. ``compact``: hash compaction (approximate: never a pass; the bound on the chance
     that a collision hid a state is ``Result.omission_bound``)."""
     check_expressible(config, policy)
-    lib = cbuild.build(cenv.checker(config, policy), name="cenv").library
+    lib = cbuild.build(cenv.checker(config, policy, reduce=reduce), name="cenv").library
     # The budget is for the process: what it already holds is not the search's to spend.
     room = 0 if memory_budget is None else max(1, memory_budget - resident_bytes())
     t0 = time.perf_counter()
@@ -75,12 +82,12 @@ def run(
     violation: Violation | None = None
     trace: tuple[Step, ...] = ()
     if res.verdict is Verdict.VIOLATION:
-        events, violation = cenv.python_events(config, policy, lib, res)
+        events, violation = cenv.python_events(config, policy, lib, res, reduce=reduce)
         trace = readable_steps(config, policy, events)
     return Result(
         config=config,
         policy=policy,
-        reduced=False,
+        reduced=reduce,
         states=res.states,
         transitions=res.transitions,
         seconds=seconds,
@@ -99,4 +106,4 @@ def run(
     )
 
 
-__all__ = ["CHECKS", "NOTE", "run", "unavailable"]
+__all__ = ["CHECKS", "NOTE", "NOTE_UNREDUCED", "run", "unavailable"]

@@ -18,12 +18,16 @@ future, so states that differ only in names are explored once:
   generation array, never assumed), so block ids, free-list order and absolute generation
   numbers drop out;
 - **peers** are symmetric: the key is the least over every renaming of the peers;
-- **grants** are renumbered in the order of their requests' descriptors; messages refer to that
-  order;
+- **grants** are described by what they are, their messages included (in each channel's
+  order): a request's descriptor lists its grants' descriptors, so two requests alike in all but
+  their names sort as equals and the key is a canonical form (one key per class of renamings,
+  whichever state of the class is met first: ``tests/test_cenv.py`` holds the compiled
+  checker's canonical form to it, state by state);
 - **dead grants** drop out: a grant of a request that has ended (or been released) with no
   message on the wire, no write still to land, closed by the ledger (or forgotten with its
-  request) and a peer that can neither post nor answer (stopped, or silent on it) can take part in
-  no event again, and nothing reads its flags (a cancel to it could only come from ``reject``,
+  request) and a peer that can neither post, answer nor go silent on it (silent already; or
+  stopped, and it has reported quiescence or may no longer crash: a silent step crashes the
+  peer, which the key would otherwise lose) can take part in no event again, and nothing reads its flags (a cancel to it could only come from ``reject``,
   which is over, or a retry, which needs an open grant): an ended request keeps only its peer
   (it still counts as granted), a released one nothing. The peer renamings tried are only
   those that list the peers in the order of a name-free signature of what the key keeps of

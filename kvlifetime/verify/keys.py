@@ -19,7 +19,6 @@ from kvlifetime.verify.state import (
     RELEASED,
     Config,
     Env,
-    Fault,
     GrantSide,
     Snap,
     State,
@@ -85,17 +84,22 @@ _CLOSED: tuple[Any, ...] = (False, -1, 0, False, "", True)
 
 
 def canonical_key(state: State, config: Config) -> Any:
-    """The state up to renaming requests, blocks and peers (see the module docstring)."""
+    """The state up to renaming requests, blocks and peers (see the module docstring).
+
+    A canonical form: two states that are renamings of each other get one key, whichever
+    names they carry (a grant's messages are part of its descriptor, in their channel's order,
+    so two requests alike in every other respect are never told apart by their names)."""
     env = state.env
     snap = state.snap
-    reorder = Fault.REORDER in config.faults
     best: Any = None
     # What does not depend on the peer renaming, once.
+    wire: list[list[tuple[Any, ...]]] = [[] for _ in env.grants]
+    for m in env.msgs:
+        wire[m.grant].append((m.dest, m.kind, m.value, m.dupable, m.delayed))
     base: list[tuple[Any, ...] | None] = []
-    talking = {m.grant for m in env.msgs}
     for gi, g in enumerate(env.grants):
         req = env.reqs[g.req]
-        if req.phase != LIVE and _dead(env, snap, g, gi in talking):
+        if req.phase != LIVE and _dead(env, snap, g, bool(wire[gi])):
             # Nothing of this grant can happen any more, and nothing reads it (see "dead
             # grants" in the module docstring): only its peer is kept, for an ended request.
             base.append(None)
@@ -107,6 +111,8 @@ def canonical_key(state: State, config: Config) -> Any:
             # A closed grant's facts are never read again (see the module docstring), and a
             # suspect grant's reason is only a label: neither is part of the state.
             proof = _CLOSED if pr[-1] else (*pr[:4], "s" if pr[4] else "", False)
+        # Its messages, in order: a channel (one per grant and direction) is FIFO.
+        msgs = tuple(sorted(wire[gi], key=lambda m: m[0]))
         base.append(
             (
                 g.transfers,
@@ -114,6 +120,7 @@ def canonical_key(state: State, config: Config) -> Any:
                 g.old,
                 *_grant_flags(g),
                 proof,
+                msgs,
             )
         )
     rstates = [(r.phase, "" if r.phase == RELEASED else snap.state(r.key)) for r in env.reqs]
@@ -130,50 +137,32 @@ def canonical_key(state: State, config: Config) -> Any:
     perms: Iterable[list[int]] = [list(range(len(env.peers)))]
     if len(env.peers) > 1:
         gsig: list[list[Any]] = [[] for _ in env.peers]
-        msig: list[list[Any]] = [[] for _ in env.peers]
         for gi, g in enumerate(env.grants):
             if listed[gi]:
                 gsig[g.peer].append((rstates[g.req], base[gi] or ()))
-        for m in env.msgs:
-            msig[m.peer].append((m.dest, m.kind, m.value, m.dupable, m.delayed))
-        sig = [(*fl, sorted(gs), sorted(ms)) for fl, gs, ms in zip(pflags, gsig, msig, strict=True)]
-        used = [bool(gs or ms) for gs, ms in zip(gsig, msig, strict=True)]
-        perms = renamings(sig, used)
+        sig = [(*fl, sorted(gs)) for fl, gs in zip(pflags, gsig, strict=True)]
+        perms = renamings(sig, [bool(gs) for gs in gsig])
     for perm in perms:
         gdesc = [
             (perm[g.peer], *b) if b is not None else (perm[g.peer],)
             for g, b in zip(env.grants, base, strict=True)
         ]
-        reqs: list[tuple[Any, list[int]]] = []
-        orphans: list[tuple[Any, int]] = []
+        reqs: list[Any] = []
+        orphans: list[Any] = []
         for ri, r in enumerate(env.reqs):
             if r.phase == RELEASED:
-                orphans.extend((gdesc[gi], gi) for gi in r.grants if listed[gi])
+                orphans.extend(gdesc[gi] for gi in r.grants if listed[gi])
                 continue
-            gs = sorted(r.grants, key=lambda gi: gdesc[gi])
             desc = (*rstates[ri], len(r.blocks), r.completions, r.ended)
-            reqs.append(((*desc, tuple(gdesc[gi] for gi in gs)), gs))
-        reqs.sort(key=lambda t: t[0])
-        orphans.sort(key=lambda t: t[0])
-        order = [gi for _, gs in reqs for gi in gs] + [gi for _, gi in orphans]
-        cidx = {gi: n for n, gi in enumerate(order)}
-        msgs = [
-            (m.dest, perm[m.peer], m.kind, cidx[m.grant], m.value, m.dupable, m.delayed)
-            for m in env.msgs
-        ]
-        # FIFO channels (one per grant and direction) keep their order; which channel comes
-        # first does not matter.
-        msgs.sort() if reorder else msgs.sort(key=lambda m: (m[0], m[3]))
+            reqs.append((*desc, tuple(sorted(gdesc[gi] for gi in r.grants))))
         inv = [0] * len(perm)
         for old, new in enumerate(perm):
             inv[new] = old
-        peers = tuple(pflags[o] for o in inv)
         key = (
             *_counters(env),
-            peers,
-            tuple(d for d, _ in reqs),
-            tuple(d for d, _ in orphans),
-            tuple(msgs),
+            tuple(pflags[o] for o in inv),
+            tuple(sorted(reqs)),
+            tuple(sorted(orphans)),
         )
         if best is None or key < best:
             best = key
@@ -196,8 +185,13 @@ def _dead(env: Env, snap: Snap, g: GrantSide, talking: bool) -> bool:
         return True
     if not g.stopped:
         return False
-    # A stopped peer still reports quiescence once every transfer it saw has landed.
-    return g.quiesced_sent or not g.transfers or not all(t == LANDED for t in g.transfers)
+    if g.quiesced_sent:
+        return True
+    # A stopped peer still reports quiescence once every transfer it saw has landed, and it
+    # may still go silent on the grant (crashing, if it has not yet) while it may crash.
+    return (not g.transfers or not all(t == LANDED for t in g.transfers)) and not may_crash(
+        env, g.peer
+    )
 
 
 def concrete_key(state: State, config: Config) -> Any:
