@@ -148,7 +148,10 @@ def test_a_planted_break_in_the_canonical_form_is_caught() -> None:
 def _c_states(config: Config, policy: Policy) -> set[Any]:
     lib, res = _search(config, policy, reduce=False)
     assert res.verdict is Verdict.PASS, res
-    return {of_vector(cenv.decode(s, config), config) for s in csearch.states(lib, res)}
+    return {
+        of_vector(cenv.decode(cenv.unpack(lib, s), config), config)
+        for s in csearch.states(lib, res)
+    }
 
 
 @pytest.mark.parametrize(

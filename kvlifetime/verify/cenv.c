@@ -55,7 +55,7 @@ typedef struct {
   signed char faults_left;
 } st_t;
 
-#define KVL_W ((int)sizeof(st_t))
+#define ST_W ((int)sizeof(st_t))
 
 static int evc(int k, int v) {
   return k == CR ? EV_CR : k == SS ? EV_SS0 + v : k == TQ ? EV_TQ0 + v : EV_TC0 + v;
@@ -261,6 +261,68 @@ static int cq_here(const st_t *s, int g, int i) {
          (i == 0 || (F_REORDER && BUDGET(s) && s->cq[g * QC] != s->cq[g * QC + i]));
 }
 
+/* ------------------------------------------------------------------------- the stored state
+ * A state is stored packed (KVL_W bytes): each field of st_t in PK_BITS[i] bits (cenv.py
+ * computes them from the configuration's ranges), the messages renumbered densely, and
+ * what follows from the rest left out: nheld, the blocks (canonical: in request order), the
+ * queues' lengths and the prompt counts. */
+static int lq_code(int m) {
+  return m ? 1 + (KIND(m) - 1) + 4 * (VAL(m) + (T + 1) * ((m >> 5) & 3)) : 0;
+}
+static int lq_msg(int c) {
+  if (!c) return 0;
+  c--;
+  int k = c % 4 + 1, v = (c / 4) % (T + 1), f = c / (4 * (T + 1));
+  return MSG(k, v) | (f << 5);
+}
+static void pack(const st_t *s, unsigned char *out) {
+  const unsigned char *b = (const unsigned char *)s;
+  unsigned long long acc = 0;  /* bits not yet written, the first at bit 0 */
+  int fill = 0, o = 0;
+  for (int i = 0; i < NPK; i++) {
+    int v = b[PK_OFF[i]];
+    if (PK_KIND[i] == 1) v = lq_code(v);
+    else if (PK_KIND[i] == 2) v = v ? 1 + ((v >> 5) & 3) : 0;
+    else if (PK_KIND[i] == 3) v = (signed char)v + 1;
+    acc |= (unsigned long long)v << fill;
+    fill += PK_BITS[i];
+    while (fill >= 8) { out[o++] = (unsigned char)acc; acc >>= 8; fill -= 8; }
+  }
+  if (fill) out[o++] = (unsigned char)acc;
+  while (o < KVL_W) out[o++] = 0;
+}
+static void unpack(const unsigned char *in, st_t *s) {
+  unsigned char *b = (unsigned char *)s;
+  memset(s, 0, sizeof *s);
+  unsigned long long acc = 0;
+  int fill = 0, o = 0;
+  for (int i = 0; i < NPK; i++) {
+    while (fill < PK_BITS[i]) { acc |= (unsigned long long)in[o++] << fill; fill += 8; }
+    int v = (int)(acc & ((1u << PK_BITS[i]) - 1));
+    acc >>= PK_BITS[i];
+    fill -= PK_BITS[i];
+    if (PK_KIND[i] == 1) v = lq_msg(v);
+    else if (PK_KIND[i] == 2) v = v ? CANCEL | ((v - 1) << 5) : 0;
+    else if (PK_KIND[i] == 3) v = v - 1;
+    b[PK_OFF[i]] = (unsigned char)v;
+  }
+  int held = 0;
+  for (int r = 0; r < s->admitted; r++)
+    if (s->phase[r] != RELEASED) {
+#if KVL_CANON
+      s->blk[r] = (unsigned char)held;
+#endif
+      held++;
+    }
+  s->nheld = (unsigned char)held;
+  for (int g = 0; g < G; g++) {
+    int n = 0;
+    for (int i = 0; i < QL && s->lq[g * QL + i]; i++, s->lqn[g]++) n += !(s->lq[g * QL + i] & DLY);
+    for (int i = 0; i < QC && s->cq[g * QC + i]; i++, s->cqn[g]++) n += !(s->cq[g * QC + i] & DLY);
+    s->nprompt[g] = (unsigned char)n;
+  }
+}
+
 /* ------------------------------------------------------------- the canonical form (KVL_CANON)
  * kvlifetime verify's canonical key (kvlifetime.verify.keys) as a state: the least, byte by
  * byte, of the state under every renaming of the peers, its admitted requests sorted, after
@@ -400,23 +462,26 @@ static int kvl_n_;  /* successors of the state being expanded */
 static void out(void *ctx, int ev, int code, const st_t *n) {
   kvl_n_++;
   if (code) { kvl_fail(ctx, ev, code); return; }
+  unsigned char packed[KVL_W];
 #if KVL_CANON
   st_t c = *n;
   canon(&c);
-  kvl_emit(ctx, ev, (const unsigned char *)&c);
+  pack(&c, packed);
 #else
-  kvl_emit(ctx, ev, (const unsigned char *)n);
+  pack(n, packed);
 #endif
+  kvl_emit(ctx, ev, packed);
 }
 
 static void kvl_initial(unsigned char *b) {
-  st_t *s = (st_t *)b;
+  st_t st, *s = &st;
   memset(s, 0, sizeof *s);
   s->dups_left = F_DUP * MAXDUP;
   s->delays_left = F_DELAY * MAXDELAY;
   s->losses_left = F_LOSS * MAXLOSS;
   s->crashes_left = F_CRASH * MAXCRASH;
   s->faults_left = MAXF;
+  pack(s, b);
 }
 
 static int kvl_check(const unsigned char *b) { (void)b; return 0; }
@@ -552,7 +617,9 @@ static void grant_opts(const st_t *s, int g, void *ctx) {
 }
 
 static void kvl_successors(const unsigned char *b, void *ctx) {
-  const st_t *s = (const st_t *)b;
+  st_t st;
+  unpack(b, &st);
+  const st_t *s = &st;
   st_t n;
   kvl_n_ = 0;
   if (s->admitted < R && s->nheld < B) {
@@ -630,6 +697,16 @@ static void kvl_successors(const unsigned char *b, void *ctx) {
   }
 }
 
-/* the canonical form of a state, in place (for kvlifetime.verify.cenv: its tests and the
- * mapping of a counterexample back onto the Python model's events) */
-void kvl_canon(unsigned char *b) { canon((st_t *)b); }
+/* for kvlifetime.verify.cenv (its tests and the mapping of a counterexample back onto the
+ * Python model's events): a state (st_t) as the search stores it, in canonical form when the
+ * search is reduced; and a stored state back as st_t */
+void kvl_store_form(const unsigned char *st, unsigned char *out) {
+  st_t c;
+  memcpy(&c, st, sizeof c);
+#if KVL_CANON
+  canon(&c);
+#endif
+  pack(&c, out);
+}
+void kvl_unpack(const unsigned char *in, unsigned char *st) { unpack(in, (st_t *)st); }
+int kvl_st_width(void) { return ST_W; }

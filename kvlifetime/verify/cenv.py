@@ -124,6 +124,14 @@ def model(config: Config, policy: Policy, *, reduce: bool = True) -> str:
         "static void kvl_fail(void *ctx, int event, int code);",
     ]
     head += [f"#define {k} {v}" for k, v in defines.items()]
+    fields = packing(config, reduce=reduce)
+    bits = sum(n for _, n, _ in fields)
+    head.append(f"#define KVL_W {max(1, (bits + 7) // 8)}")
+    head.append(f"#define NPK {len(fields)}")
+    for name, col in (("PK_OFF", 0), ("PK_BITS", 1), ("PK_KIND", 2)):
+        kind = "unsigned short" if col == 0 else "unsigned char"
+        values = ", ".join(str(f[col]) for f in fields)
+        head.append(f"static const {kind} {name}[{len(fields)}] = {{{values}}};")
     head.append(f"#define NLIE_G {len(lies)}")
     head.append(
         "static const int LIE_G["
@@ -145,6 +153,42 @@ def _layout(config: Config) -> list[tuple[str, int]]:
         ("lq", g_ * QL), ("cq", g_ * QC), ("peerf", p_),
         *((name, 1) for name in ("dups", "delays", "losses", "crashes", "faults")),
     ]  # fmt: skip
+
+
+def packing(config: Config, *, reduce: bool = True) -> list[tuple[int, int, int]]:
+    """How a state is stored: per ``st_t`` byte kept, (its offset, its bits, how it is coded:
+    0 as it is, 1 a message to the ledger renumbered densely, 2 a cancel, 3 the signed fault
+    budget plus one). Left out, as following from the rest: nheld, the queues' lengths, the
+    prompt counts and, in canonical form, the blocks."""
+    t = config.transfers_per_grant
+    msgs = 4 * (t + 1) * 4  # kinds x values x (not dupable, delayed)
+    budget = -1 if config.max_faults is None else config.max_faults
+    bits = {
+        "admitted": (config.requests.bit_length(), 0),
+        "phase": (3, 0),
+        "rs": ((len(request_table().states)).bit_length(), 0),
+        "blk": (max(1, (config.blocks - 1).bit_length()), 0),
+        "gf": (6 + config.max_retries.bit_length(), 0),
+        "tf": (3 * t, 0),
+        "pf": ((ProofCoding(t).size - 1).bit_length(), 0),
+        "lq": (msgs.bit_length(), 1),
+        "cq": (3, 2),
+        "peerf": (3, 0),
+        "dups": (max(1, config.max_duplicates.bit_length()), 0),
+        "delays": (max(1, config.max_delays.bit_length()), 0),
+        "losses": (max(1, config.max_losses.bit_length()), 0),
+        "crashes": (max(1, config.max_crashes.bit_length()), 0),
+        "faults": (max(1, (budget + 1).bit_length()), 3),
+    }
+    skip = {"nheld", "lqn", "cqn", "nprompt", *(("blk",) if reduce else ())}
+    out: list[tuple[int, int, int]] = []
+    offset = 0
+    for name, n in _layout(config):
+        if name not in skip:
+            nbits, kind = bits[name]
+            out += [(offset + i, nbits, kind) for i in range(n)]
+        offset += n
+    return out
 
 
 def width(config: Config) -> int:
@@ -233,13 +277,23 @@ def _msg(kind: int, value: int, m: Msg) -> int:
 
 
 def canonical(lib: Any, state: bytes) -> bytes:
-    """``state`` (a C state, ``encode``'s or the search's) in canonical form: ``kvl_canon``
-    of the loaded checker ``lib``."""
-    buf = ctypes.create_string_buffer(state, len(state))
-    lib.kvl_canon.argtypes = [ctypes.c_char_p]
-    lib.kvl_canon.restype = None
-    lib.kvl_canon(buf)
-    return buf.raw
+    """``state`` (a C state, ``encode``'s) as the loaded checker ``lib`` stores it: in
+    canonical form (a reduced checker), packed (``kvl_store_form``)."""
+    out = ctypes.create_string_buffer(int(lib.kvl_width()))
+    lib.kvl_store_form.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    lib.kvl_store_form.restype = None
+    lib.kvl_store_form(state, out)
+    return out.raw
+
+
+def unpack(lib: Any, stored: bytes) -> bytes:
+    """A state as the loaded checker ``lib`` stores it, back as a C state (``st_t``:
+    ``decode`` reads it)."""
+    out = ctypes.create_string_buffer(int(lib.kvl_st_width()))
+    lib.kvl_unpack.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    lib.kvl_unpack.restype = None
+    lib.kvl_unpack(stored, out)
+    return out.raw
 
 
 def python_events(
@@ -261,7 +315,7 @@ def python_events(
     s = initial(config, checked=False)
     events: list[Event] = []
     for k, raw in enumerate(states[1:], start=1):
-        target: Any = raw if reduce else of_vector(decode(raw, config), config)
+        target: Any = raw if reduce else of_vector(decode(unpack(lib, raw), config), config)
         for ev in _candidates(s, config, policy):
             try:
                 nxt, _ = step(s, ev, config, policy)
@@ -311,6 +365,8 @@ __all__ = [
     "encode",
     "environment",
     "model",
+    "packing",
     "python_events",
+    "unpack",
     "width",
 ]

@@ -27,8 +27,9 @@ future, so states that differ only in names are explored once:
   message on the wire, no write still to land, closed by the ledger (or forgotten with its
   request) and a peer that can neither post, answer nor go silent on it (silent already; or
   stopped, and it has reported quiescence or may no longer crash: a silent step crashes the
-  peer, which the key would otherwise lose) can take part in no event again, and nothing reads its flags (a cancel to it could only come from ``reject``,
-  which is over, or a retry, which needs an open grant): an ended request keeps only its peer
+  peer, which the key would otherwise lose) can take part in no event again, and nothing
+  reads its flags (a cancel to it could only come from ``reject``, which is over, or a retry,
+  which needs an open grant): an ended request keeps only its peer
   (it still counts as granted), a released one nothing. The peer renamings tried are only
   those that list the peers in the order of a name-free signature of what the key keeps of
   them (one renaming when the signatures differ).
