@@ -2,14 +2,16 @@
 
 ``python -m bench.compiled_spin [--out FILE] [--memory-mb 2048]``
 
-Both search the model generated from the specification without reductions: SPIN's verifier
-built from the Promela model (``bench.spin_anchor.run_spin``, ``-O2``, exhaustive) and the
-compiled checker (``kvlifetime.verify.cenv``, exact). ``tests/test_cenv.py`` and
-``tests/test_promela.py`` show both reach the Python model's states (projected), so the
-state counts differ only by what each keeps per state (SPIN's vector also holds the scratch
-variables and the derived counters). Prints one markdown table: states, seconds, states/s and
-memory for each. Compiling is not timed. A benchmark: it measures, it asserts only that both
-give the same verdict.
+SPIN's verifier built from the Promela model (``bench.spin_anchor.run_spin``, ``-O2``,
+exhaustive) and the compiled checker (``kvlifetime.verify.cenv``, exact) search the model
+generated from the specification, SPIN without reductions (it has no symmetry reduction for
+this model), the compiled checker both without (the same search as SPIN's) and in canonical
+form (its default: ``kvlifetime verify``'s canonical states, every interleaving).
+``tests/test_cenv.py`` and ``tests/test_promela.py`` show all reach the Python model's states
+(projected, or as canonical keys), so the unreduced counts differ only by what each keeps per
+state (SPIN's vector also holds the scratch variables and the derived counters). Prints one
+markdown table: states, seconds, states/s and memory for each. Compiling is not timed. A
+benchmark: it measures, it asserts only that all give the same verdict.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench import spin_anchor
 from kvlifetime.verify import Config, Policy, cbuild, cenv, csearch, parse_faults
@@ -41,37 +44,50 @@ def main() -> int:
     args = p.parse_args()
     rows = []
     print("| shape | SPIN states | SPIN s | SPIN states/s | SPIN MB | compiled states | "
-          "compiled s | compiled states/s | compiled MB |")  # fmt: skip
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "compiled s | compiled states/s | compiled MB | canonical states | canonical s | "
+          "canonical states/s | canonical B a state |")  # fmt: skip
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+          "| ---: |")  # fmt: skip
     for name, config in SHAPES:
         with tempfile.TemporaryDirectory() as tmp:
             spin = spin_anchor.run_spin(
                 config, Policy.PROOF, Path(tmp), memlim_mb=args.memory_mb, optimize="-O2"
             ).run
-        lib = cbuild.build(cenv.checker(config, Policy.PROOF), name="cenv").library
-        t0 = time.perf_counter()
-        ours = csearch.run(lib, memory_budget=args.memory_mb * 2**20)
-        seconds = time.perf_counter() - t0
+        ours, seconds = _compiled(config, args.memory_mb, reduce=False)
+        canon, cseconds = _compiled(config, args.memory_mb, reduce=True)
         if spin.complete and ours.verdict is not Verdict.MEMORY:
             assert (spin.errors == 0) == (ours.verdict is Verdict.PASS), name
+        if canon.verdict is not Verdict.MEMORY and ours.verdict is not Verdict.MEMORY:
+            assert canon.verdict is ours.verdict, name
         row = {
             "shape": name,
             "spin": {"states": spin.states, "seconds": spin.seconds,
                      "memory_mb": spin.memory_mb, "complete": spin.complete},
             "compiled": {"states": ours.states, "seconds": seconds,
                          "memory_mb": ours.bytes / 2**20, "verdict": ours.verdict.name},
+            "canonical": {"states": canon.states, "seconds": cseconds,
+                          "bytes_per_state": canon.bytes / canon.states,
+                          "verdict": canon.verdict.name},
         }  # fmt: skip
         rows.append(row)
         print(
             f"| {name} | {spin.states:,} | {spin.seconds:.2f} | "
             f"{spin.states / max(spin.seconds, 1e-3):,.0f} | {spin.memory_mb or 0:,.0f} | "
             f"{ours.states:,} | {seconds:.2f} | {ours.states / max(seconds, 1e-3):,.0f} | "
-            f"{ours.bytes / 2**20:,.0f} |",
+            f"{ours.bytes / 2**20:,.0f} | {canon.states:,} | {cseconds:.2f} | "
+            f"{canon.states / max(cseconds, 1e-3):,.0f} | {canon.bytes / canon.states:.0f} |",
             flush=True,
         )
     if args.out is not None:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
     return 0
+
+
+def _compiled(config: Config, memory_mb: int, *, reduce: bool) -> tuple[Any, float]:
+    lib = cbuild.build(cenv.checker(config, Policy.PROOF, reduce=reduce), name="cenv").library
+    t0 = time.perf_counter()
+    result = csearch.run(lib, memory_budget=memory_mb * 2**20)
+    return result, time.perf_counter() - t0
 
 
 if __name__ == "__main__":

@@ -65,10 +65,19 @@ typedef struct {
 static kvl_search_t S;
 
 static uint64_t kvl_hash(const unsigned char *s) {
-  uint64_t h = 1469598103934665603ULL; /* FNV-1a, then a final mix */
-  for (int i = 0; i < KVL_W; i++) {
-    h ^= s[i];
-    h *= 1099511628211ULL;
+  /* eight bytes at a time, each multiplied in and rotated, then murmur3's final mix */
+  uint64_t h = 1469598103934665603ULL ^ (uint64_t)KVL_W;
+  int i = 0;
+  for (; i + 8 <= KVL_W; i += 8) {
+    uint64_t w;
+    memcpy(&w, s + i, 8);
+    h = (h ^ (w * 0x87c37b91114253d5ULL)) * 0x4cf5ad432745937fULL;
+    h = (h << 31) | (h >> 33);
+  }
+  if (i < KVL_W) {
+    uint64_t w = 0;
+    memcpy(&w, s + i, (size_t)(KVL_W - i));
+    h = (h ^ (w * 0x87c37b91114253d5ULL)) * 0x4cf5ad432745937fULL;
   }
   h ^= h >> 33;
   h *= 0xff51afd7ed558ccdULL;
