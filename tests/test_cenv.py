@@ -15,6 +15,7 @@ And the same verdicts, with counterexamples as long as the Python search's short
 from __future__ import annotations
 
 import collections
+import ctypes
 import json
 from pathlib import Path
 from typing import Any
@@ -48,10 +49,61 @@ def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _search(
-    config: Config, policy: Policy, *, reduce: bool = True
+    config: Config, policy: Policy, *, reduce: bool = True, por: bool = False
 ) -> tuple[Any, csearch.CSearchResult]:
-    lib = cbuild.build(cenv.checker(config, policy, reduce=reduce), name="cenv").library
+    lib = cbuild.build(cenv.checker(config, policy, reduce=reduce, por=por), name="cenv").library
     return lib, csearch.run(lib)
+
+
+def _quiet(lib: Any, res: csearch.CSearchResult) -> set[bytes]:
+    """The stored states in which no event is enabled."""
+    lib.kvl_enabled.argtypes = [ctypes.c_char_p]
+    return {s for s in csearch.states(lib, res) if lib.kvl_enabled(s) == 0}
+
+
+POR_SHAPES = [
+    Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1),
+    Config(2, 1, 2, faults=parse_faults("loss,crash,fence")),
+    Config(2, 2, 1, faults=parse_faults("loss"), max_faults=1),
+    Config(3, 1, 2, faults=parse_faults("loss,crash"), max_faults=1),
+    Config(1, 2, 1, faults=parse_faults("crash,fence,timeout")),
+]
+
+
+@pytest.mark.parametrize(
+    "config", POR_SHAPES, ids=["1x2x1-all-k1", "2x1x2", "2x2x1", "3x1x2", "1x2x1"]
+)
+@pytest.mark.parametrize("policy", [Policy.PROOF, Policy.TIMEOUT, Policy.NAIVE, Policy.TRUSTING])
+def test_the_partial_order_reduction_keeps_every_quiet_state_and_every_verdict(
+    config: Config, policy: Policy
+) -> None:
+    # What stubborn sets must preserve (explore.py): every reachable deadlock. Without it and
+    # with it, the canonical search reaches the same quiet states, the same verdict, a
+    # counterexample as short; with it, fewer states.
+    full_lib, full = _search(config, policy)
+    lib, res = _search(config, policy, por=True)
+    assert res.verdict is full.verdict
+    if full.verdict is Verdict.VIOLATION:
+        assert res.code == full.code
+        assert len(csearch.counterexample(lib, res)) == len(csearch.counterexample(full_lib, full))
+        _, got = cenv.python_events(config, policy, lib, res, por=True)
+        assert got.invariant == cenv.INVARIANTS[full.code]
+    else:
+        assert _quiet(lib, res) == _quiet(full_lib, full)
+        assert res.states <= full.states
+
+
+def test_a_planted_break_in_the_partial_order_reduction_is_caught() -> None:
+    # Condition (a), strict (timeout policy): a request is isolated only when no peer it may
+    # use can still be lost or fenced. Dropped, the reduced search misses the violation.
+    config, policy = Config(2, 1, 2, faults=parse_faults("loss,crash,fence")), Policy.TIMEOUT
+    _, full = _search(config, policy)
+    text = cenv.checker(config, policy, por=True).replace(
+        "    if ((s->phase[r] == LIVE || granted(s, r * P + p)) && peer_may_act(s, p)) return 0;",
+        "",
+    )
+    lib = cbuild.build(text, name="cenv-planted-por").library
+    assert csearch.run(lib).verdict is not full.verdict
 
 
 def _python_classes(config: Config, policy: Policy) -> dict[Any, tuple[State, int]]:
@@ -183,19 +235,23 @@ def test_the_compiled_model_reaches_exactly_the_python_models_states(
     ],
     ids=["naive", "timeout", "trusting"],
 )
-@pytest.mark.parametrize("reduce", [True, False], ids=["canonical", "unreduced"])
+@pytest.mark.parametrize(
+    ("reduce", "por"),
+    [(True, True), (True, False), (False, False)],
+    ids=["por", "canonical", "unreduced"],
+)
 def test_the_compiled_model_refutes_as_the_python_model_does(
-    config: Config, policy: Policy, reduce: bool
+    config: Config, policy: Policy, reduce: bool, por: bool
 ) -> None:
     ours = explore(config, policy)
     assert ours.violation is not None
-    lib, res = _search(config, policy, reduce=reduce)
+    lib, res = _search(config, policy, reduce=reduce, por=por)
     assert res.verdict is Verdict.VIOLATION
     assert cenv.INVARIANTS[res.code] == ours.violation.invariant
     assert len(csearch.counterexample(lib, res)) == len(ours.trace)
     # Mapped back onto the Python model's events and replayed on the real BlockLedger: the
     # same invariant breaks, in as many steps.
-    events, got = cenv.python_events(config, policy, lib, res, reduce=reduce)
+    events, got = cenv.python_events(config, policy, lib, res, reduce=reduce, por=por)
     assert got.invariant == ours.violation.invariant and len(events) == len(ours.trace)
 
 
@@ -214,7 +270,7 @@ def test_the_command_answers_with_the_compiled_engine_and_says_so(
     assert "VIOLATION of isolation" in out and "lease reaper (timeout policy) releases" in out
     doc = json.loads(_json(capsys, ["verify", *shape, "--engine", "compiled", "--format", "json"]))
     assert doc["engine"] == "compiled" and doc["checks"] == list(compiled.CHECKS)
-    assert doc["states"] == 6765 and "engine_note" in doc  # the canonical states
+    assert doc["states"] == 2324 and "engine_note" in doc  # canonical, reduced
     argv = ["verify", *shape, "--engine", "compiled", "--no-reduction", "--format", "json"]
     doc = json.loads(_json(capsys, argv))
     assert doc["states"] == 20970 and doc["reduction"] is False  # every concrete state
@@ -250,7 +306,7 @@ def test_a_hash_compacted_compiled_search_is_approximate_and_its_trace_replays(
     config = Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1)
     r = compiled.run(config, Policy.PROOF, compact=True)
     assert r.compact and not r.complete and r.verdict != "pass"
-    assert r.states == 6765 and 0 < r.omission_bound < 1e-9  # no collision at this size
+    assert r.states == 2324 and 0 < r.omission_bound < 1e-9  # no collision at this size
     # 16 bytes a state and the frontier, against a whole state and its 16 bytes.
     lib = cbuild.build(cenv.checker(config, Policy.PROOF), name="cenv").library
     exact, hashed = csearch.run(lib), csearch.run(lib, compact=True)

@@ -44,6 +44,7 @@
 #define CRASHED 1
 #define FENCED 2
 #define LOST 4
+#define CRASHABLE 8  /* may crash: every peer, or with KVL_POR the first MAXCRASH */
 
 typedef struct {
   unsigned char admitted, nheld;
@@ -92,7 +93,7 @@ static int all_seen(const st_t *s, int g) {
   return (n < 1 || TR(s, g, 0) == LANDED) && (n < 2 || TR(s, g, 1) == LANDED);
 }
 static int maycrash(const st_t *s, int p) {
-  return crashed(s, p) || (F_CRASH && s->crashes_left > 0 && BUDGET(s));
+  return crashed(s, p) || ((s->peerf[p] & CRASHABLE) && s->crashes_left > 0 && BUDGET(s));
 }
 static int gquiet(const st_t *s, int g) { return granted(s, g) && !prompt(s, g); }
 static int can_land(const st_t *s, int g, int i) {
@@ -350,6 +351,8 @@ static int dead(const st_t *s, int g) {
   return (ntr(s, g) == 0 || !all_seen(s, g)) && !maycrash(s, PEER(g));
 }
 static void forget(st_t *s) {
+  for (int p = 0; p < P; p++)  /* "may crash" is read only while the budgets allow a crash */
+    if (crashed(s, p) || !(s->crashes_left > 0 && BUDGET(s))) s->peerf[p] &= ~CRASHABLE;
   for (int g = 0; g < G; g++) {
     if (!granted(s, g)) continue;
     if (dead(s, g)) {
@@ -459,8 +462,29 @@ static void canon(st_t *s) {
 /* one successor: the step's outcome goes to the search (a violation, or the next state) */
 #define EVENT(kind, a, b) ((kind) * 4096 + (a) * 64 + (b))
 static int kvl_n_;  /* successors of the state being expanded */
+static int counting_;  /* kvl_enabled: count the events, take none */
+static void emit_one(void *ctx, int ev, int code, const st_t *n);
+#if KVL_POR
+typedef struct { int ev, code; st_t n; } succ_t;
+#define MAXSUCC 1024
+static succ_t succ_[MAXSUCC];
+static int nsucc_;
+#endif
 static void out(void *ctx, int ev, int code, const st_t *n) {
   kvl_n_++;
+  if (counting_) return;
+#if KVL_POR
+  if (nsucc_ < MAXSUCC) {
+    succ_[nsucc_].ev = ev; succ_[nsucc_].code = code; succ_[nsucc_].n = *n;
+    nsucc_++;
+    return;
+  }
+  kvl_fail(ctx, ev, MODEL_BOUND);
+#else
+  emit_one(ctx, ev, code, n);
+#endif
+}
+static void emit_one(void *ctx, int ev, int code, const st_t *n) {
   if (code) { kvl_fail(ctx, ev, code); return; }
   unsigned char packed[KVL_W];
 #if KVL_CANON
@@ -481,6 +505,8 @@ static void kvl_initial(unsigned char *b) {
   s->losses_left = F_LOSS * MAXLOSS;
   s->crashes_left = F_CRASH * MAXCRASH;
   s->faults_left = MAXF;
+  for (int p = 0; p < P; p++)
+    if (F_CRASH && (!KVL_POR || p < MAXCRASH)) s->peerf[p] |= CRASHABLE;
   pack(s, b);
 }
 
@@ -616,12 +642,187 @@ static void grant_opts(const st_t *s, int g, void *ctx) {
   }
 }
 
+
+#if KVL_POR
+/* ------------------------------------------------------ the partial-order reduction (KVL_POR)
+ * kvlifetime verify's stubborn sets (kvlifetime.verify.por, argued in explore.py), on the
+ * state expanded: the events of one request r, or once r has ended those of one of its grants
+ * with the leases of its others, taken alone when r is isolated and the set has a key; else
+ * every event. Candidates: the requests in order, smaller sets first within one. */
+#define EV_KIND(e) ((e) / 4096)
+#define EV_A(e) (((e) / 64) % 64)
+#define EV_B(e) ((e) % 64)
+static int ev_owner(int e) {
+  int k = EV_KIND(e);
+  if (k == 2 || k == 3 || k == 4) return EV_A(e);
+  if (k >= 10 && k <= 50) return REQ(EV_A(e));
+  return -1;
+}
+static int ev_grant(int e) {
+  int k = EV_KIND(e);
+  return k >= 10 && k <= 50 ? EV_A(e) : -1;
+}
+static int lost_possible(const st_t *s, int p) { return !lost(s, p) && maycrash(s, p); }
+static int fence_possible(const st_t *s, int p) {
+  return F_FENCE && !fenced(s, p) && maycrash(s, p);
+}
+static int peer_may_act(const st_t *s, int p) { return lost_possible(s, p) || fence_possible(s, p); }
+static int fences_may_close(const st_t *s, unsigned peers) {
+  if (!peers) return 0;
+  int need = 0;
+  for (int p = 0; p < P; p++) {
+    if (!((peers >> p) & 1)) continue;
+    if (!fence_possible(s, p)) return 0;
+    need += !crashed(s, p);
+  }
+  return need <= s->crashes_left && (s->faults_left < 0 || need <= s->faults_left);
+}
+static int is_key(const st_t *s, int e) {
+  int k = EV_KIND(e);
+  if (k == 46) return 1;                     /* a generous lease stays generous */
+  if (k == 47) return 0;                     /* an early one: a budget may run out */
+  if (k == 11 || k == 12 || k == 13 || k == 21 || k == 22 || k == 23) return 0; /* budgeted */
+  if (k == 31 || k == 44 || k == 45) return 0;
+  if ((k == 10 || k == 20) && EV_B(e) > 0) return 0;  /* an overtaking delivery */
+  if (k == 2) return !peer_may_act(s, EV_B(e));
+  return 1;
+}
+static int isolated_strict(const st_t *s, int r) {
+  for (int p = 0; p < P; p++)
+    if ((s->phase[r] == LIVE || granted(s, r * P + p)) && peer_may_act(s, p)) return 0;
+  return 1;
+}
+static int released_count(const st_t *s) {
+  int n = 0;
+  for (int r = 0; r < R; r++) n += s->phase[r] == RELEASED;
+  return n;
+}
+static int releases(const st_t *s, const succ_t *x) {
+  int k = EV_KIND(x->ev);
+  if (!(k == 3 || k == 4 || k == 10 || k == 12 || k == 20 || k == 22 || k == 46 || k == 47))
+    return 0;
+  return x->code != 0 || released_count(&x->n) != released_count(s);
+}
+static int isolated(const st_t *s, int r, const int *set, int n) {
+  if (s->phase[r] == RELEASED || s->phase[r] == LIVE) return 1;
+  unsigned open_peers = 0;
+  int quarantined = s->rs[r] == RS_quarantined, suspect = 0;
+  for (int p = 0; p < P; p++) {
+    int g = r * P + p;
+    if (granted(s, g) && !pf_closed(s->pf[g])) {
+      open_peers |= 1u << p;
+      if (s->pf[g] & 4) suspect = 1;
+    }
+  }
+  if (!quarantined && suspect) return 0;  /* (a4) */
+  int far_land = 0;
+  for (int i = 0; i < n; i++) {
+    int e = succ_[set[i]].ev;
+    if (EV_KIND(e) == 30 && !((open_peers >> PEER(EV_A(e))) & 1)) far_land = 1;
+  }
+  if (far_land && fences_may_close(s, open_peers)) return 0;  /* (a5) */
+  for (int i = 0; i < n; i++) {
+    const succ_t *x = &succ_[set[i]];
+    int k = EV_KIND(x->ev), g = EV_A(x->ev);
+    if (k != 10 && k != 12) continue;       /* a delivery (or duplicate) to the ledger */
+    if (!((open_peers >> PEER(g)) & 1)) continue;
+    if (x->code) return 0;
+    if (x->n.phase[r] == RELEASED) continue;
+    if (!pf_closed(x->n.pf[g])) continue;
+    if (!quarantined && lost_possible(s, PEER(g))) return 0;  /* (a6) */
+  }
+  return 1;
+}
+/* whether the set (indices into succ_) qualifies: isolated, a key, and (g1) (g2) */
+static int qualifies(const st_t *s, int r, const int *set, int n, int per_grant) {
+  if (n == nsucc_) return 0;
+  if (STRICT ? !isolated_strict(s, r) : !isolated(s, r, set, n)) return 0;
+  int key = -1;
+  for (int i = 0; i < n && key < 0; i++) {
+    int e = succ_[set[i]].ev;
+    if ((EV_KIND(e) != 46 && EV_KIND(e) != 47) || !per_grant)
+      if (is_key(s, e)) key = e;
+  }
+  if (key < 0) return 0;
+  if (per_grant) {
+    int g = ev_grant(key);
+    if (pf_closed(s->pf[g]))
+      for (int i = 0; i < ntr(s, g); i++)
+        if (TR(s, g, i) == INFL || TR(s, g, i) == FAILD) return 0;  /* (g1) */
+    for (int i = 0; i < n; i++) if (releases(s, &succ_[set[i]])) return 0;  /* (g2) */
+  }
+  return 1;
+}
+static void choose_and_emit(const st_t *s, void *ctx) {
+  static int set[MAXSUCC], best[MAXSUCC];
+  int nbest = -1;
+  int full = s->admitted == 0 || nsucc_ < 2 || (POLICY == TRUSTING && F_LIE);
+  for (int r = 0; r < R && !full && nbest < 0; r++) {
+    int n = 0;
+    for (int i = 0; i < nsucc_; i++) if (ev_owner(succ_[i].ev) == r) set[n++] = i;
+    if (!n) continue;
+    /* the grant-level sets first when smaller (they are), then the request's */
+    int ngr = 0;
+    for (int p = 0; p < P; p++) ngr += granted(s, r * P + p);
+    if ((s->phase[r] == FINISHED || s->phase[r] == REJECTED) && ngr >= 2) {
+      int groups = 0;
+      for (int p = 0; p < P; p++) {
+        int g = r * P + p, any = 0;
+        for (int i = 0; i < n; i++) if (ev_grant(succ_[set[i]].ev) == g) any = 1;
+        groups += any;
+      }
+      if (groups >= 2) {
+        /* order the grant-level sets by size, as por.stubborn sorts its candidates */
+        int order[P], size[P], m = 0;
+        for (int p = 0; p < P; p++) {
+          int g = r * P + p, c = 0, any = 0;
+          for (int i = 0; i < n; i++) {
+            int e = succ_[set[i]].ev;
+            if (ev_grant(e) == g) { c++; any = 1; }
+            else if (EV_KIND(e) == 46 || EV_KIND(e) == 47) c++;
+          }
+          if (any) { order[m] = p; size[m] = c; m++; }
+        }
+        for (int i = 1; i < m; i++)
+          for (int j = i; j > 0 && size[j - 1] > size[j]; j--) {
+            int t = size[j]; size[j] = size[j - 1]; size[j - 1] = t;
+            t = order[j]; order[j] = order[j - 1]; order[j - 1] = t;
+          }
+        for (int q = 0; q < m && nbest < 0; q++) {
+          int g = r * P + order[q], c = 0;
+          for (int i = 0; i < n; i++) {
+            int e = succ_[set[i]].ev;
+            if (ev_grant(e) == g || EV_KIND(e) == 46 || EV_KIND(e) == 47) best[c++] = set[i];
+          }
+          /* the request's whole set is larger: tried after every grant-level one */
+          if (c < n && qualifies(s, r, best, c, 1)) nbest = c;
+        }
+      }
+    }
+    if (nbest < 0 && qualifies(s, r, set, n, 0)) {
+      memcpy(best, set, sizeof(int) * (size_t)n);
+      nbest = n;
+    }
+  }
+  if (nbest < 0)
+    for (int i = 0; i < nsucc_; i++) emit_one(ctx, succ_[i].ev, succ_[i].code, &succ_[i].n);
+  else
+    for (int i = 0; i < nbest; i++) {
+      const succ_t *x = &succ_[best[i]];
+      emit_one(ctx, x->ev, x->code, &x->n);
+    }
+}
+#endif
+
 static void kvl_successors(const unsigned char *b, void *ctx) {
   st_t st;
   unpack(b, &st);
   const st_t *s = &st;
   st_t n;
   kvl_n_ = 0;
+#if KVL_POR
+  nsucc_ = 0;
+#endif
   if (s->admitted < R && s->nheld < B) {
     n = *s;
     int a = n.admitted, k = first_free(&n);
@@ -688,7 +889,10 @@ static void kvl_successors(const unsigned char *b, void *ctx) {
       }
     }
   }
-  if (kvl_n_ == 0) {  /* quiet: every block free, or held by a quarantined request */
+#if KVL_POR
+  if (!counting_) choose_and_emit(s, ctx);
+#endif
+  if (kvl_n_ == 0 && !counting_) {  /* quiet: every block free, or held by a quarantined request */
     for (int i = 0; i < R; i++)
       if (!(s->phase[i] == UNADMITTED || s->phase[i] == RELEASED || s->rs[i] == RS_quarantined)) {
         kvl_fail(ctx, -1, NO_LEAK);
@@ -710,3 +914,11 @@ void kvl_store_form(const unsigned char *st, unsigned char *out) {
 }
 void kvl_unpack(const unsigned char *in, unsigned char *st) { unpack(in, (st_t *)st); }
 int kvl_st_width(void) { return ST_W; }
+
+/* the events enabled in a stored state (0: it is quiet), for the tests */
+int kvl_enabled(const unsigned char *stored) {
+  counting_ = 1;
+  kvl_successors(stored, NULL);
+  counting_ = 0;
+  return kvl_n_;
+}

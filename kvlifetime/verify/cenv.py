@@ -95,7 +95,7 @@ def environment() -> str:
     return resources.files("kvlifetime.verify").joinpath("cenv.c").read_text()
 
 
-def model(config: Config, policy: Policy, *, reduce: bool = True) -> str:
+def model(config: Config, policy: Policy, *, reduce: bool = True, por: bool = False) -> str:
     """The model's C text for ``config`` under ``policy``: the configuration, the
     specification (``cspec``), the environment. ``reduce``: successors in canonical form
     (``kvlifetime verify``'s canonical key, as a state; else every concrete state). Raises
@@ -115,6 +115,8 @@ def model(config: Config, policy: Policy, *, reduce: bool = True) -> str:
         "LEDGER_ERROR": LEDGER_ERROR,
         "MODEL_BOUND": MODEL_BOUND,
         "KVL_CANON": int(reduce),
+        "KVL_POR": int(por),
+        "STRICT": int(policy is Policy.TIMEOUT),
         "PF_CLOSED": PF_CLOSED[t],
     }
     head = [
@@ -173,7 +175,7 @@ def packing(config: Config, *, reduce: bool = True) -> list[tuple[int, int, int]
         "pf": ((ProofCoding(t).size - 1).bit_length(), 0),
         "lq": (msgs.bit_length(), 1),
         "cq": (3, 2),
-        "peerf": (3, 0),
+        "peerf": (4, 0),
         "dups": (max(1, config.max_duplicates.bit_length()), 0),
         "delays": (max(1, config.max_delays.bit_length()), 0),
         "losses": (max(1, config.max_losses.bit_length()), 0),
@@ -265,7 +267,7 @@ def encode(state: State, config: Config) -> bytes:
         for i, m in enumerate(cq):
             f["cq"][k * QC + i] = _msg(5, 0, m)
     for p_i, ps in enumerate(env.peers):
-        f["peerf"][p_i] = ps.crashed | ps.fenced << 1 | ps.lost_reported << 2
+        f["peerf"][p_i] = ps.crashed | ps.fenced << 1 | ps.lost_reported << 2 | ps.crashable << 3
     f["dups"][0], f["delays"][0] = env.dups_left, env.delays_left
     f["losses"][0], f["crashes"][0] = env.losses_left, env.crashes_left
     f["faults"][0] = env.faults_left & 0xFF
@@ -303,16 +305,18 @@ def python_events(
     result: csearch.CSearchResult,
     *,
     reduce: bool = True,
+    por: bool = False,
 ) -> tuple[list[Event], Violation]:
     """A compiled checker's counterexample as the Python model's events, replayed on the real
     ``BlockLedger``: each C step is the Python event whose step leads to the same state (its
     canonical form, ``encode`` then ``kvl_canon``; unreduced, its projection, ``projection``);
     the last, the event that breaks the same invariant (or the quiet state that leaks).
     ``SpecDisagreement`` when a step has no such event, or when the real ledger does not break
-    the same invariant with those events."""
+    the same invariant with those events. ``por``: the checker was built with the partial-order
+    reduction (only the first ``max_crashes`` peers may crash, as in the Python search with it)."""
     want = INVARIANTS[result.code]
     states = csearch.path_states(lib, result, result.bad)
-    s = initial(config, checked=False)
+    s = initial(config, checked=False, crash_first=por)
     events: list[Event] = []
     for k, raw in enumerate(states[1:], start=1):
         target: Any = raw if reduce else of_vector(decode(unpack(lib, raw), config), config)
@@ -351,9 +355,10 @@ def _candidates(s: State, config: Config, policy: Policy) -> list[Event]:
     return [*enabled(s, config), *lie_events(s, config, policy)]
 
 
-def checker(config: Config, policy: Policy, *, reduce: bool = True) -> str:
-    """The whole checker's C text: the model, then the search (``csearch``)."""
-    return csearch.source(model(config, policy, reduce=reduce))
+def checker(config: Config, policy: Policy, *, reduce: bool = True, por: bool = False) -> str:
+    """The whole checker's C text: the model, then the search (``csearch``). ``por``: the
+    partial-order reduction (``por.stubborn``'s sets, in C)."""
+    return csearch.source(model(config, policy, reduce=reduce, por=por))
 
 
 __all__ = [

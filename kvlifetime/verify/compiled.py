@@ -8,9 +8,10 @@ onto the Python model's events and replayed on the real ``BlockLedger``
 
 What it is, and the result says so: ``kvlifetime verify``'s canonical states (the symmetry
 reduction over requests, peers and blocks, as ``keys.canonical_key``: ``tests/test_cenv.py``
-holds the two to the same set, state by state), without the partial-order reduction (every
-interleaving of the canonical states), over the Promela model's reach (``cenv``);
-``reduce=False``: every concrete state. Where it
+holds the two to the same set, state by state) with the partial-order reduction
+(``por.stubborn``'s sets, in C: the same quiet states as without it, the same verdicts), over
+the Promela model's reach (``cenv``); ``por=False``: every interleaving of the canonical
+states; ``reduce=False``: every concrete state, every interleaving. Where it
 cannot answer (no C compiler, or a shape or policy it does not model) ``unavailable`` says
 why, and the command runs a Python engine instead and prints that reason with the result.
 """
@@ -28,8 +29,9 @@ from kvlifetime.verify.search import readable_steps
 from kvlifetime.verify.state import Config, Policy, Violation
 
 NOTE = (
-    "compiled C checker (kvlifetime.verify.cenv): kvlifetime verify's canonical states, every "
-    "interleaving (no partial-order reduction), any peer may crash"
+    "compiled C checker (kvlifetime.verify.cenv): kvlifetime verify's canonical states and "
+    "partial-order reduction (its sets chosen on the canonical states, so the count differs "
+    "from the Python engines')"
 )
 NOTE_UNREDUCED = (
     "compiled C checker (kvlifetime.verify.cenv), unreduced: every concrete state, every "
@@ -65,6 +67,7 @@ def run(
     memory_budget: int | None = None,
     compact: bool = False,
     reduce: bool = True,
+    por: bool = True,
 ) -> Result:
     """Search ``config`` under ``policy`` with the compiled checker. Raises ``PromelaError``
     for what it does not model and ``cbuild.CompilerUnavailable`` without a compiler (see
@@ -72,7 +75,8 @@ def run(
     ledger. ``compact``: hash compaction (approximate: never a pass; the bound on the chance
     that a collision hid a state is ``Result.omission_bound``)."""
     check_expressible(config, policy)
-    lib = cbuild.build(cenv.checker(config, policy, reduce=reduce), name="cenv").library
+    checker = cenv.checker(config, policy, reduce=reduce, por=por and reduce)
+    lib = cbuild.build(checker, name="cenv").library
     # The budget is for the process: what it already holds is not the search's to spend.
     room = 0 if memory_budget is None else max(1, memory_budget - resident_bytes())
     t0 = time.perf_counter()
@@ -82,7 +86,9 @@ def run(
     violation: Violation | None = None
     trace: tuple[Step, ...] = ()
     if res.verdict is Verdict.VIOLATION:
-        events, violation = cenv.python_events(config, policy, lib, res, reduce=reduce)
+        events, violation = cenv.python_events(
+            config, policy, lib, res, reduce=reduce, por=por and reduce
+        )
         trace = readable_steps(config, policy, events)
     return Result(
         config=config,

@@ -16,8 +16,10 @@
  * The visited set is the queue: states are appended to one arena in the order they are
  * found, so the arena's levels are the breadth-first levels, and a state's parent index and
  * the event that reached it (4 + 4 bytes) give back the shortest trace. An open-addressing
- * table of 32-bit arena indices (at most half full) finds a state by its bytes. A stored state
- * costs KVL_W + 8 bytes in the arena and 8 bytes (two slots) in the table.
+ * table of 32-bit arena indices (at most half full, three quarters once the budget refuses a
+ * larger one) finds a state by its bytes. A stored state costs KVL_W + 8 bytes in the arena
+ * and 8 bytes (two slots) in the table; the arena doubles, and by smaller steps near the
+ * budget.
  *
  * kvl_search stops at the first state that breaks an invariant (the shortest such trace), at
  * max_states, or when the next growth would pass the memory budget: never an out-of-memory
@@ -96,8 +98,13 @@ static uint64_t kvl_bytes_for(uint32_t cap, uint32_t slots, uint32_t front) {
 static uint64_t kvl_bytes(void) { return kvl_bytes_for(S.cap, S.mask + 1, S.cap_front); }
 
 static int kvl_grow_arena(void) {
+  /* double; near the budget, grow by a half, a quarter, ... of what it holds, while that fits */
   uint32_t cap = S.cap ? S.cap * 2 : 1024;
-  if (S.budget && kvl_bytes_for(cap, S.mask + 1, S.cap_front) > S.budget) return 0;
+  for (int k = 1; S.budget && kvl_bytes_for(cap, S.mask + 1, S.cap_front) > S.budget; k++) {
+    if (k > 4 || !S.cap) return 0;
+    cap = S.cap + (S.cap >> k);
+  }
+  if (cap <= S.cap || cap > 0xfffffff0U) return 0;
   if (S.compact) {
     uint64_t *h = realloc(S.hashes, (size_t)cap * 8);
     if (!h) return 0;
@@ -172,9 +179,13 @@ static int kvl_store(const unsigned char *s, uint32_t parent, uint32_t event) {
   if (S.n == S.cap && !kvl_grow_arena()) return -1;
   if (S.compact && S.nnxt == S.cap_front && !kvl_grow_front()) return -1;
   if ((uint64_t)(S.n + 1) * 2 > (uint64_t)S.mask + 1) {
-    if (!kvl_grow_table()) return -1;
-    h = hv & S.mask;
-    while (S.slots[h]) h = (h + 1) & S.mask;
+    /* at most half full; up to three quarters when the budget has no room for a larger table */
+    if (kvl_grow_table()) {
+      h = hv & S.mask;
+      while (S.slots[h]) h = (h + 1) & S.mask;
+    } else if ((uint64_t)(S.n + 1) * 4 > ((uint64_t)S.mask + 1) * 3) {
+      return -1;
+    }
   }
   if (S.compact) {
     S.hashes[S.n] = hv;
