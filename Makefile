@@ -118,8 +118,9 @@ bench: $(STAMP) vllm-venv vllm-hf system-deps sglang-venv
 	$(BIN)/python -m bench.step_kernel --per-step 16 --out out/bench-step-kernel-16.json
 	$(BIN)/python -m bench.step_kernel --per-step 256 --out out/bench-step-kernel-256.json
 	$(MAKE) spin-anchor
-	# The compiled checker beside SPIN on the same generated model, unreduced (issue 34).
+	# The compiled checker beside SPIN on the same generated model (issue 34), and at depth.
 	$(BIN)/python -m bench.compiled_spin --out out/bench-compiled-spin.json
+	$(BIN)/python -m bench.compiled_targets --out out/bench-compiled-targets.json
 	# The guard's cost inside vLLM 0.34 (its real Scheduler and BlockPool), in the vLLM venv.
 	$(VLLM_VENV)/bin/python -m bench.vllm_scheduler --out out/bench-vllm-scheduler.json 2>/dev/null
 	$(VLLM_VENV)/bin/python -m bench.vllm_blockpool --out out/bench-vllm-blockpool.json 2>/dev/null
