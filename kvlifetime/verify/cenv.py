@@ -1,26 +1,36 @@
 """The compiled checker's model, generated as C: the specification (``cspec``) and the
-environment around the ledger, for one configuration (issue 34: its third part).
+environment around the ledger, for one configuration.
 
 The environment (``cenv.c`` beside this module) is the one the Promela model states
 (``promela_env``): the same state variables, the same events with the same enabling rules and
 fault budgets, the same release policies (``naive``, ``timeout``, ``proof``, ``trusting``) and
 the same assertions, as C over a fixed-width state (``st_t``: one byte per variable, the
-budget of faults signed). This module puts the configuration and the specification before it,
-reads its states back (``decode``) and maps its counterexamples onto the Python model's
-events (``python_events``). One event is
-one successor; ``csearch.c`` searches them breadth first. The request rows, the guards and the
-grant proof are ``cspec``'s, emitted from the specification.
+budget of faults signed). One event is one successor; ``csearch.c`` searches them breadth
+first. The request rows, the guards and the grant proof are ``cspec``'s, emitted from the
+specification. Beside it:
+
+- ``cstate.c``, the stored state: packed (``packing``: each field in the bits its range
+  needs), and in canonical form (``kvlifetime verify``'s canonical key as a state: the least
+  state over every renaming of the peers, the admitted requests sorted, what is never read
+  again forgotten);
+- ``cpor.c``, the partial-order reduction: ``por.stubborn``'s sets, chosen on the canonical
+  state expanded (``por=True``; only the first ``max_crashes`` peers then crash).
+
+This module puts the configuration and the specification before them, encodes a Python state
+as a C state (``encode``; ``canonical`` gives it as the search stores it), reads stored
+states back (``unpack``, ``decode``) and maps counterexamples onto the Python model's events
+(``python_events``).
 
 Invariants, as violation codes: ``ISOLATION`` (a write lands on a block released since its
 grant, its peer not fenced), ``EXCLUSIVITY`` (a block handed to two requests), ``NO_LEAK`` (a
 quiet state where a block is held by a request that is neither released nor quarantined),
 ``LEDGER_ERROR`` (the ledger refuses a call or honest evidence).
 
-What it covers, and what not yet: the shapes and policies the Promela model covers
+What it covers: the shapes and policies the Promela model covers
 (``promela.check_expressible``: one block per request, write grants, no ranks, restarts,
-sharing or reused ids; every fault kind), without the symmetry reduction or the partial-order
-reduction (every interleaving, one concrete state each). ``tests/test_cenv.py`` holds its state
-set to ``kvlifetime verify``'s unreduced one, state by state.
+sharing or reused ids; every fault kind). ``tests/test_cenv.py`` holds its canonical states to
+``kvlifetime verify``'s canonical keys, and its concrete ones to the unreduced Python model,
+state by state; and its partial-order reduction to the same quiet states and verdicts.
 """
 
 from __future__ import annotations
@@ -90,9 +100,11 @@ _KIND_CODES["TransferCompleted"] = 4
 
 
 def environment() -> str:
-    """The environment's C text (``cenv.c`` beside this module): the configuration's
+    """The environment's C text, with the stored state's and the partial-order reduction's
+    (``cenv.c``, ``cstate.c``, ``cpor.c`` beside this module): the configuration's
     ``#define`` lines and ``cspec``'s text come first (``model``)."""
-    return resources.files("kvlifetime.verify").joinpath("cenv.c").read_text()
+    here = resources.files("kvlifetime.verify")
+    return "\n".join(here.joinpath(f).read_text() for f in ("cenv.c", "cstate.c", "cpor.c"))
 
 
 def model(config: Config, policy: Policy, *, reduce: bool = True, por: bool = False) -> str:
