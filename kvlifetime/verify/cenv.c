@@ -11,6 +11,7 @@
 #define TIMEOUT 1
 #define PROOF 2
 #define TRUSTING 3
+#define FIRST_FAILURE 4
 #define G (R * P)
 #define REQ(g) ((g) / P)
 #define PEER(g) ((g) % P)
@@ -200,6 +201,20 @@ static int settle(st_t *s) {
     }
   }
   return 0;
+}
+/* first-failure (a field bug class): at a transfer reporting FAILED the engine ends the
+ * request (a live one is rejected, as vLLM fails a request whose load failed) and frees its
+ * blocks at once, whatever its other transfers are doing */
+static int free_on_failure(st_t *s, int r) {
+  if (s->phase[r] == RELEASED) return 0;
+  if (s->phase[r] == LIVE) {
+    int e = call(s, r, fire_rejected);
+    if (e) return e;
+    s->phase[r] = REJECTED;
+    advance_r(s, r);
+  }
+  int e = force_release(s, r);
+  return e ? e : settle(s);
 }
 static int ack(st_t *s, int g, int e) {
   if (s->rs[REQ(g)] != RS_released) {
@@ -405,7 +420,7 @@ static void grant_opts(const st_t *s, int g, void *ctx) {
     }
     if (can_fail(s, g, i)) {
       n = *s; spend(&n, 1); set_tr(&n, g, i, FAILD);
-      out(ctx, EVENT(31, g, i), 0, &n);
+      out(ctx, EVENT(31, g, i), POLICY == FIRST_FAILURE ? free_on_failure(&n, REQ(g)) : 0, &n);
     }
   }
   for (int i = 0; i < (F_REORDER ? QL : 1); i++) lq_opts(s, g, i, ctx);

@@ -47,7 +47,14 @@ from kvlifetime.verify.cspec import emit
 from kvlifetime.verify.events import enabled
 from kvlifetime.verify.lies import lie_events
 from kvlifetime.verify.projection import of_state, of_vector
-from kvlifetime.verify.promela import QC, QL, check_expressible, lie_evidence
+from kvlifetime.verify.promela import (
+    MODEL_POLICIES,
+    QC,
+    QL,
+    PromelaError,
+    check_expressible,
+    lie_evidence,
+)
 from kvlifetime.verify.promela import defines as promela_defines
 from kvlifetime.verify.semantics import run_events, step
 from kvlifetime.verify.spec_codes import ProofCoding, evidence_codes
@@ -113,12 +120,12 @@ def model(config: Config, policy: Policy, *, reduce: bool = True, por: bool = Fa
     (``kvlifetime verify``'s canonical key, as a state; else every concrete state). Raises
     ``PromelaError`` for a configuration or policy it cannot state (the Promela model's reach:
     ``promela.check_expressible``)."""
-    check_expressible(config, policy)
+    check_modelled(config, policy)
     t, p_ = config.transfers_per_grant, config.peers
     names = [name for name, _ in evidence_codes(t)]
     lies = [names.index(e) for e in lie_evidence(t, p_)]
     defines = {
-        **promela_defines(config, policy),  # the sizes, budgets, fault switches and policy
+        **promela_defines(config, Policy.PROOF),  # the sizes, budgets and fault switches
         "QL": QL,
         "QC": QC,
         "ISOLATION": ISOLATION,
@@ -126,6 +133,7 @@ def model(config: Config, policy: Policy, *, reduce: bool = True, por: bool = Fa
         "NO_LEAK": NO_LEAK,
         "LEDGER_ERROR": LEDGER_ERROR,
         "MODEL_BOUND": MODEL_BOUND,
+        "POLICY": POLICIES[policy],
         "KVL_CANON": int(reduce),
         "KVL_POR": int(por),
         "STRICT": int(policy is Policy.TIMEOUT),
@@ -155,6 +163,20 @@ def model(config: Config, policy: Policy, *, reduce: bool = True, por: bool = Fa
         + "};"
     )
     return "\n".join(head) + "\n" + emit(transfers=t) + environment()
+
+
+POLICIES: dict[Policy, int] = {**MODEL_POLICIES, Policy.FIRST_FAILURE: 4}
+"""The release policies the C models, with their codes (``POLICY``): the Promela model's and
+``first-failure``, a field bug class."""
+
+
+def check_modelled(config: Config, policy: Policy) -> None:
+    """Raise ``PromelaError`` for a configuration or policy the C does not model: a policy not
+    in ``POLICIES``, or a shape the Promela model cannot state (``check_expressible``)."""
+    if policy not in POLICIES:
+        known = ", ".join(p.value for p in POLICIES)
+        raise PromelaError(f"the compiled checker has no policy {policy.value!r} (it has {known})")
+    check_expressible(config, Policy.PROOF)
 
 
 def _layout(config: Config) -> list[tuple[str, int]]:
@@ -376,7 +398,9 @@ def checker(config: Config, policy: Policy, *, reduce: bool = True, por: bool = 
 __all__ = [
     "INVARIANTS",
     "PF_CLOSED",
+    "POLICIES",
     "canonical",
+    "check_modelled",
     "checker",
     "decode",
     "encode",

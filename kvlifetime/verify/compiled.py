@@ -23,7 +23,7 @@ import time
 from kvlifetime.verify import cbuild, cenv, csearch
 from kvlifetime.verify.csearch import Verdict
 from kvlifetime.verify.memory import resident_bytes
-from kvlifetime.verify.promela import PromelaError, check_expressible
+from kvlifetime.verify.promela import PromelaError
 from kvlifetime.verify.result import Result, Step
 from kvlifetime.verify.search import readable_steps
 from kvlifetime.verify.state import Config, Policy, Violation
@@ -49,7 +49,7 @@ def unavailable(config: Config, policy: Policy) -> str | None:
     """Why the compiled checker cannot answer for this configuration and policy here (None:
     it can). Compiles it (into the cache) to find out whether the compiler works."""
     try:
-        check_expressible(config, policy)
+        cenv.check_modelled(config, policy)
     except PromelaError as e:
         return f"the compiled checker does not model this: {e}"
     try:
@@ -74,7 +74,7 @@ def run(
     ``unavailable``); ``SpecDisagreement`` when its counterexample does not replay on the real
     ledger. ``compact``: hash compaction (approximate: never a pass; the bound on the chance
     that a collision hid a state is ``Result.omission_bound``)."""
-    check_expressible(config, policy)
+    cenv.check_modelled(config, policy)
     checker = cenv.checker(config, policy, reduce=reduce, por=por and reduce)
     lib = cbuild.build(checker, name="cenv").library
     # The budget is for the process: what it already holds is not the search's to spend.
