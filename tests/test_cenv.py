@@ -75,7 +75,14 @@ POR_SHAPES = [
 )
 @pytest.mark.parametrize(
     "policy",
-    [Policy.PROOF, Policy.TIMEOUT, Policy.NAIVE, Policy.TRUSTING, Policy.FIRST_FAILURE],
+    [
+        Policy.PROOF,
+        Policy.TIMEOUT,
+        Policy.NAIVE,
+        Policy.TRUSTING,
+        Policy.FIRST_FAILURE,
+        Policy.COUNTED_COMPLETIONS,
+    ],
 )
 def test_the_partial_order_reduction_keeps_every_quiet_state_and_every_verdict(
     config: Config, policy: Policy
@@ -141,6 +148,7 @@ CANONICAL = [
     (Config(2, 1, 2, faults=parse_faults("loss,crash")), Policy.NAIVE),
     (Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1), Policy.FIRST_FAILURE),
     (Config(2, 1, 2, faults=parse_faults("fail,loss")), Policy.FIRST_FAILURE),
+    (Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1), Policy.COUNTED_COMPLETIONS),
 ]
 
 
@@ -159,6 +167,7 @@ CANONICAL = [
         "naive-2x1x2",
         "first-failure",
         "first-failure-2x1x2",
+        "counted-completions",
     ],
 )
 def test_the_compiled_checker_reaches_exactly_the_python_models_canonical_states(
@@ -239,8 +248,9 @@ def test_the_compiled_model_reaches_exactly_the_python_models_states(
         (Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1), Policy.TIMEOUT),
         (Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1), Policy.TRUSTING),
         (Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1), Policy.FIRST_FAILURE),
+        (Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1), Policy.COUNTED_COMPLETIONS),
     ],
-    ids=["naive", "timeout", "trusting", "first-failure"],
+    ids=["naive", "timeout", "trusting", "first-failure", "counted-completions"],
 )
 @pytest.mark.parametrize(
     ("reduce", "por"),

@@ -146,7 +146,7 @@ def model(config: Config, policy: Policy, *, reduce: bool = True, por: bool = Fa
         "static void kvl_fail(void *ctx, int event, int code);",
     ]
     head += [f"#define {k} {v}" for k, v in defines.items()]
-    fields = packing(config, reduce=reduce)
+    fields = packing(config, reduce=reduce, counted=policy is Policy.COUNTED_COMPLETIONS)
     bits = sum(n for _, n, _ in fields)
     head.append(f"#define KVL_W {max(1, (bits + 7) // 8)}")
     head.append(f"#define NPK {len(fields)}")
@@ -165,9 +165,13 @@ def model(config: Config, policy: Policy, *, reduce: bool = True, por: bool = Fa
     return "\n".join(head) + "\n" + emit(transfers=t) + environment()
 
 
-POLICIES: dict[Policy, int] = {**MODEL_POLICIES, Policy.FIRST_FAILURE: 4}
-"""The release policies the C models, with their codes (``POLICY``): the Promela model's and
-``first-failure``, a field bug class."""
+POLICIES: dict[Policy, int] = {
+    **MODEL_POLICIES,
+    Policy.FIRST_FAILURE: 4,
+    Policy.COUNTED_COMPLETIONS: 5,
+}
+"""The release policies the C models, with their codes (``POLICY``): the Promela model's, and
+two of the field's bug classes (``first-failure``, ``counted-completions``)."""
 
 
 def check_modelled(config: Config, policy: Policy) -> None:
@@ -184,18 +188,21 @@ def _layout(config: Config) -> list[tuple[str, int]]:
     r_, p_ = config.requests, config.peers
     g_ = r_ * p_
     return [
-        ("admitted", 1), ("nheld", 1), ("phase", r_), ("rs", r_), ("blk", r_),
+        ("admitted", 1), ("nheld", 1), ("phase", r_), ("rs", r_), ("blk", r_), ("comp", r_),
         *((name, g_) for name in ("gf", "tf", "pf", "lqn", "cqn", "nprompt")),
         ("lq", g_ * QL), ("cq", g_ * QC), ("peerf", p_),
         *((name, 1) for name in ("dups", "delays", "losses", "crashes", "faults")),
     ]  # fmt: skip
 
 
-def packing(config: Config, *, reduce: bool = True) -> list[tuple[int, int, int]]:
+def packing(
+    config: Config, *, reduce: bool = True, counted: bool = False
+) -> list[tuple[int, int, int]]:
     """How a state is stored: per ``st_t`` byte kept, (its offset, its bits, how it is coded:
     0 as it is, 1 a message to the ledger renumbered densely, 2 a cancel, 3 the signed fault
     budget plus one). Left out, as following from the rest: nheld, the queues' lengths, the
-    prompt counts and, in canonical form, the blocks."""
+    prompt counts and, in canonical form, the blocks; the completion notices counted but under
+    ``counted-completions`` (``counted``)."""
     t = config.transfers_per_grant
     msgs = 4 * (t + 1) * 4  # kinds x values x (not dupable, delayed)
     budget = -1 if config.max_faults is None else config.max_faults
@@ -204,6 +211,7 @@ def packing(config: Config, *, reduce: bool = True) -> list[tuple[int, int, int]
         "phase": (3, 0),
         "rs": ((len(request_table().states)).bit_length(), 0),
         "blk": (max(1, (config.blocks - 1).bit_length()), 0),
+        "comp": (4, 0),
         "gf": (6 + config.max_retries.bit_length(), 0),
         "tf": (3 * t, 0),
         "pf": ((ProofCoding(t).size - 1).bit_length(), 0),
@@ -217,6 +225,7 @@ def packing(config: Config, *, reduce: bool = True) -> list[tuple[int, int, int]
         "faults": (max(1, (budget + 1).bit_length()), 3),
     }
     skip = {"nheld", "lqn", "cqn", "nprompt", *(("blk",) if reduce else ())}
+    skip |= set() if counted else {"comp"}
     out: list[tuple[int, int, int]] = []
     offset = 0
     for name, n in _layout(config):
@@ -270,6 +279,7 @@ def encode(state: State, config: Config) -> bytes:
     for r, q in enumerate(env.reqs):
         f["phase"][r] = _PHASES.index(q.phase)
         f["rs"][r] = rows.index("released" if q.phase == RELEASED else snap.state(q.key)) + 1
+        f["comp"][r] = q.completions
         if q.phase != RELEASED:
             f["blk"][r] = held
             held += 1

@@ -117,7 +117,7 @@ static void choose_and_emit(const st_t *s, void *ctx) {
   /* a believed lie touches any request; the field's bug classes free on what no argument of
    * explore.py covers: expanded in full */
   int full = s->admitted == 0 || nsucc_ < 2 || (POLICY == TRUSTING && F_LIE) ||
-             POLICY == FIRST_FAILURE;
+             POLICY == FIRST_FAILURE || POLICY == COUNTED;
   for (int r = 0; r < R && !full && nbest < 0; r++) {
     int n = 0;
     for (int i = 0; i < nsucc_; i++) if (ev_owner(succ_[i].ev) == r) set[n++] = i;

@@ -76,7 +76,7 @@ static void unpack(const unsigned char *in, st_t *s) {
  *     peer, in order: which released request they were granted by is not read;
  *   - blocks are renamed: the unreleased requests hold blocks 0, 1, ... in their order. */
 #define SLOT (6 + QL + QC)
-typedef struct { unsigned char phase, rs, slot[P][SLOT]; } rec_t;
+typedef struct { unsigned char phase, rs, comp, slot[P][SLOT]; } rec_t;
 
 static int dead(const st_t *s, int g) {
   int r = REQ(g);
@@ -90,6 +90,8 @@ static int dead(const st_t *s, int g) {
   return (ntr(s, g) == 0 || !all_seen(s, g)) && !maycrash(s, PEER(g));
 }
 static void forget(st_t *s) {
+  for (int r = 0; r < R; r++)  /* a released request's count is never read again */
+    if (s->phase[r] == RELEASED) s->comp[r] = 0;
   for (int p = 0; p < P; p++)  /* "may crash" is read only while the budgets allow a crash */
     if (crashed(s, p) || !(s->crashes_left > 0 && BUDGET(s))) s->peerf[p] &= ~CRASHABLE;
   for (int g = 0; g < G; g++) {
@@ -176,6 +178,7 @@ static void canon(st_t *s) {
     for (int r = 0; r < n; r++) {
       v[r].phase = s->phase[r];
       v[r].rs = s->rs[r];
+      v[r].comp = s->comp[r];
       for (int p = 0; p < P; p++) get_slot(s, r * P + p, v[r].slot[pm[p]]);
     }
     for (int q = 0; q < P; q++) spread(v, n, q);
@@ -193,6 +196,7 @@ static void canon(st_t *s) {
   for (int r = 0; r < n; r++) {
     s->phase[r] = best[r].phase;
     s->rs[r] = best[r].rs;
+    s->comp[r] = best[r].comp;
     s->blk[r] = best[r].phase == RELEASED ? 0 : (unsigned char)k++;
     for (int p = 0; p < P; p++) put_slot(s, r * P + p, best[r].slot[p]);
   }
