@@ -82,6 +82,7 @@ POR_SHAPES = [
         Policy.TRUSTING,
         Policy.FIRST_FAILURE,
         Policy.COUNTED_COMPLETIONS,
+        Policy.SGLANG_0_5_23,
     ],
 )
 def test_the_partial_order_reduction_keeps_every_quiet_state_and_every_verdict(
@@ -149,6 +150,8 @@ CANONICAL = [
     (Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1), Policy.FIRST_FAILURE),
     (Config(2, 1, 2, faults=parse_faults("fail,loss")), Policy.FIRST_FAILURE),
     (Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1), Policy.COUNTED_COMPLETIONS),
+    (Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1), Policy.SGLANG_0_5_23),
+    (Config(2, 1, 2, faults=parse_faults("loss,crash,fence")), Policy.SGLANG_0_5_23),
 ]
 
 
@@ -168,6 +171,8 @@ CANONICAL = [
         "first-failure",
         "first-failure-2x1x2",
         "counted-completions",
+        "sglang",
+        "sglang-2x1x2",
     ],
 )
 def test_the_compiled_checker_reaches_exactly_the_python_models_canonical_states(
@@ -249,8 +254,9 @@ def test_the_compiled_model_reaches_exactly_the_python_models_states(
         (Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1), Policy.TRUSTING),
         (Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1), Policy.FIRST_FAILURE),
         (Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1), Policy.COUNTED_COMPLETIONS),
+        (Config(1, 2, 1, faults=parse_faults(ALL), max_faults=1), Policy.SGLANG_0_5_23),
     ],
-    ids=["naive", "timeout", "trusting", "first-failure", "counted-completions"],
+    ids=["naive", "timeout", "trusting", "first-failure", "counted-completions", "sglang"],
 )
 @pytest.mark.parametrize(
     ("reduce", "por"),

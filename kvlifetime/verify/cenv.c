@@ -13,6 +13,7 @@
 #define TRUSTING 3
 #define FIRST_FAILURE 4
 #define COUNTED 5
+#define SGLANG 6
 #define G (R * P)
 #define REQ(g) ((g) / P)
 #define PEER(g) ((g) % P)
@@ -198,11 +199,27 @@ static int counted_out(const st_t *s, int r) {
   }
   return n > 0 && s->comp[r] >= n && open;
 }
+/* sglang-0.5.23 (push: the prefill ranks write the decode's pages): an aborted request is held
+ * until every grant is closed or its one deadline passes (the first of its leases fires),
+ * "ready = drained or now >= deadline"; then released anyway */
+static int sglang_deadline(const st_t *s, int r) {
+  int open = 0, fired = 0;
+  for (int p = 0; p < P; p++) {
+    int g = r * P + p;
+    open |= granted(s, g) && !pf_closed(s->pf[g]);
+    fired |= granted(s, g) && leased(s, g);
+  }
+  return open && fired;
+}
 static int settle(st_t *s) {
   for (int i = 0; i < R; i++) {
     if (s->rs[i] == RS_NONE || s->rs[i] == RS_released) continue;
     advance_r(s, i);
     if (POLICY == TIMEOUT && ENDED(s, i) && s->rs[i] == RS_quarantined) {
+      int e = force_release(s, i);
+      if (e) return e;
+    }
+    if (POLICY == SGLANG && s->phase[i] == REJECTED && sglang_deadline(s, i)) {
       int e = force_release(s, i);
       if (e) return e;
     }

@@ -169,9 +169,11 @@ POLICIES: dict[Policy, int] = {
     **MODEL_POLICIES,
     Policy.FIRST_FAILURE: 4,
     Policy.COUNTED_COMPLETIONS: 5,
+    Policy.SGLANG_0_5_23: 6,
 }
 """The release policies the C models, with their codes (``POLICY``): the Promela model's, and
-two of the field's bug classes (``first-failure``, ``counted-completions``)."""
+three of the field's (``first-failure``, ``counted-completions``; ``sglang-0.5.23`` with write
+grants, the only ones the C models)."""
 
 
 def check_modelled(config: Config, policy: Policy) -> None:
