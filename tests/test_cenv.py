@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import json
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -43,9 +43,13 @@ from kvlifetime.verify.semantics import step
 from kvlifetime.verify.state import Broken, State, initial
 
 
-@pytest.fixture(autouse=True)
-def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KVLIFETIME_CACHE", str(tmp_path / "cache"))
+@pytest.fixture(autouse=True, scope="module")
+def _own_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    # One cache for the module (never the user's): a checker built for one test is reused by
+    # the next that asks for the same source, compiler and flags, as it would be in use.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KVLIFETIME_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
 
 
 def _search(
