@@ -97,6 +97,14 @@ static uint64_t kvl_bytes_for(uint32_t cap, uint32_t slots, uint32_t front) {
 
 static uint64_t kvl_bytes(void) { return kvl_bytes_for(S.cap, S.mask + 1, S.cap_front); }
 
+/* *p reallocated to n bytes: 1, or 0 with *p left as it was (no room) */
+static int kvl_resize(void **p, size_t n) {
+  void *q = realloc(*p, n);
+  if (!q) return 0;
+  *p = q;
+  return 1;
+}
+
 static int kvl_grow_arena(void) {
   /* double; near the budget, grow by a half, a quarter, ... of what it holds, while that fits */
   uint32_t cap = S.cap ? S.cap * 2 : 1024;
@@ -105,21 +113,11 @@ static int kvl_grow_arena(void) {
     cap = S.cap + (S.cap >> k);
   }
   if (cap <= S.cap || cap > 0xfffffff0U) return 0;
-  if (S.compact) {
-    uint64_t *h = realloc(S.hashes, (size_t)cap * 8);
-    if (!h) return 0;
-    S.hashes = h;
-  } else {
-    unsigned char *st = realloc(S.states, (size_t)cap * KVL_W);
-    if (!st) return 0;
-    S.states = st;
-  }
-  uint32_t *pa = realloc(S.parent, (size_t)cap * 4);
-  if (!pa) return 0;
-  S.parent = pa;
-  uint32_t *ev = realloc(S.event, (size_t)cap * 4);
-  if (!ev) return 0;
-  S.event = ev;
+  int ok = S.compact ? kvl_resize((void **)&S.hashes, (size_t)cap * 8)
+                     : kvl_resize((void **)&S.states, (size_t)cap * KVL_W);
+  if (!ok || !kvl_resize((void **)&S.parent, (size_t)cap * 4) ||
+      !kvl_resize((void **)&S.event, (size_t)cap * 4))
+    return 0;
   S.cap = cap;
   return 1;
 }
@@ -128,18 +126,11 @@ static int kvl_grow_arena(void) {
 static int kvl_grow_front(void) {
   uint32_t cap = S.cap_front ? S.cap_front * 2 : 1024;
   if (S.budget && kvl_bytes_for(S.cap, S.mask + 1, cap) > S.budget) return 0;
-  unsigned char *c = realloc(S.cur, (size_t)cap * KVL_W);
-  if (!c) return 0;
-  S.cur = c;
-  unsigned char *x = realloc(S.nxt, (size_t)cap * KVL_W);
-  if (!x) return 0;
-  S.nxt = x;
-  uint32_t *ci = realloc(S.cur_idx, (size_t)cap * 4);
-  if (!ci) return 0;
-  S.cur_idx = ci;
-  uint32_t *xi = realloc(S.nxt_idx, (size_t)cap * 4);
-  if (!xi) return 0;
-  S.nxt_idx = xi;
+  if (!kvl_resize((void **)&S.cur, (size_t)cap * KVL_W) ||
+      !kvl_resize((void **)&S.nxt, (size_t)cap * KVL_W) ||
+      !kvl_resize((void **)&S.cur_idx, (size_t)cap * 4) ||
+      !kvl_resize((void **)&S.nxt_idx, (size_t)cap * 4))
+    return 0;
   S.cap_front = cap;
   return 1;
 }
